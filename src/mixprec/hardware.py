@@ -1,0 +1,355 @@
+"""What the device can do, measured rather than assumed.
+
+``probe()`` reports the device type, name, compute capability and memory, and for
+each of fp32 / tf32 / bf16 / fp16 whether it is supported and whether it is
+*fast* or *emulated*, decided by a short matmul micro-benchmark. Capability
+flags alone mislead: a CPU may compute fp16 at 1 GFLOP/s through emulation
+(140x slower than fp32 on an AMD EPYC without AVX512-FP16) while bf16 runs at
+three times the fp32 rate. The result is cached per machine, device and torch
+version in the user cache directory (``MIXPREC_CACHE_DIR`` overrides it).
+
+The probe restores every global torch flag it changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from mixprec import backends
+
+__all__ = ["DtypeSpeed", "Hardware", "probe", "cache_dir", "DTYPES", "classify"]
+
+#: The precisions the probe measures, by short name.
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+#: Speed relative to fp32 at or above which a precision counts as fast.
+FAST_RATIO = 1.2
+#: Speed relative to fp32 below which a precision counts as emulated.
+EMULATED_RATIO = 0.5
+
+_PROBE_VERSION = 1
+
+
+def classify(ratio: float | None, supported: bool) -> str:
+    """``fast`` / ``no_speedup`` / ``emulated`` / ``unsupported`` from a speed ratio vs fp32."""
+    if not supported or ratio is None:
+        return "unsupported"
+    if ratio >= FAST_RATIO:
+        return "fast"
+    if ratio < EMULATED_RATIO:
+        return "emulated"
+    return "no_speedup"
+
+
+@dataclass(frozen=True)
+class DtypeSpeed:
+    """How one precision performs on the device.
+
+    Attributes:
+        name: ``fp32``, ``tf32``, ``bf16`` or ``fp16``.
+        supported: the device can compute in it at all (for ``tf32``: it changes anything).
+        gflops: measured matmul throughput, GFLOP/s.
+        ratio: throughput relative to fp32.
+        klass: ``fast``, ``no_speedup``, ``emulated`` or ``unsupported``.
+    """
+
+    name: str
+    supported: bool
+    gflops: float | None
+    ratio: float | None
+    klass: str
+
+    @property
+    def fast(self) -> bool:
+        return self.klass == "fast"
+
+    @property
+    def emulated(self) -> bool:
+        return self.klass == "emulated"
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A measured description of one device.
+
+    Attributes:
+        device_type: ``cuda``, ``cpu`` or ``mps``.
+        name: device or CPU model name.
+        capability: CUDA compute capability, e.g. ``(8, 0)``; ``None`` elsewhere.
+        memory_bytes: device memory (CUDA) or system memory (CPU).
+        cpu_flags: the precision-relevant CPU flags (``avx512_bf16``, ``amx_bf16``, ``avx512_fp16``...).
+        threads: intra-op threads used for the measurement.
+        torch_version: the torch that was measured.
+        dtypes: per precision, its measured speed class.
+        matmul_levels: fp32 matmul GFLOP/s under each ``float32_matmul_precision`` level.
+        matmul_size: the square matmul size used.
+        seconds: how long the measurement took.
+        cached: whether this result came from the cache.
+    """
+
+    device_type: str
+    name: str
+    capability: tuple[int, int] | None
+    memory_bytes: int | None
+    cpu_flags: tuple[str, ...]
+    threads: int
+    torch_version: str
+    dtypes: dict[str, DtypeSpeed]
+    matmul_levels: dict[str, float] = field(default_factory=dict)
+    matmul_size: int = 0
+    seconds: float = 0.0
+    cached: bool = False
+
+    def is_fast(self, dtype: str) -> bool:
+        """Whether ``dtype`` (``bf16``, ``fp16``, ``tf32``) was measured fast here."""
+        return self.dtypes[dtype].fast
+
+    def fast_16bit(self) -> list[str]:
+        """The 16-bit storage types measured fast, fastest first."""
+        fast = [d for d in ("bf16", "fp16") if self.dtypes[d].fast]
+        return sorted(fast, key=lambda d: -(self.dtypes[d].gflops or 0.0))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["capability"] = list(self.capability) if self.capability else None
+        data["cpu_flags"] = list(self.cpu_flags)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Hardware:
+        data = dict(data)
+        data["dtypes"] = {k: DtypeSpeed(**v) for k, v in data["dtypes"].items()}
+        data["capability"] = tuple(data["capability"]) if data.get("capability") else None
+        data["cpu_flags"] = tuple(data.get("cpu_flags", ()))
+        return cls(**data)
+
+
+_INTERESTING_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_tile", "fma", "f16c")
+
+
+def _cpu_info() -> tuple[str, tuple[str, ...]]:
+    name, flags = platform.processor() or platform.machine(), ()
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return name, flags
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and name in ("", platform.machine(), platform.processor()):
+            name = value.strip()
+        elif key in ("flags", "Features") and not flags:
+            present = set(value.split())
+            flags = tuple(f for f in _INTERESTING_FLAGS if f in present)
+    return name, flags
+
+
+def _system_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def cache_dir() -> Path:
+    """Where probe results are cached: ``MIXPREC_CACHE_DIR`` or the user cache dir."""
+    override = os.environ.get("MIXPREC_CACHE_DIR")
+    if override:
+        return Path(override)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("mixprec"))
+
+
+def _resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unsupported device {str(device)!r}; choose cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r} requested but CUDA is not available; use 'cpu'")
+    if dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise ValueError(f"device {str(device)!r} requested but MPS is not available; use 'cpu'")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"unsupported device {str(device)!r}; choose cpu, cuda or mps")
+    return dev
+
+
+def _sync(dev: torch.device) -> Callable[[], None]:
+    if dev.type == "cuda":
+        return lambda: torch.cuda.synchronize(dev)
+    if dev.type == "mps":
+        return torch.mps.synchronize
+    return lambda: None
+
+
+class _MatmulCase:
+    """One timed configuration: a dtype and the float32 matmul level in force."""
+
+    def __init__(self, n: int, dtype: torch.dtype, level: str, dev: torch.device):
+        self.n, self.level, self.dev = n, level, dev
+        self.best: float | None = None
+        self.emulated = False
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        self.a = torch.randn(n, n, generator=gen).to(device=dev, dtype=dtype)
+        self.b = torch.randn(n, n, generator=gen).to(device=dev, dtype=dtype)
+        self.sync = _sync(dev)
+
+    def _call(self) -> float:
+        start = time.perf_counter()
+        torch.mm(self.a, self.b)
+        self.sync()
+        return time.perf_counter() - start
+
+    def run(self, budget_s: float, first: bool) -> None:
+        with backends.numerics(matmul=self.level):
+            if first:
+                elapsed = self._call()  # warm-up (kernel selection, allocation)
+                if elapsed > 4 * budget_s:
+                    # Far slower than the budget (an emulated type): one call is evidence enough.
+                    self.best, self.emulated = elapsed, True
+                    return
+            spent, calls = 0.0, 0
+            while spent < budget_s and calls < 20:
+                elapsed = self._call()
+                spent += elapsed
+                calls += 1
+                self.best = elapsed if self.best is None else min(self.best, elapsed)
+
+    @property
+    def gflops(self) -> float | None:
+        return None if self.best is None else 2.0 * self.n**3 / self.best / 1e9
+
+
+def _measure(dev: torch.device, n: int, budget_s: float, rounds: int = 3) -> tuple[dict[str, float | None], dict[str, float]]:
+    """Time every case in interleaved rounds and keep each case's fastest call.
+
+    Interleaving and taking the best call keep the classification stable on a
+    shared, noisy machine: interference only ever slows a call down.
+    """
+    specs = {"highest": (torch.float32, "highest"), "high": (torch.float32, "high"), "medium": (torch.float32, "medium"),
+             "bf16": (torch.bfloat16, "highest"), "fp16": (torch.float16, "highest")}
+    cases: dict[str, _MatmulCase | None] = {}
+    for key, (dtype, level) in specs.items():
+        try:
+            cases[key] = _MatmulCase(n, dtype, level, dev)
+        except (RuntimeError, TypeError):
+            cases[key] = None  # no kernel for this dtype on this device
+    for round_index in range(rounds):
+        for key, case in cases.items():
+            if case is None or case.emulated:
+                continue
+            try:
+                case.run(budget_s / rounds, first=round_index == 0)
+            except (RuntimeError, TypeError):
+                cases[key] = None
+    rate = {k: (c.gflops if c is not None else None) for k, c in cases.items()}
+    levels = {k: rate[k] or 0.0 for k in ("highest", "high", "medium")}
+    return {"fp32": rate["highest"], "tf32": rate["high"], "bf16": rate["bf16"], "fp16": rate["fp16"]}, levels
+
+
+def _cache_key(dev: torch.device, name: str, flags: tuple[str, ...], threads: int) -> str:
+    raw = json.dumps([_PROBE_VERSION, dev.type, name, flags, threads, torch.__version__, platform.machine()])
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def _load_cached(path: Path) -> Hardware | None:
+    try:
+        data = json.loads(path.read_text())
+        return dataclasses.replace(Hardware.from_dict(data), cached=True)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def probe(device: str | torch.device | None = None, *, use_cache: bool = True, budget_s: float = 0.05) -> Hardware:
+    """Describe and measure a device.
+
+    Args:
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``; default CUDA when
+            available, else CPU.
+        use_cache: reuse an earlier measurement of this machine, device and torch
+            version, and store a new one.
+        budget_s: time spent timing each precision (the whole probe stays well
+            under a second on a CPU; an emulated type stops after one call).
+
+    Returns:
+        A :class:`Hardware`.
+
+    Example:
+        >>> hw = mixprec.hardware.probe()
+        >>> hw.dtypes["bf16"].klass
+        'fast'
+    """
+    dev = _resolve_device(device)
+    cpu_name, flags = _cpu_info()
+    threads = torch.get_num_threads()
+    if dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        name, capability, memory = props.name, (props.major, props.minor), int(props.total_memory)
+    else:
+        name, capability, memory = (cpu_name if dev.type == "cpu" else "Apple MPS"), None, _system_memory()
+
+    path = cache_dir() / f"probe-{_cache_key(dev, name, flags, threads)}.json"
+    if use_cache:
+        cached = _load_cached(path)
+        if cached is not None:
+            return cached
+
+    n = 2048 if dev.type == "cuda" else 512
+    start = time.perf_counter()
+    rates, levels = _measure(dev, n, budget_s)
+    seconds = time.perf_counter() - start
+
+    fp32 = rates["fp32"] or None
+    dtypes = {}
+    for dname, rate in rates.items():
+        ratio = (rate / fp32) if (rate and fp32) else None
+        supported = rate is not None
+        if dname == "tf32":
+            # TF32 only exists where it changes something: Ampere+ GPUs, or CPUs whose
+            # oneDNN path makes "high" measurably faster.
+            supported = (capability is not None and capability >= (8, 0)) or (dev.type == "cpu" and ratio is not None and ratio >= FAST_RATIO)
+        if dname == "bf16" and dev.type == "cuda":
+            supported = supported and torch.cuda.is_bf16_supported()
+        klass = "fast" if dname == "fp32" else classify(ratio, supported)
+        dtypes[dname] = DtypeSpeed(dname, supported, round(rate, 2) if rate else None, round(ratio, 3) if ratio else None, klass)
+
+    hw = Hardware(
+        device_type=dev.type,
+        name=name,
+        capability=capability,
+        memory_bytes=memory,
+        cpu_flags=flags,
+        threads=threads,
+        torch_version=torch.__version__,
+        dtypes=dtypes,
+        matmul_levels={k: round(v, 2) for k, v in levels.items()},
+        matmul_size=n,
+        seconds=round(seconds, 3),
+    )
+    if use_cache:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(hw.to_dict(), indent=2))
+            tmp.replace(path)
+        except OSError:
+            # The cache is an optimisation; an unwritable cache dir only costs a re-measure.
+            pass
+    return hw

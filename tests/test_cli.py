@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import mixprec
+from mixprec.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def in_tmp(tmp_path, clean_env):
+    clean_env.chdir(tmp_path)
+    return tmp_path
+
+
+def test_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.strip() == f"mixprec {mixprec.__version__}"
+
+
+def test_env_json_is_machine_readable(in_tmp):
+    result = runner.invoke(app, ["env", "--json", "--device", "cpu"], env={"MIXPREC_FLOAT32_MATMUL_PRECISION": "medium"})
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["hardware"]["device_type"] == "cpu"
+    assert set(data["hardware"]["dtypes"]) == {"fp32", "tf32", "bf16", "fp16"}
+    assert data["numerics"]["float32_matmul_precision"] == "medium"  # read back from torch
+    row = next(r for r in data["settings"] if r["key"] == "float32_matmul_precision")
+    assert row["source"] == "env MIXPREC_FLOAT32_MATMUL_PRECISION"
+    assert data["versions"]["torch"]
+
+
+def test_env_tables(in_tmp):
+    result = runner.invoke(app, ["env", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    for title in ("Hardware", "Precisions (measured)", "Effective numerics", "Settings", "Versions"):
+        assert title in result.output
+
+
+def test_config_show_names_sources(in_tmp):
+    (in_tmp / "mixprec.toml").write_text("conv_tf32 = false\n")
+    result = runner.invoke(
+        app, ["config", "show", "--app", "ace_step", "--json", "--float32-matmul-precision", " High "],
+        env={"ACE_STEP_FLOAT32_MATMUL_PRECISION": "medium"},
+    )
+    assert result.exit_code == 0, result.output
+    rows = {r["key"]: r for r in json.loads(result.output)["settings"]}
+    assert rows["float32_matmul_precision"]["value"] == "high"
+    assert rows["float32_matmul_precision"]["source"] == "flag --float32-matmul-precision"
+    assert rows["conv_tf32"]["value"] is False
+    assert rows["conv_tf32"]["source"].endswith("mixprec.toml key conv_tf32")
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["config", "show", "--app", "ACE_STEP"], {"ACE_STEP_FLOAT32_MATMUL_PRECISION": "turbo"}, "env ACE_STEP_FLOAT32_MATMUL_PRECISION"),
+        (["config", "show", "--conv-tf32", "sure"], {}, "flag --conv-tf32"),
+        (["env", "--float32-matmul-precision", "low"], {}, "flag --float32-matmul-precision"),
+    ],
+)
+def test_bad_values_exit_2_naming_the_source(in_tmp, args, env, needle):
+    before = mixprec.snapshot()
+    result = runner.invoke(app, args, env=env)
+    assert result.exit_code == 2
+    assert needle in result.output
+    assert "valid values" in result.output
+    assert mixprec.snapshot() == before
+
+
+def test_unknown_key_in_file_exits_2(in_tmp):
+    (in_tmp / "mixprec.toml").write_text("conv_tf23 = true\n")
+    result = runner.invoke(app, ["config", "show"])
+    assert result.exit_code == 2
+    assert "did you mean 'conv_tf32'" in result.output
