@@ -78,3 +78,33 @@ def test_unknown_key_in_file_exits_2(in_tmp):
     result = runner.invoke(app, ["config", "show"])
     assert result.exit_code == 2
     assert "did you mean 'conv_tf32'" in result.output
+
+
+def test_pipelines_lists_components(in_tmp):
+    result = runner.invoke(app, ["pipelines", "--size", "test", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["name"]: r for r in json.loads(result.stdout)["pipelines"]}
+    assert {"tts", "diffusion", "minilm"} <= set(rows)
+    assert list(rows["tts"]["components"]) == ["ve", "t3_cond", "t3", "s3gen", "vocoder"]
+    assert rows["tts"]["total"] == sum(rows["tts"]["components"].values())
+
+
+def test_run_writes_a_wav(in_tmp):
+    import soundfile
+
+    result = runner.invoke(app, ["run", "--pipeline", "tts", "--size", "test", "--seed", "1", "--out", "speech.wav"])
+    assert result.exit_code == 0, result.output
+    data, rate = soundfile.read(in_tmp / "speech.wav")
+    assert rate == 24000 and len(data) > 1000 and data.std() > 0
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--pipeline", "ttx", "--out", "a.wav"], "did you mean 'tts'"),
+    (["--pipeline", "tts", "--out", "a.png"], ".wav"),
+    (["--pipeline", "tts", "--out", "a.wav", "--seed", "x"], "--seed 'x': expected an integer"),
+    (["--pipeline", "tts", "--out", "a.wav", "--batch", "0"], "batch must be an int >= 1"),
+])
+def test_run_bad_input_exits_2(in_tmp, args, needle):
+    result = runner.invoke(app, ["run", "--size", "test", *args])
+    assert result.exit_code == 2
+    assert needle.lower() in result.output.lower()

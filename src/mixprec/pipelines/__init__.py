@@ -1,0 +1,65 @@
+"""Reference pipelines behind one protocol.
+
+Three built-in pipelines show mixprec on multi-component models:
+
+* ``tts`` - Chatterbox-shaped text to speech (Llama backbone, flow matching, HiFi-GAN);
+* ``diffusion`` - Stable-Diffusion-shaped text to image (CLIP, UNet, VAE, DDIM);
+* ``minilm`` - the trained all-MiniLM-L6-v2 sentence encoder.
+
+Example::
+
+    from mixprec import pipelines
+
+    pipe = pipelines.get("tts", size="test", seed=0)
+    out = pipe.run(pipe.example_inputs(batch=1, seed=0))
+    out.waveform.shape, out.sample_rate
+
+Importing this package imports neither transformers nor diffusers; each
+pipeline imports them when it is built.
+"""
+
+from mixprec.pipelines._base import (
+    OUTPUT_KINDS,
+    AudioOutput,
+    EmbeddingOutput,
+    ImageOutput,
+    Pipeline,
+    PipelineOutput,
+)
+from mixprec.pipelines._io import EXTENSIONS, describe, describe_all, run_to_file, write_output
+from mixprec.pipelines._registry import (
+    ENTRY_POINT_GROUP,
+    PluginWarning,
+    UnknownPipelineError,
+    available,
+    get,
+    plugin_errors,
+    refresh,
+    register,
+)
+from mixprec.pipelines._wrap import WrappedPipeline, discover_components, wrap
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "EXTENSIONS",
+    "OUTPUT_KINDS",
+    "AudioOutput",
+    "EmbeddingOutput",
+    "ImageOutput",
+    "Pipeline",
+    "PipelineOutput",
+    "PluginWarning",
+    "UnknownPipelineError",
+    "WrappedPipeline",
+    "available",
+    "describe",
+    "describe_all",
+    "discover_components",
+    "get",
+    "plugin_errors",
+    "refresh",
+    "register",
+    "run_to_file",
+    "wrap",
+    "write_output",
+]

@@ -1,0 +1,182 @@
+"""Name -> factory registry of pipelines, extensible through entry points.
+
+Built-in pipelines are registered by module path and imported only when built.
+Third-party packages add pipelines through the ``mixprec.pipelines``
+entry-point group; each entry point's value is a factory callable accepting
+``size=`` and ``seed=`` keywords and returning a :class:`Pipeline`::
+
+    [project.entry-points."mixprec.pipelines"]
+    my-tts = "my_package.pipelines:build_my_tts"
+
+Entry points are discovered and loaded on first use of the registry (not on
+import).  A plugin that fails to load is reported with :func:`warnings.warn`
+and in :func:`plugin_errors`; the other pipelines stay available.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import warnings
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import Any
+
+from mixprec.pipelines._base import Pipeline, check_batch_seed
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PluginWarning",
+    "UnknownPipelineError",
+    "available",
+    "get",
+    "plugin_errors",
+    "register",
+]
+
+#: Entry-point group scanned for third-party pipelines.
+ENTRY_POINT_GROUP = "mixprec.pipelines"
+
+Factory = Callable[..., Pipeline]
+
+_BUILTINS: dict[str, str] = {
+    "tts": "mixprec.pipelines.tts:build",
+    "diffusion": "mixprec.pipelines.diffusion:build",
+    "minilm": "mixprec.pipelines.minilm:build",
+}
+
+_registered: dict[str, Factory] = {}
+_plugins: dict[str, Factory] | None = None
+_errors: dict[str, str] = {}
+
+
+class UnknownPipelineError(ValueError):
+    """Raised by :func:`get` for a name no pipeline is registered under."""
+
+
+class PluginWarning(UserWarning):
+    """Warned when an entry-point pipeline plugin cannot be loaded."""
+
+
+def register(name: str, factory: Factory, *, replace: bool = False) -> None:
+    """Register ``factory`` under ``name``.
+
+    Args:
+        name: Registry name (non-empty, no whitespace).
+        factory: Callable accepting ``size=``, ``seed=`` (and optional extra
+            keywords) that returns a :class:`Pipeline`.
+        replace: Allow replacing an existing registration (built-ins included).
+
+    Raises:
+        ValueError: For an invalid name, a non-callable factory, or a name in
+            use while ``replace`` is false.
+    """
+    if not isinstance(name, str) or not name or name != name.strip() or " " in name:
+        raise ValueError(f"pipeline name must be a non-empty string without spaces, got {name!r}")
+    if not callable(factory):
+        raise ValueError(f"factory for {name!r} must be callable, got {factory!r}")
+    if not replace and (name in _registered or name in _BUILTINS):
+        raise ValueError(f"pipeline {name!r} is already registered (pass replace=True)")
+    _registered[name] = factory
+
+
+def _load_plugins() -> dict[str, Factory]:
+    """Discover and load entry points once; remember failures by name."""
+    global _plugins
+    if _plugins is not None:
+        return _plugins
+    loaded: dict[str, Factory] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        problem = None
+        if ep.name in _BUILTINS or ep.name in _registered or ep.name in loaded:
+            problem = f"name {ep.name!r} is already taken; entry point {ep.value!r} ignored"
+        else:
+            try:
+                factory = ep.load()
+            except Exception as exc:  # a plugin may fail in any way while importing
+                problem = f"cannot load {ep.value!r}: {type(exc).__name__}: {exc}"
+            else:
+                if callable(factory):
+                    loaded[ep.name] = factory
+                else:
+                    problem = f"{ep.value!r} is not callable"
+        if problem is not None:
+            _errors[ep.name] = problem
+            warnings.warn(
+                f"mixprec pipeline plugin {ep.name!r}: {problem}", PluginWarning, stacklevel=3
+            )
+    _plugins = loaded
+    return loaded
+
+
+def _reset() -> None:
+    """Forget discovered entry points, their errors and explicit registrations."""
+    global _plugins
+    _plugins = None
+    _errors.clear()
+    _registered.clear()
+
+
+def refresh() -> None:
+    """Re-discover entry points (e.g. after installing a plugin in a running process)."""
+    global _plugins
+    _plugins = None
+    _errors.clear()
+    _load_plugins()
+
+
+def plugin_errors() -> dict[str, str]:
+    """Return ``{entry point name: reason}`` for plugins that failed to load."""
+    _load_plugins()
+    return dict(_errors)
+
+
+def available() -> list[str]:
+    """Return the sorted names of every usable pipeline (built-in, registered, plugin)."""
+    return sorted({*_BUILTINS, *_registered, *_load_plugins()})
+
+
+def _factory(name: str) -> Factory:
+    if name in _registered:
+        return _registered[name]
+    if name in _BUILTINS:
+        module_name, attr = _BUILTINS[name].split(":")
+        return getattr(importlib.import_module(module_name), attr)
+    plugins = _load_plugins()
+    if name in plugins:
+        return plugins[name]
+    names = available()
+    if name in _errors:
+        raise UnknownPipelineError(
+            f"pipeline {name!r} comes from a plugin that failed to load ({_errors[name]}); "
+            f"available pipelines: {', '.join(names)}"
+        )
+    close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.5)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise UnknownPipelineError(
+        f"unknown pipeline {name!r}; available pipelines: {', '.join(names)}.{hint}"
+    )
+
+
+def get(name: str, *, size: str = "default", seed: int = 0, **kwargs: Any) -> Pipeline:
+    """Build the pipeline registered under ``name``.
+
+    Args:
+        name: A name from :func:`available`.
+        size: ``"default"`` (benchmark size) or ``"test"`` (tiny), or another
+            size the pipeline defines.
+        seed: Seed of the weight initialisation.
+        **kwargs: Passed to the factory (e.g. ``device="cpu"`` or size overrides).
+
+    Raises:
+        UnknownPipelineError: If ``name`` is not registered (a ``ValueError``).
+        ValueError: For an invalid ``seed`` or options rejected by the factory.
+        TypeError: If the factory does not return a :class:`Pipeline`.
+    """
+    check_batch_seed(1, seed)
+    pipeline = _factory(name)(size=size, seed=seed, **kwargs)
+    if not isinstance(pipeline, Pipeline):
+        raise TypeError(
+            f"factory of pipeline {name!r} returned {type(pipeline).__name__}, not a Pipeline"
+        )
+    return pipeline
