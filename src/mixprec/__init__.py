@@ -8,17 +8,36 @@ Example:
     >>> mixprec.init(app="MYAPP")          # env, .env, TOML, defaults -> torch flags
     >>> with mixprec.numerics(matmul="high"):
     ...     ...                             # TF32 / oneDNN fast paths inside only
+    >>> with mixprec.apply(model, mixprec.preset("fast")):
+    ...     ...                             # bf16 weights where the probe measured bf16 fast
 """
 
+from mixprec import hardware, presets
+from mixprec._apply import Applied, ApplyError, RevertError, apply, explain, weight_bytes
 from mixprec._init import init
 from mixprec.backends import FlagReadError, Snapshot, describe, numerics, restore, snapshot
 from mixprec.backends import apply_settings as apply_numerics
 from mixprec.config import ConfigError, Resolved, resolve
+from mixprec.policy import Policy, PolicyError, Rule
+from mixprec.presets import PRESETS, preset
 from mixprec.settings import MATMUL_LEVELS, NumericSettings
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Applied",
+    "ApplyError",
+    "PRESETS",
+    "Policy",
+    "PolicyError",
+    "RevertError",
+    "Rule",
+    "apply",
+    "explain",
+    "hardware",
+    "preset",
+    "presets",
+    "weight_bytes",
     "ConfigError",
     "FlagReadError",
     "MATMUL_LEVELS",

@@ -70,9 +70,17 @@ def init(
     for message in resolved.warnings:
         logger.warning(message)
     numeric = resolved.numeric
+    policy = resolved.policy()  # None unless a preset or policy file is configured
+    if policy is not None and policy.numerics is not None:
+        # The policy's global numerics fill in every setting no source set explicitly.
+        defaults = {s.option.field: getattr(policy.numerics, s.option.field)
+                    for s in resolved.settings.values() if s.option.field and s.source.layer == "default"}
+        numeric = numeric.replace(**defaults)
     if not apply:
-        return resolved
+        return dataclasses.replace(resolved, policy_obj=policy, numeric_override=numeric)
     previous = backends.apply_settings(numeric)
     for line in resolved.log_lines():
         logger.info(line)
-    return dataclasses.replace(resolved, previous=previous)
+    if policy is not None and numeric != resolved.numeric:
+        logger.info("float32 numerics from %s policy: %s", policy.name, numeric)
+    return dataclasses.replace(resolved, previous=previous, policy_obj=policy, numeric_override=numeric)

@@ -173,6 +173,129 @@ def config_show(
         console.print("files read: " + ", ".join(resolved.files), highlight=False)
 
 
+SizeFlag = Annotated[str, typer.Option("--size", help="Pipeline size: default (benchmark-sized) or test (tiny).")]
+DeviceFlag = Annotated[Optional[str], typer.Option("--device", help="cpu | cuda | cuda:N | mps (default: best available)")]
+
+
+@app.command("presets")
+def presets_cmd(device: DeviceFlag = None, as_json: JsonFlag = False) -> None:
+    """Each preset as resolved on this machine, with the reasons for every choice."""
+    from mixprec import hardware, presets
+
+    try:
+        hw = hardware.probe(device)
+    except ValueError as exc:
+        _fail(exc)
+    resolved = {name: presets.resolve(name, hw) for name in presets.PRESETS}
+    if as_json:
+        console.print_json(json.dumps({n: {"policy": p.to_dict(), "reasons": r} for n, (p, r) in resolved.items()}))
+        return
+    console.print(f"Presets for {hw.device_type} ({hw.name})", highlight=False)
+    for name, (policy, reasons) in resolved.items():
+        rows = [[f"#{i}", r.match, r.storage, r.compute, r.keep_fp32, r.upcast_attention, r.reason] for i, r in enumerate(policy.rules)]
+        table = _table(f"{name}: matmul={policy.numerics.matmul if policy.numerics else '-'}",
+                       ["rule", "match", "storage", "compute", "keep_fp32", "upcast attn", "reason"], rows)
+        console.print(table)
+        for reason in reasons:
+            console.print(f"  - {reason}", highlight=False)
+
+
+def _policy_for(pipe: Any, preset_name: str | None, policy_file: str | None, device: str | None) -> Any:
+    from mixprec import hardware
+    from mixprec.policy import Policy
+
+    if policy_file:
+        return Policy.load(policy_file)
+    if preset_name:
+        return mixprec.preset(preset_name, hardware=hardware.probe(device), hints=tuple(pipe.sensitive))
+    return None
+
+
+@app.command()
+def explain(
+    pipeline: Annotated[str, typer.Option("--pipeline", help="Pipeline name (see `mixprec pipelines`).")],
+    preset: Annotated[Optional[str], typer.Option("--preset", help="quality | balanced | fast | memory")] = None,
+    policy: Annotated[Optional[str], typer.Option("--policy", help="Policy .toml/.json file.")] = None,
+    size: SizeFlag = "default",
+    device: DeviceFlag = None,
+    all_modules: Annotated[bool, typer.Option("--all", help="List every module, not only those that own weights.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Per module: storage and compute dtype and the rule that decided them."""
+    from mixprec import pipelines
+
+    if (preset is None) == (policy is None):
+        _fail(ValueError("give exactly one of --preset or --policy"))
+    try:
+        pipe = pipelines.get(pipeline, size=size)
+        pol = _policy_for(pipe, preset, policy, device)
+        rows = mixprec.explain(pipe, pol)
+    except ValueError as exc:
+        _fail(exc)
+    if not all_modules:
+        owners = {name for name, m in _owners(pipe)}
+        rows = [r for r in rows if r["module"] in owners]
+    if as_json:
+        console.print_json(json.dumps({"policy": pol.to_dict(), "modules": rows}))
+        return
+    console.print(_table(f"{pipeline} under {pol.name}", ["module", "type", "storage", "compute", "attention", "rule", "reason"],
+                         [[r["module"], r["type"], r["storage"], r["compute"], r["attention"], r["rule"], r["reason"]] for r in rows]))
+
+
+def _owners(pipe: Any):
+    from mixprec.policy import iter_modules
+
+    for name, module in iter_modules(dict(pipe.components)):
+        if any(True for _ in module.parameters(recurse=False)) or any(True for _ in module.buffers(recurse=False)):
+            yield name, module
+
+
+@app.command("pipelines")
+def pipelines_cmd(size: SizeFlag = "default", as_json: JsonFlag = False) -> None:
+    """List the available pipelines with their components and parameter counts."""
+    from mixprec import pipelines
+
+    rows = pipelines.describe_all(size=size)
+    if as_json:
+        console.print_json(json.dumps({"pipelines": rows, "plugin_errors": pipelines.plugin_errors()}))
+        return
+    table_rows = []
+    for row in rows:
+        if "error" in row:
+            table_rows.append([row["name"], "-", f"[red]{row['error']}[/]", "-"])
+            continue
+        comps = ", ".join(f"{c} {n / 1e6:.2f}M" for c, n in row["components"].items())
+        table_rows.append([row["name"], row["output_kind"], comps, f"{row['total'] / 1e6:.2f}M"])
+    console.print(_table(f"Pipelines (size={size})", ["name", "output", "components (parameters)", "total"], table_rows))
+    for name, error in pipelines.plugin_errors().items():
+        err_console.print(f"[yellow]warning:[/] plugin {name!r} failed to load: {error}", highlight=False)
+
+
+@app.command()
+def run(
+    pipeline: Annotated[str, typer.Option("--pipeline", help="Pipeline name (see `mixprec pipelines`).")],
+    out: Annotated[str, typer.Option("--out", help="Output file: .wav (audio), .png (image), .npy/.json (embedding).")],
+    seed: Annotated[str, typer.Option("--seed", help="Seed of weights and inputs.")] = "0",
+    batch: Annotated[str, typer.Option("--batch", help="Batch size.")] = "1",
+    size: SizeFlag = "default",
+) -> None:
+    """Run a pipeline once and write its output to a file you can open."""
+    from mixprec import pipelines
+
+    try:
+        result = pipelines.run_to_file(pipeline, out, seed=_as_int(seed, "--seed"), batch=_as_int(batch, "--batch"), size=size)
+    except ValueError as exc:
+        _fail(exc)
+    console.print(_table(f"mixprec run --pipeline {pipeline}", ["field", "value"], [[k, v] for k, v in result.items()]))
+
+
+def _as_int(text: str, flag: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected an integer") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     app(args=argv if argv is not None else sys.argv[1:], prog_name="mixprec")

@@ -91,11 +91,42 @@ class Resolved:
     warnings: tuple[str, ...] = ()
     #: After ``mixprec.init``: the backends snapshot taken before applying, for ``mixprec.restore``.
     previous: Any = None
+    #: After ``mixprec.init``: the configured policy (or ``None``) and the numerics applied.
+    policy_obj: Any = None
+    numeric_override: Any = None
 
     @property
     def numeric(self) -> NumericSettings:
-        """The resolved global numeric settings."""
+        """The resolved global numeric settings (after ``init``: those applied)."""
+        if self.numeric_override is not None:
+            return self.numeric_override
         return NumericSettings(**{s.option.field: s.value for s in self.settings.values() if s.option.field})
+
+    @property
+    def preset(self) -> str | None:
+        return self.settings["preset"].value
+
+    @property
+    def policy_file(self) -> str | None:
+        return self.settings["policy"].value
+
+    def policy(self, hardware: Any = None, hints: tuple[str, ...] = ()) -> Any:
+        """The configured :class:`~mixprec.policy.Policy`, or ``None`` when neither a
+        preset nor a policy file is set. When both are set, the one from the
+        higher-priority source wins (a policy file on a tie)."""
+        preset, policy = self.settings["preset"], self.settings["policy"]
+        if preset.value is None and policy.value is None:
+            return None
+        use_file = policy.value is not None and (
+            preset.value is None or LAYERS.index(policy.source.layer) >= LAYERS.index(preset.source.layer)
+        )
+        if use_file:
+            from mixprec.policy import Policy
+
+            return Policy.load(policy.value)
+        from mixprec.presets import preset as make_preset
+
+        return make_preset(preset.value, hardware=hardware, hints=hints)
 
     def source_of(self, key: str) -> Source:
         return self.settings[key].source
@@ -112,6 +143,8 @@ class Resolved:
 
 
 def _show(value: Any) -> str:
+    if value is None:
+        return "not set"
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 

@@ -19,11 +19,16 @@ __all__ = [
     "option_for_key",
     "parse_matmul",
     "parse_bool",
+    "parse_preset",
+    "PRESET_NAMES",
     "did_you_mean",
 ]
 
 #: Valid values of ``torch.set_float32_matmul_precision``, most precise first.
 MATMUL_LEVELS: tuple[str, ...] = ("highest", "high", "medium")
+
+#: Preset names (resolved by :mod:`mixprec.presets`).
+PRESET_NAMES: tuple[str, ...] = ("quality", "balanced", "fast", "memory")
 
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
@@ -68,6 +73,26 @@ def parse_bool(value: Any) -> bool:
             return False
     valid = "true/false (also 1/0, yes/no, on/off)"
     raise ValueError(f"invalid value {value!r}; valid values: {valid}")
+
+
+def parse_preset(value: Any) -> str:
+    """Parse a preset name, case-insensitively."""
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, one of: {', '.join(PRESET_NAMES)}; got {type(value).__name__} {value!r}")
+    name = value.strip().lower()
+    if name not in PRESET_NAMES:
+        raise ValueError(f"unknown preset {value!r}{did_you_mean(name, PRESET_NAMES)}; valid values: {', '.join(PRESET_NAMES)}")
+    return name
+
+
+def parse_policy_file(value: Any) -> str:
+    """Check that a policy file exists and parses; returns its path."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected the path of a policy .toml or .json file, got {value!r}")
+    from mixprec.policy import Policy  # local: policies describe nn.Modules
+
+    Policy.load(value.strip())  # raises PolicyError (a ValueError) naming the file and key
+    return value.strip()
 
 
 @dataclass(frozen=True)
@@ -155,6 +180,8 @@ OPTIONS: tuple[Option, ...] = (
            "fp16 reduced-precision reduction", parse_bool, "true/false", field="fp16_reduced_precision_reduction"),
     Option("bf16_reduced_precision_reduction", "BF16_REDUCED_PRECISION_REDUCTION",
            "bf16 reduced-precision reduction", parse_bool, "true/false", field="bf16_reduced_precision_reduction"),
+    Option("preset", "PRESET", "precision preset", parse_preset, ", ".join(PRESET_NAMES)),
+    Option("policy", "POLICY", "policy file", parse_policy_file, "path of a policy .toml or .json file"),
 )
 
 _DEFAULTS = NumericSettings()

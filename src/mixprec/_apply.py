@@ -1,0 +1,469 @@
+"""Apply a :class:`~mixprec.policy.Policy` to modules, and take it back bit-exactly.
+
+``apply`` pre-casts weights once (autocast re-casts them on every call and loses at
+small batches), inserts casts only at precision boundaries, pins keep-fp32 modules
+so that a later ``model.half()`` leaves them alone, and scopes upcast attention to
+attention modules. :meth:`Applied.revert` restores every parameter and buffer
+(dtype, values, device, ``requires_grad``), removes every hook and patch, and puts
+back any global numeric flag the policy changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+from torch import nn
+
+from mixprec import backends
+from mixprec._upcast import UpcastAttentionMode, is_attention_module, sdpa_overflows
+from mixprec.policy import ModulePlan, Policy, PolicyError, closest_names, resolve_modules
+
+__all__ = ["apply", "Applied", "ApplyError", "RevertError", "DTYPES", "components_of", "explain", "weight_bytes"]
+
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_KEEP_ORIGINAL = ("cpu", "disk", "none")
+_MARK = "_mixprec_applied"
+
+
+class ApplyError(ValueError):
+    """The target or the options of ``apply`` are invalid; nothing was changed."""
+
+
+class RevertError(RuntimeError):
+    """``revert`` cannot restore the original weights (``keep_original="none"``)."""
+
+
+def components_of(target: Any) -> tuple[dict[str, nn.Module], tuple[str, ...]]:
+    """Normalise a target to (named components, sensitive hints).
+
+    A bare ``nn.Module`` is one component named ``""`` (module names stay unprefixed);
+    a mapping gives its items; a pipeline gives ``pipeline.components`` and its
+    ``sensitive`` hints.
+    """
+    if isinstance(target, nn.Module):
+        return {"": target}, ()
+    if isinstance(target, Mapping):
+        comps = dict(target)
+        hints: tuple[str, ...] = ()
+    elif hasattr(target, "components"):
+        comps = dict(target.components)
+        hints = tuple(getattr(target, "sensitive", ()) or ())
+    else:
+        raise ApplyError(f"cannot apply a policy to {type(target).__name__}: pass an nn.Module, a mapping of named modules, or a pipeline")
+    for name, module in comps.items():
+        if not isinstance(module, nn.Module):
+            raise ApplyError(f"component {name!r} is a {type(module).__name__}, not an nn.Module")
+    return comps, hints
+
+
+def _tensors(module: nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
+    yield from ((f"p:{n}", p) for n, p in module._parameters.items() if p is not None)
+    yield from ((f"b:{n}", b) for n, b in module._buffers.items() if b is not None)
+
+
+def weight_bytes(target: Any) -> int:
+    """Bytes of all unique parameters and buffers of a target."""
+    comps, _ = components_of(target)
+    seen: set[int] = set()
+    total = 0
+    for root in comps.values():
+        for t in list(root.parameters()) + list(root.buffers()):
+            if id(t) not in seen:
+                seen.add(id(t))
+                total += t.numel() * t.element_size()
+    return total
+
+
+def _cast(obj: Any, dtype: torch.dtype, *, min_ndim: int = 0) -> Any:
+    """Cast floating tensors inside ``obj`` (tensors, tuples, lists, dicts) to ``dtype``."""
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point() and obj.dtype != dtype and obj.dim() >= min_ndim:
+            return obj.to(dtype)
+        return obj
+    if isinstance(obj, tuple):
+        items = [_cast(o, dtype, min_ndim=min_ndim) for o in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    if isinstance(obj, list):
+        return [_cast(o, dtype, min_ndim=min_ndim) for o in obj]
+    if isinstance(obj, dict):
+        # In place for dict subclasses such as transformers' ModelOutput.
+        for key in list(obj.keys()):
+            value = obj[key]
+            new = _cast(value, dtype, min_ndim=min_ndim)
+            if new is not value:
+                obj[key] = new
+        return obj
+    return obj
+
+
+def _first_float_dtype(obj: Any) -> torch.dtype | None:
+    if isinstance(obj, torch.Tensor):
+        return obj.dtype if obj.is_floating_point() else None
+    if isinstance(obj, (tuple, list)):
+        values: Iterable[Any] = obj
+    elif isinstance(obj, dict):
+        values = obj.values()
+    else:
+        return None
+    for value in values:
+        found = _first_float_dtype(value)
+        if found is not None:
+            return found
+    return None
+
+
+def _representative(module: nn.Module) -> torch.Tensor | None:
+    for p in module.parameters():
+        if p.is_floating_point():
+            return p
+    return None
+
+
+@dataclasses.dataclass
+class _Boundary:
+    """Casts at the edge of a module whose compute dtype differs from its caller's."""
+
+    module: nn.Module
+    compute: Callable[[], torch.dtype]
+    output: Callable[[], torch.dtype | None]
+    caller_dtypes: list[torch.dtype | None] = dataclasses.field(default_factory=list)
+
+    def pre(self, module, args, kwargs):
+        self.caller_dtypes.append(_first_float_dtype((args, kwargs)))
+        dtype = self.compute()
+        # 0-d and 1-d floats (timesteps, sigmas, scales) are scalars to the module and
+        # lose meaning in 16 bits (t=999 rounds to 1000 in bf16): they pass unchanged.
+        return _cast(args, dtype, min_ndim=2), _cast(kwargs, dtype, min_ndim=2)
+
+    def post(self, module, args, kwargs, output):
+        caller = self.caller_dtypes.pop() if self.caller_dtypes else None
+        target = self.output() or caller
+        return output if target is None else _cast(output, target)
+
+
+class _Fp32Compute:
+    """fp16/bf16 storage, fp32 compute: upcast own weights for the duration of a forward."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self.stash: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+
+    def pre(self, module, args):
+        saved = []
+        for _, t in _tensors(module):
+            if t.is_floating_point() and t.dtype != torch.float32:
+                saved.append((t, t.data))
+                t.data = t.data.float()
+        self.stash.append(saved)
+
+    def post(self, module, args, output):
+        for t, data in self.stash.pop() if self.stash else []:
+            t.data = data
+
+
+class _Upcast:
+    def __init__(self) -> None:
+        self.modes: list[UpcastAttentionMode] = []
+
+    def pre(self, module, args):
+        mode = UpcastAttentionMode()
+        mode.__enter__()
+        self.modes.append(mode)
+
+    def post(self, module, args, output):
+        if self.modes:
+            self.modes.pop().__exit__(None, None, None)
+
+
+def _pin_fp32(module: nn.Module) -> None:
+    """Make ``module._apply`` keep this module's own floating tensors in fp32."""
+    original = module._apply
+    own = {id(t) for _, t in _tensors(module)}
+
+    def _apply(fn, *args, **kwargs):
+        def keep(t):
+            out = fn(t)
+            if id(t) in own and isinstance(out, torch.Tensor) and out.is_floating_point() and out.dtype != torch.float32:
+                return out.float()
+            return out
+
+        return original(keep, *args, **kwargs)
+
+    module._apply = _apply  # type: ignore[method-assign]
+
+
+class Applied:
+    """A policy applied to a target. Use :meth:`revert`, or ``with mixprec.apply(...)``.
+
+    Attributes:
+        policy: the applied policy.
+        components: the named components.
+        plans: the per-module resolution (see :func:`explain`).
+        keep_original: where the original tensors are kept.
+        original_bytes: bytes the kept originals cost (RAM for ``cpu``, disk for ``disk``).
+    """
+
+    def __init__(self, policy: Policy, components: dict[str, nn.Module], plans: list[ModulePlan], keep_original: str):
+        self.policy = policy
+        self.components = components
+        self.plans = plans
+        self.keep_original = keep_original
+        self.original_bytes = 0
+        self._handles: list[Any] = []
+        self._pinned: list[nn.Module] = []
+        self._originals: dict[int, tuple[torch.Tensor, Any]] = {}
+        self._disk: tempfile.TemporaryDirectory | None = None
+        self._numerics: backends.Snapshot | None = None
+        self._active = True
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    def weight_bytes(self) -> int:
+        return weight_bytes(self.components)
+
+    def __enter__(self) -> Applied:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._active:
+            self.revert()
+
+    def revert(self) -> None:
+        """Restore every parameter and buffer bit-exactly and remove every hook and patch.
+
+        Raises:
+            RevertError: when applied with ``keep_original="none"`` (hooks and patches
+                are still removed, the cast weights stay).
+        """
+        if not self._active:
+            raise RevertError("this policy was already reverted")
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for module in self._pinned:
+            module.__dict__.pop("_apply", None)
+        self._pinned.clear()
+        for root in self.components.values():
+            root.__dict__.pop(_MARK, None)
+        if self._numerics is not None:
+            backends.restore(self._numerics)
+        self._active = False
+        if self.keep_original == "none":
+            raise RevertError(
+                "hooks and patches removed, but the original weights were not kept (keep_original='none'); "
+                "reload the model, or apply with keep_original='cpu' or 'disk'"
+            )
+        loaded: dict[str, torch.Tensor] = {}
+        if self._disk is not None:
+            from safetensors.torch import load_file
+
+            loaded = load_file(str(Path(self._disk.name) / "originals.safetensors"))
+        for key, (tensor, saved) in self._originals.items():
+            original, device = (loaded[str(key)], saved) if self._disk is not None else saved
+            tensor.data = original.to(device)
+        self._originals.clear()
+        if self._disk is not None:
+            self._disk.cleanup()
+            self._disk = None
+
+    # The table `mixprec explain` prints.
+    def explain(self) -> list[dict[str, Any]]:
+        return explain_rows(self.plans, self.policy)
+
+
+def explain_rows(plans: list[ModulePlan], policy: Policy) -> list[dict[str, Any]]:
+    rows = []
+    for plan in plans:
+        index = plan.decided_by.get("storage")
+        rule = policy.rules[index] if index is not None else None
+        attention = ""
+        if plan.upcast_attention and is_attention_module(plan.module):
+            attention = "upcast"
+            dtype = DTYPES[plan.compute_dtype]
+            if dtype in (torch.float16, torch.bfloat16) and not sdpa_overflows("cpu", dtype):
+                attention = "upcast (SDPA path: not needed here, 16-bit SDPA measured finite; only eager paths upcast)"
+        rows.append({
+            "module": plan.qualname or "(root)",
+            "type": plan.type_name,
+            "storage": plan.storage,
+            "compute": plan.compute_dtype,
+            "keep_fp32": plan.keep_fp32,
+            "attention": attention,
+            "output_dtype": plan.output_dtype,
+            "rule": f"#{index} {rule.match}" if rule is not None else "default (fp32)",
+            "reason": rule.reason if rule is not None else "",
+        })
+    return rows
+
+
+def explain(target: Any, policy: Policy) -> list[dict[str, Any]]:
+    """For every module: its resolved storage and compute dtype and the rule that decided it."""
+    comps, _ = components_of(target)
+    plans, _ = resolve_modules(comps, policy)
+    return explain_rows(plans, policy)
+
+
+def apply(
+    target: Any,
+    policy: Policy,
+    *,
+    keep_original: str = "cpu",
+    strict: bool = False,
+) -> Applied:
+    """Apply ``policy`` to a module, a mapping of named modules, or a pipeline.
+
+    Args:
+        target: ``nn.Module``, mapping of name -> module, or a pipeline.
+        policy: the :class:`~mixprec.policy.Policy` (see :mod:`mixprec.presets`).
+        keep_original: ``"cpu"`` keeps the original tensors in host memory (no copy
+            for a CPU model), ``"disk"`` writes them to a safetensors file in a temp
+            dir, ``"none"`` keeps nothing (``revert`` then raises).
+        strict: a rule that matches no module is an error instead of a warning.
+
+    Returns:
+        An :class:`Applied`; revert it, or use it as a context manager.
+
+    Raises:
+        ApplyError: bad target/options, or the target already has a policy applied.
+        PolicyError: with ``strict=True``, a rule that matches nothing.
+
+    Example:
+        >>> with mixprec.apply(model, mixprec.preset("fast")) as applied:
+        ...     y = model(x)
+    """
+    if keep_original not in _KEEP_ORIGINAL:
+        raise ApplyError(f"keep_original={keep_original!r}; choose one of: {', '.join(_KEEP_ORIGINAL)}")
+    if not isinstance(policy, Policy):
+        raise ApplyError(f"policy must be a mixprec Policy, got {type(policy).__name__}")
+    comps, _ = components_of(target)
+    for name, root in comps.items():
+        for module in root.modules():
+            if module.__dict__.get(_MARK):
+                raise ApplyError(
+                    f"component {name or '(root)'!r} already has a mixprec policy applied; revert it before applying another"
+                )
+    plans, unmatched = resolve_modules(comps, policy)
+    if unmatched:
+        names = [p.qualname for p in plans] + sorted({p.type_name for p in plans})
+        for index in unmatched:
+            rule = policy.rules[index]
+            message = f"policy rule #{index} {rule.match!r} matches no module; closest: {', '.join(closest_names(rule.match, names)) or 'none'}"
+            if strict:
+                raise PolicyError(message)
+            warnings.warn(message, stacklevel=2)
+
+    applied = Applied(policy, comps, plans, keep_original)
+    by_module = {id(p.module): p for p in plans}
+
+    # Phase 1: compute every new tensor (nothing is changed if this fails).
+    new_data: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for plan in plans:
+        dtype = DTYPES[plan.storage]
+        for _, t in _tensors(plan.module):
+            if t.is_floating_point() and t.dtype != dtype and id(t) not in new_data:
+                new_data[id(t)] = (t, t.data.to(dtype))
+
+    # Phase 2: keep originals, then swap data in (Parameter objects keep their identity,
+    # so tied weights stay tied and optimizers keep their references).
+    if keep_original != "none":
+        for key, (t, _) in new_data.items():
+            applied.original_bytes += t.numel() * t.element_size()
+            if keep_original == "cpu":
+                applied._originals[key] = (t, (t.data if t.device.type == "cpu" else t.data.to("cpu"), t.device))
+            else:
+                applied._originals[key] = (t, t.device)
+        if keep_original == "disk" and new_data:
+            from safetensors.torch import save_file
+
+            applied._disk = tempfile.TemporaryDirectory(prefix="mixprec-originals-")
+            save_file({str(k): t.data.detach().to("cpu").contiguous() for k, (t, _) in new_data.items()},
+                      str(Path(applied._disk.name) / "originals.safetensors"))
+    for t, data in new_data.values():
+        t.data = data
+
+    try:
+        if policy.numerics is not None:
+            applied._numerics = backends.apply_settings(policy.numerics)
+        _install_hooks(applied, comps, by_module)
+    except BaseException:
+        applied.revert()
+        raise
+    for root in comps.values():
+        root.__dict__[_MARK] = True
+    return applied
+
+
+def _dtype_fn(plan: ModulePlan, by_module: dict[int, ModulePlan]) -> Callable[[], torch.dtype]:
+    """The dtype a module computes in, read at call time so it follows a later ``.half()``.
+
+    The representative tensor is the first floating parameter in the module's subtree
+    that was planned in the same dtype (not one inside a keep-fp32 island).
+    """
+    if plan.compute_dtype == "fp32":
+        return lambda: torch.float32
+    planned = DTYPES[plan.storage]
+    for sub in plan.module.modules():
+        sub_plan = by_module.get(id(sub))
+        if sub_plan is None or sub_plan.compute_dtype != plan.compute_dtype:
+            continue
+        rep = next((t for _, t in _tensors(sub) if t.is_floating_point()), None)
+        if rep is not None:
+            return lambda: rep.dtype
+    return lambda: planned
+
+
+def _install_hooks(applied: Applied, comps: dict[str, nn.Module], by_module: dict[int, ModulePlan]) -> None:
+    handles = applied._handles
+    for cname, root in comps.items():
+        parent_of: dict[int, nn.Module | None] = {id(root): None}
+        upcast_scoped: set[int] = set()
+        for name, module in root.named_modules():
+            for child in module.children():
+                parent_of.setdefault(id(child), module)
+            plan = by_module[id(module)]
+            parent = parent_of.get(id(module))
+            parent_plan = by_module[id(parent)] if parent is not None else None
+
+            is_root = parent is None
+            differs = parent_plan is not None and parent_plan.compute_dtype != plan.compute_dtype
+            if is_root or differs or plan.output_dtype:
+                out_fixed = DTYPES[plan.output_dtype] if plan.output_dtype else None
+                parent_dtype = _dtype_fn(parent_plan, by_module) if parent_plan is not None else None
+                boundary = _Boundary(
+                    module,
+                    _dtype_fn(plan, by_module),
+                    (lambda f=out_fixed: f) if (out_fixed or parent_dtype is None) else parent_dtype,
+                )
+                handles.append(module.register_forward_pre_hook(boundary.pre, with_kwargs=True))
+                handles.append(module.register_forward_hook(boundary.post, with_kwargs=True, always_call=True))
+
+            if plan.compute == "fp32" and not plan.keep_fp32 and plan.storage != "fp32":
+                upcast = _Fp32Compute(module)
+                handles.append(module.register_forward_pre_hook(upcast.pre))
+                handles.append(module.register_forward_hook(upcast.post, always_call=True))
+
+            if plan.keep_fp32 and any(True for _ in _tensors(module)):
+                _pin_fp32(module)
+                applied._pinned.append(module)
+
+            if plan.upcast_attention and id(parent) not in upcast_scoped:
+                direct = plan.decided_by.get("upcast_attention") is not None and policy_matches_directly(applied.policy, plan)
+                if is_attention_module(module) or (direct and not any(is_attention_module(m) for m in module.modules())):
+                    scope = _Upcast()
+                    handles.append(module.register_forward_pre_hook(scope.pre))
+                    handles.append(module.register_forward_hook(scope.post, always_call=True))
+                    upcast_scoped.add(id(module))
+            if id(parent) in upcast_scoped:
+                upcast_scoped.add(id(module))  # already inside a scope: no nested one
+
+
+def policy_matches_directly(policy: Policy, plan: ModulePlan) -> bool:
+    index = plan.decided_by["upcast_attention"]
+    return policy.rules[index].matches(plan.qualname, plan.module)

@@ -1,0 +1,350 @@
+"""Precision policies: what each module stores and computes in, as data.
+
+A :class:`Policy` is the optional global :class:`~mixprec.settings.NumericSettings`
+plus an ordered list of :class:`Rule`. Each rule selects modules and sets some of
+``storage``, ``compute``, ``keep_fp32``, ``upcast_attention`` and ``output_dtype``.
+
+Matching and precedence:
+
+* ``match`` is a glob on the qualified module name (``vae``, ``t3.*``, ``*.norm*``),
+  or ``type:<glob>`` on the class name or any of its base-class names
+  (``type:LayerNorm``, ``type:*Norm``).
+* A rule applies to every module it matches **and to their descendants**, so
+  ``vae`` covers the whole VAE.
+* For each field separately, **the last rule that matches and sets it wins**.
+* ``keep_fp32 = true`` pins the module to fp32 storage and compute whatever any
+  ``storage`` rule says, in any order: a pin is a pin.
+
+This module only describes and resolves; :mod:`mixprec.apply` casts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from torch import nn
+
+from mixprec.settings import NumericSettings, did_you_mean
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["DTYPE_NAMES", "COMPUTE_MODES", "Rule", "Policy", "PolicyError", "ModulePlan", "resolve_modules", "iter_modules"]
+
+#: Storage dtypes a policy may name.
+DTYPE_NAMES: tuple[str, ...] = ("fp32", "bf16", "fp16")
+#: ``native``: compute in the storage dtype; ``fp32``: keep 16-bit weights, upcast at each forward.
+COMPUTE_MODES: tuple[str, ...] = ("native", "fp32")
+
+_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
+_RULE_FIELDS = ("storage", "compute", "keep_fp32", "upcast_attention", "output_dtype")
+
+
+class PolicyError(ValueError):
+    """A policy, rule or policy file is invalid."""
+
+
+def _dtype_name(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise PolicyError(f"{what}: expected a string, one of {', '.join(DTYPE_NAMES)}; got {type(value).__name__} {value!r}")
+    name = _ALIASES.get(value.strip().lower(), value.strip().lower())
+    if name not in DTYPE_NAMES:
+        raise PolicyError(f"{what}: unknown dtype {value!r}{did_you_mean(name, DTYPE_NAMES)}; valid: {', '.join(DTYPE_NAMES)}")
+    return name
+
+
+def _opt_bool(value: Any, what: str) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise PolicyError(f"{what}: expected true or false, got {type(value).__name__} {value!r}")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Select modules and set some of their precision properties.
+
+    Attributes:
+        match: qualified-name glob, or ``type:<class-name glob>``.
+        storage: ``fp32`` / ``bf16`` / ``fp16`` for parameters and buffers.
+        compute: ``native`` (compute in the storage dtype) or ``fp32`` (keep 16-bit
+            weights, upcast them at each forward).
+        keep_fp32: pin to fp32 storage and compute, surviving ``.half()`` by the app.
+        upcast_attention: compute attention scores (Q·Kᵀ, softmax) in fp32.
+        output_dtype: cast the module's floating outputs to this dtype.
+        optional: do not warn when the rule matches nothing (used by presets).
+        reason: why the rule exists, shown by ``mixprec explain``.
+    """
+
+    match: str
+    storage: str | None = None
+    compute: str | None = None
+    keep_fp32: bool | None = None
+    upcast_attention: bool | None = None
+    output_dtype: str | None = None
+    optional: bool = False
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.match, str) or not self.match.strip():
+            raise PolicyError(f"rule match: expected a non-empty string, got {self.match!r}")
+        object.__setattr__(self, "match", self.match.strip())
+        if self.match.startswith("type:") and not self.match[5:].strip():
+            raise PolicyError(f"rule match {self.match!r}: give a class name after 'type:'")
+        where = f"rule {self.match!r}"
+        if self.storage is not None:
+            object.__setattr__(self, "storage", _dtype_name(self.storage, f"{where} storage"))
+        if self.output_dtype is not None:
+            object.__setattr__(self, "output_dtype", _dtype_name(self.output_dtype, f"{where} output_dtype"))
+        if self.compute is not None:
+            if not isinstance(self.compute, str) or self.compute.strip().lower() not in COMPUTE_MODES:
+                raise PolicyError(f"{where} compute: invalid value {self.compute!r}; valid: {', '.join(COMPUTE_MODES)}")
+            object.__setattr__(self, "compute", self.compute.strip().lower())
+        for name in ("keep_fp32", "upcast_attention"):
+            _opt_bool(getattr(self, name), f"{where} {name}")
+        _opt_bool(self.optional, f"{where} optional")
+        if not any(getattr(self, f) is not None for f in _RULE_FIELDS):
+            raise PolicyError(f"{where} sets nothing; give at least one of {', '.join(_RULE_FIELDS)}")
+
+    @property
+    def is_type(self) -> bool:
+        return self.match.startswith("type:")
+
+    def matches(self, qualname: str, module: nn.Module) -> bool:
+        """Whether the rule selects ``module`` itself (not counting ancestors)."""
+        if self.is_type:
+            pattern = self.match[5:].strip()
+            return any(fnmatch.fnmatchcase(cls.__name__, pattern) for cls in type(module).__mro__)
+        return fnmatch.fnmatchcase(qualname, self.match)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        if not data.get("optional"):
+            data.pop("optional", None)
+        if not data.get("reason"):
+            data.pop("reason", None)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "rule") -> Rule:
+        if not isinstance(data, dict):
+            raise PolicyError(f"{where}: expected a table, got {type(data).__name__}")
+        known = [f.name for f in dataclasses.fields(cls)]
+        for key in data:
+            if key not in known:
+                raise PolicyError(f"{where}: unknown key {key!r}{did_you_mean(key, known)}; valid keys: {', '.join(known)}")
+        if "match" not in data:
+            raise PolicyError(f"{where}: missing key 'match' (a name glob or 'type:ClassName')")
+        for key in ("reason", "match"):
+            if key in data and not isinstance(data[key], str):
+                raise PolicyError(f"{where} key {key!r}: expected a string, got {type(data[key]).__name__}")
+        try:
+            return cls(**data)
+        except PolicyError as exc:
+            raise PolicyError(f"{where}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A serialisable precision policy: global numerics plus ordered rules.
+
+    Attributes:
+        rules: applied in order; for each field the last matching rule wins.
+        numerics: global float32 settings to apply with the policy, or ``None``
+            to leave the process-wide flags as they are.
+        name: a label (preset name or ``custom``).
+        version: schema version.
+
+    Example:
+        >>> Policy(rules=(Rule("*", storage="bf16"), Rule("type:*Norm", keep_fp32=True)))
+    """
+
+    rules: tuple[Rule, ...] = ()
+    numerics: NumericSettings | None = None
+    name: str = "custom"
+    version: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rules", tuple(self.rules))
+        for rule in self.rules:
+            if not isinstance(rule, Rule):
+                raise PolicyError(f"policy rules must be Rule objects, got {type(rule).__name__}")
+        if self.numerics is not None and not isinstance(self.numerics, NumericSettings):
+            raise PolicyError(f"policy numerics must be NumericSettings or None, got {type(self.numerics).__name__}")
+        if self.version != 1:
+            raise PolicyError(f"unsupported policy version {self.version!r}; this mixprec reads version 1")
+
+    # -- (de)serialisation ---------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"version": self.version, "name": self.name}
+        if self.numerics is not None:
+            data["numerics"] = {k: v for k, v in self.numerics.to_dict().items() if k != "version"}
+        data["rules"] = [r.to_dict() for r in self.rules]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "policy") -> Policy:
+        if not isinstance(data, dict):
+            raise PolicyError(f"{where}: expected a table, got {type(data).__name__}")
+        known = ["version", "name", "numerics", "rules"]
+        for key in data:
+            if key not in known:
+                raise PolicyError(f"{where}: unknown key {key!r}{did_you_mean(key, known)}; valid keys: {', '.join(known)}")
+        rules = data.get("rules", [])
+        if not isinstance(rules, list):
+            raise PolicyError(f"{where} key 'rules': expected an array of tables, got {type(rules).__name__}")
+        numerics = data.get("numerics")
+        if numerics is not None:
+            if not isinstance(numerics, dict):
+                raise PolicyError(f"{where} key 'numerics': expected a table, got {type(numerics).__name__}")
+            try:
+                numerics = NumericSettings.from_dict(numerics)
+            except ValueError as exc:
+                raise PolicyError(f"{where} key 'numerics': {exc}") from None
+        name = data.get("name", "custom")
+        if not isinstance(name, str):
+            raise PolicyError(f"{where} key 'name': expected a string, got {type(name).__name__}")
+        version = data.get("version", 1)
+        if version != 1:
+            raise PolicyError(f"{where} key 'version': unsupported version {version!r}; this mixprec reads version 1")
+        return cls(
+            rules=tuple(Rule.from_dict(r, f"{where} rules[{i}]") for i, r in enumerate(rules)),
+            numerics=numerics,
+            name=name,
+        )
+
+    def to_toml(self) -> str:
+        import tomli_w
+
+        return tomli_w.dumps(self.to_dict())
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_toml(cls, text: str, where: str = "policy") -> Policy:
+        try:
+            return cls.from_dict(tomllib.loads(text), where)
+        except tomllib.TOMLDecodeError as exc:
+            raise PolicyError(f"{where}: malformed TOML: {exc}") from None
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "policy") -> Policy:
+        try:
+            return cls.from_dict(json.loads(text), where)
+        except json.JSONDecodeError as exc:
+            raise PolicyError(f"{where}: malformed JSON: {exc}") from None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Policy:
+        """Read a policy from a ``.toml`` or ``.json`` file."""
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise PolicyError(f"cannot read policy file {p}: {exc.strerror}") from None
+        if p.suffix.lower() == ".json":
+            return cls.from_json(text, str(p))
+        return cls.from_toml(text, str(p))
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        p = Path(path)
+        p.write_text(self.to_json() if p.suffix.lower() == ".json" else self.to_toml(), encoding="utf-8")
+        return p
+
+    def with_rules(self, *rules: Rule) -> Policy:
+        """A copy with ``rules`` appended (so they win over earlier ones)."""
+        return dataclasses.replace(self, rules=self.rules + tuple(rules))
+
+
+# -- resolution -----------------------------------------------------------------------
+
+
+@dataclass
+class ModulePlan:
+    """The resolved precision of one module and the rule that decided each field."""
+
+    qualname: str
+    module: nn.Module
+    storage: str = "fp32"
+    compute: str = "native"
+    keep_fp32: bool = False
+    upcast_attention: bool = False
+    output_dtype: str | None = None
+    decided_by: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype this module's forward computes in."""
+        return "fp32" if (self.keep_fp32 or self.compute == "fp32") else self.storage
+
+    @property
+    def type_name(self) -> str:
+        return type(self.module).__name__
+
+
+def iter_modules(components: dict[str, nn.Module]) -> Iterator[tuple[str, nn.Module]]:
+    """(qualified name, module) for every module of every component, parents first.
+
+    A component registered under ``""`` (a bare model) contributes unprefixed names.
+    """
+    for cname, root in components.items():
+        for name, module in root.named_modules():
+            if cname and name:
+                yield f"{cname}.{name}", module
+            else:
+                yield cname or name, module
+
+
+def resolve_modules(components: dict[str, nn.Module], policy: Policy) -> tuple[list[ModulePlan], list[int]]:
+    """Resolve every module's precision.
+
+    A rule counts for a module when it matches the module or any ancestor; the
+    counting rules are then applied in policy order, so the last one that sets a
+    field wins, whether it matched the module itself or an ancestor.
+
+    Returns:
+        (plans in ``named_modules`` order, indices of rules that matched nothing).
+    """
+    matched: set[int] = set()
+    plans: list[ModulePlan] = []
+    counting: dict[int, frozenset[int]] = {}
+    for cname, root in components.items():
+        for name, module in root.named_modules():
+            qualname = (f"{cname}.{name}" if name else cname) if cname else name
+            parent = _lookup(root, name.rpartition(".")[0]) if name else None
+            own = {i for i, rule in enumerate(policy.rules) if rule.matches(qualname, module)}
+            matched |= own
+            rules = counting[id(module)] = frozenset(own) | (counting[id(parent)] if parent is not None else frozenset())
+            plan = ModulePlan(qualname, module)
+            for index in sorted(rules):
+                rule = policy.rules[index]
+                for f in _RULE_FIELDS:
+                    value = getattr(rule, f)
+                    if value is not None:
+                        setattr(plan, f, value)
+                        plan.decided_by[f] = index
+            if plan.keep_fp32:
+                plan.storage = "fp32"
+                plan.decided_by["storage"] = plan.decided_by["keep_fp32"]
+            plans.append(plan)
+    unmatched = [i for i, r in enumerate(policy.rules) if i not in matched and not r.optional]
+    return plans, unmatched
+
+
+def _lookup(root: nn.Module, name: str) -> nn.Module:
+    return root.get_submodule(name) if name else root
+
+
+def closest_names(pattern: str, names: Iterable[str], n: int = 3) -> list[str]:
+    import difflib
+
+    return difflib.get_close_matches(pattern.removeprefix("type:"), list(names), n=n, cutoff=0.4)

@@ -1,0 +1,184 @@
+"""Hardware-aware presets, resolved by a pure function.
+
+``resolve(preset, hardware, hints)`` reads no globals and no environment and does no
+I/O: the same inputs give the same :class:`~mixprec.policy.Policy` and reasons. The
+capability decisions live in the small table below, not in if-ladders on GPU names.
+
+| preset     | matmul   | storage                                  | fp32 islands / upcasts |
+|------------|----------|------------------------------------------|------------------------|
+| quality    | highest  | fp32                                     | none needed            |
+| balanced   | high     | fastest 16-bit type measured fast        | norms, attention scores, output heads, sensitive hints |
+| fast       | medium   | fastest 16-bit type measured fast        | sensitive hints only; upcast attention if fp16 |
+| memory     | high     | 16-bit everywhere (bf16 if supported)    | norms and heads compute in fp32; upcast attention if fp16 |
+
+A dtype the probe classed as emulated is never chosen for native compute (fp16 on a
+CPU without AVX512-FP16 runs about 140x slower than fp32). On CUDA GPUs without bf16
+(compute capability < 8.0) fp16 is used with upcast attention.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Mapping
+
+from mixprec.hardware import Hardware
+from mixprec.policy import Policy, PolicyError, Rule
+from mixprec.settings import NumericSettings, did_you_mean
+
+__all__ = ["PRESETS", "resolve", "preset", "UnknownPresetError"]
+
+PRESETS: tuple[str, ...] = ("quality", "balanced", "fast", "memory")
+
+#: Norm layers: computed in fp32 where a preset protects precision.
+_NORMS = "type:*Norm*"
+#: Common names of output heads and output stages across model families.
+_HEADS = ("*lm_head", "*.conv_out", "*.conv_post", "*.proj_out", "*head")
+
+
+class UnknownPresetError(ValueError):
+    """A preset name that does not exist."""
+
+
+def _fast16(hw: Hardware) -> str | None:
+    fast = hw.fast_16bit()
+    if hw.device_type == "cuda" and hw.capability is not None and hw.capability < (8, 0):
+        # No bf16 tensor cores before Ampere: fp16 is the 16-bit type there.
+        return "fp16" if hw.dtypes["fp16"].supported and not hw.dtypes["fp16"].emulated else None
+    return fast[0] if fast else None
+
+
+def _storage16(hw: Hardware) -> str:
+    """The 16-bit storage type for the memory preset: bf16 when the device has it."""
+    if hw.dtypes["bf16"].supported and not (hw.device_type == "cuda" and hw.capability is not None and hw.capability < (8, 0)):
+        return "bf16"
+    return "fp16"
+
+
+def _hint_rules(hints: tuple[str, ...], **fields: Any) -> list[Rule]:
+    return [Rule(h, optional=True, reason="marked precision-sensitive by the pipeline", **fields) for h in hints]
+
+
+def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = ()) -> tuple[Policy, list[str]]:
+    """Resolve a preset for a device.
+
+    Args:
+        name: ``quality``, ``balanced``, ``fast`` or ``memory`` (case-insensitive).
+        hardware: the measured device (:func:`mixprec.hardware.probe`).
+        hints: the pipeline's precision-sensitive module names or ``type:`` patterns.
+
+    Returns:
+        (policy, human-readable reasons for every choice).
+
+    Raises:
+        UnknownPresetError: for any other name.
+    """
+    key = name.strip().lower() if isinstance(name, str) else name
+    if key not in PRESETS:
+        raise UnknownPresetError(f"unknown preset {name!r}{did_you_mean(str(key), PRESETS)}; choose one of: {', '.join(PRESETS)}")
+    hints = tuple(hints)
+    reasons: list[str] = []
+    rules: list[Rule] = []
+    fast16 = _fast16(hardware)
+    emulated = [d for d in ("bf16", "fp16") if hardware.dtypes[d].emulated]
+    if emulated:
+        reasons.append(f"{' and '.join(emulated)} measured emulated on {hardware.name} "
+                       f"({', '.join(f'{hardware.dtypes[d].ratio}x fp32' for d in emulated)}): never used for compute")
+
+    if key == "quality":
+        rules.append(Rule("*", storage="fp32", optional=True, reason="quality: full fp32"))
+        reasons.append("fp32 storage and compute everywhere; float32 matmul precision 'highest'")
+        return Policy(tuple(rules), NumericSettings(matmul="highest"), name=key), reasons
+
+    if key in ("balanced", "fast"):
+        matmul = "high" if key == "balanced" else "medium"
+        reasons.append(f"float32 matmul precision '{matmul}' for the fp32 parts"
+                       + (" (TF32 on this GPU)" if hardware.dtypes["tf32"].supported and hardware.device_type == "cuda" else ""))
+        if fast16 is None:
+            reasons.append("no 16-bit type measured fast here: weights stay fp32")
+            rules.append(Rule("*", storage="fp32", optional=True, reason="no fast 16-bit type on this device"))
+            return Policy(tuple(rules), NumericSettings(matmul=matmul), name=key), reasons
+        ratio = hardware.dtypes[fast16].ratio
+        rules.append(Rule("*", storage=fast16, optional=True, reason=f"{fast16} measured {ratio}x fp32 matmul speed"))
+        reasons.append(f"weights in {fast16}: measured {ratio}x the fp32 matmul rate")
+        upcast = key == "balanced" or fast16 == "fp16"
+        if upcast:
+            rules.append(Rule("*", upcast_attention=True, optional=True,
+                              reason="attention scores and softmax in fp32" + (" (fp16 range 65,504)" if fast16 == "fp16" else "")))
+            reasons.append("attention scores (Q·Kᵀ, softmax) computed in fp32"
+                           + ("; fp16 overflows above 65,504" if fast16 == "fp16" else ""))
+        if key == "balanced":
+            rules.append(Rule(_NORMS, keep_fp32=True, optional=True, reason="normalisation statistics in fp32"))
+            rules.extend(Rule(h, keep_fp32=True, optional=True, reason="output head / output stage in fp32") for h in _HEADS)
+            reasons.append("norm layers and output heads / output stages (lm_head, conv_out, conv_post, proj_out) kept fp32")
+        rules.extend(_hint_rules(hints, keep_fp32=True))
+        if hints:
+            reasons.append(f"pipeline's sensitive modules kept fp32: {', '.join(hints)}")
+        return Policy(tuple(rules), NumericSettings(matmul=matmul), name=key), reasons
+
+    # memory
+    storage = _storage16(hardware)
+    native = storage == fast16 or not hardware.dtypes[storage].emulated
+    compute = "native" if native else "fp32"
+    rules.append(Rule("*", storage=storage, compute=compute, optional=True, reason="memory: 16-bit weights everywhere"))
+    reasons.append(f"all weights stored in {storage} (half the fp32 bytes)"
+                   + ("" if native else f"; {storage} is emulated here, so compute upcasts to fp32 at each forward"))
+    rules.append(Rule(_NORMS, compute="fp32", optional=True, reason="norm statistics computed in fp32"))
+    rules.extend(_hint_rules(hints, compute="fp32"))
+    reasons.append("norm layers" + (" and the pipeline's sensitive modules" if hints else "") + " compute in fp32 from 16-bit weights")
+    if storage == "fp16":
+        rules.append(Rule("*", upcast_attention=True, optional=True, reason="fp16 attention scores overflow above 65,504"))
+        reasons.append("attention scores computed in fp32 (fp16 range 65,504)")
+    return Policy(tuple(rules), NumericSettings(matmul="high"), name=key), reasons
+
+
+_OVERRIDE_KEYS = ("matmul", "storage", "compute", "upcast_attention", "keep_fp32", "rules")
+
+
+def preset(
+    name: str,
+    *,
+    hardware: Hardware | None = None,
+    hints: tuple[str, ...] | list[str] = (),
+    overrides: Mapping[str, Any] | None = None,
+) -> Policy:
+    """A preset resolved for this device, with optional apex-style overrides.
+
+    Args:
+        name: ``quality`` / ``balanced`` / ``fast`` / ``memory``.
+        hardware: default :func:`mixprec.hardware.probe` (cached).
+        hints: the pipeline's sensitive modules.
+        overrides: ``matmul`` (global level), ``storage`` / ``compute`` /
+            ``upcast_attention`` / ``keep_fp32`` (appended as a rule on ``*``), and
+            ``rules`` (extra :class:`Rule` objects or dicts, appended last so they win).
+            Inconsistent combinations warn: an emulated storage dtype, or
+            ``keep_fp32`` together with a 16-bit storage.
+
+    Example:
+        >>> policy = mixprec.preset("fast", overrides={"rules": [{"match": "vae", "keep_fp32": True}]})
+    """
+    if hardware is None:
+        from mixprec.hardware import probe
+
+        hardware = probe()
+    policy, _ = resolve(name, hardware, hints)
+    if not overrides:
+        return policy
+    unknown = [k for k in overrides if k not in _OVERRIDE_KEYS]
+    if unknown:
+        raise PolicyError(f"unknown override {unknown[0]!r}{did_you_mean(unknown[0], _OVERRIDE_KEYS)}; valid: {', '.join(_OVERRIDE_KEYS)}")
+    numerics = policy.numerics
+    if overrides.get("matmul") is not None:
+        numerics = (numerics or NumericSettings()).replace(matmul=overrides["matmul"])
+    global_fields = {k: overrides[k] for k in ("storage", "compute", "upcast_attention", "keep_fp32") if overrides.get(k) is not None}
+    extra: list[Rule] = []
+    if global_fields:
+        extra.append(Rule("*", reason="user override", **global_fields))
+    for i, r in enumerate(overrides.get("rules", ()) or ()):
+        extra.append(r if isinstance(r, Rule) else Rule.from_dict(dict(r), f"overrides rules[{i}]"))
+    for rule in extra:
+        if rule.storage and rule.storage != "fp32" and hardware.dtypes[rule.storage].emulated and rule.compute != "fp32":
+            warnings.warn(f"override {rule.match!r}: storage {rule.storage} is emulated on {hardware.name} "
+                          f"({hardware.dtypes[rule.storage].ratio}x fp32); consider compute='fp32' or another dtype", stacklevel=2)
+        if rule.keep_fp32 and rule.storage in ("bf16", "fp16"):
+            warnings.warn(f"override {rule.match!r}: keep_fp32 wins over storage={rule.storage}", stacklevel=2)
+    return Policy(policy.rules + tuple(extra), numerics, name=f"{policy.name}+overrides")
