@@ -217,6 +217,9 @@ class Applied:
         self._handles: list[Any] = []
         self._pinned: list[nn.Module] = []
         self._originals: dict[int, tuple[torch.Tensor, Any]] = {}
+        # Where each cast tensor lives (module, "p:name" / "b:name"): an app's .half()
+        # replaces buffer objects, so revert writes back through the owning module.
+        self._locations: dict[int, list[tuple[nn.Module, str]]] = {}
         self._disk: tempfile.TemporaryDirectory | None = None
         self._numerics: backends.Snapshot | None = None
         self._active = True
@@ -267,8 +270,18 @@ class Applied:
             loaded = load_file(str(Path(self._disk.name) / "originals.safetensors"))
         for key, (tensor, saved) in self._originals.items():
             original, device = (loaded[str(key)], saved) if self._disk is not None else saved
-            tensor.data = original.to(device)
+            original = original.to(device)
+            tensor.data = original
+            for module, slot in self._locations.get(key, ()):
+                table = module._parameters if slot.startswith("p:") else module._buffers
+                current = table.get(slot[2:])
+                if current is not None and current is not tensor:
+                    if slot.startswith("p:"):
+                        current.data = original
+                    else:
+                        table[slot[2:]] = tensor
         self._originals.clear()
+        self._locations.clear()
         if self._disk is not None:
             self._disk.cleanup()
             self._disk = None
@@ -366,9 +379,11 @@ def apply(
     new_data: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for plan in plans:
         dtype = DTYPES[plan.storage]
-        for _, t in _tensors(plan.module):
-            if t.is_floating_point() and t.dtype != dtype and id(t) not in new_data:
-                new_data[id(t)] = (t, t.data.to(dtype))
+        for key, t in _tensors(plan.module):
+            if t.is_floating_point() and t.dtype != dtype:
+                if id(t) not in new_data:
+                    new_data[id(t)] = (t, t.data.to(dtype))
+                applied._locations.setdefault(id(t), []).append((plan.module, key))
 
     # Phase 2: keep originals, then swap data in (Parameter objects keep their identity,
     # so tied weights stay tied and optimizers keep their references).
@@ -403,17 +418,17 @@ def apply(
 def _dtype_fn(plan: ModulePlan, by_module: dict[int, ModulePlan]) -> Callable[[], torch.dtype]:
     """The dtype a module computes in, read at call time so it follows a later ``.half()``.
 
-    The representative tensor is the first floating parameter in the module's subtree
-    that was planned in the same dtype (not one inside a keep-fp32 island).
+    The representative is the first floating parameter in the module's subtree that
+    was planned in the same dtype (not one inside a keep-fp32 island).
     """
     if plan.compute_dtype == "fp32":
         return lambda: torch.float32
     planned = DTYPES[plan.storage]
-    for sub in plan.module.modules():
-        sub_plan = by_module.get(id(sub))
-        if sub_plan is None or sub_plan.compute_dtype != plan.compute_dtype:
-            continue
-        rep = next((t for _, t in _tensors(sub) if t.is_floating_point()), None)
+    same = [sub for sub in plan.module.modules()
+            if (sub_plan := by_module.get(id(sub))) is not None and sub_plan.compute_dtype == plan.compute_dtype]
+    # Parameters keep their identity through module.half() / .to(); buffers are replaced.
+    for sub in same:
+        rep = next((p for p in sub._parameters.values() if p is not None and p.is_floating_point()), None)
         if rep is not None:
             return lambda: rep.dtype
     return lambda: planned

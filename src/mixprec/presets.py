@@ -8,7 +8,7 @@ capability decisions live in the small table below, not in if-ladders on GPU nam
 |------------|----------|------------------------------------------|------------------------|
 | quality    | highest  | fp32                                     | none needed            |
 | balanced   | high     | fastest 16-bit type measured fast        | norms, attention scores, output heads, sensitive hints |
-| fast       | medium   | fastest 16-bit type measured fast        | sensitive hints only; upcast attention if fp16 |
+| fast       | medium   | fastest 16-bit type measured fast        | none; upcast attention if fp16 |
 | memory     | high     | 16-bit everywhere (bf16 if supported)    | norms and heads compute in fp32; upcast attention if fp16 |
 
 A dtype the probe classed as emulated is never chosen for native compute (fp16 on a
@@ -110,9 +110,12 @@ def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = 
             rules.append(Rule(_NORMS, keep_fp32=True, optional=True, reason="normalisation statistics in fp32"))
             rules.extend(Rule(h, keep_fp32=True, optional=True, reason="output head / output stage in fp32") for h in _HEADS)
             reasons.append("norm layers and output heads / output stages (lm_head, conv_out, conv_post, proj_out) kept fp32")
-        rules.extend(_hint_rules(hints, keep_fp32=True))
-        if hints:
-            reasons.append(f"pipeline's sensitive modules kept fp32: {', '.join(hints)}")
+            rules.extend(_hint_rules(hints, keep_fp32=True))
+            if hints:
+                reasons.append(f"pipeline's sensitive modules kept fp32: {', '.join(hints)}")
+        else:
+            reasons.append("no fp32 islands: every island costs casts at its boundaries"
+                           + (f"; the pipeline's sensitive modules ({', '.join(hints)}) are not pinned, use 'balanced' to pin them" if hints else ""))
         return Policy(tuple(rules), NumericSettings(matmul=matmul), name=key), reasons
 
     # memory

@@ -1,0 +1,151 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import mixprec
+from mixprec import backends
+from mixprec.policy import Policy, PolicyError, Rule
+
+BF16 = Policy((Rule("*", storage="bf16"),))
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(8, 16)
+        self.norm = nn.LayerNorm(16)
+        self.out = nn.Linear(16, 8)
+        self.register_buffer("steps", torch.arange(4))  # an integer buffer: never cast
+        self.register_buffer("scale", torch.ones(8))
+
+    def forward(self, x):
+        return self.out(self.norm(self.inp(x))) * self.scale
+
+
+def _state(module):
+    return {k: (v.dtype, v.device, v.requires_grad, v.detach().clone()) for k, v in
+            list(module.named_parameters()) + list(module.named_buffers())}
+
+
+def _same(module, state):
+    now = _state(module)
+    return now.keys() == state.keys() and all(
+        a[:3] == b[:3] and torch.equal(a[3], b[3]) for a, b in ((now[k], state[k]) for k in state)
+    )
+
+
+@pytest.fixture
+def block():
+    torch.manual_seed(0)
+    return Block()
+
+
+def test_fp32_island_inside_bf16_runs_without_dtype_errors(block):
+    x = torch.randn(3, 8)
+    ref = block(x)
+    policy = Policy((Rule("*", storage="bf16"), Rule("type:LayerNorm", keep_fp32=True)))
+    with mixprec.apply(block, policy):
+        assert block.inp.weight.dtype == torch.bfloat16 and block.norm.weight.dtype == torch.float32
+        assert block.steps.dtype == torch.int64
+        y = block(x)
+    assert y.dtype == torch.float32  # the caller gets back the dtype it passed in
+    assert torch.allclose(y, ref, atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize("cast", [lambda m: m.half(), lambda m: m.to(torch.float16), lambda m: m.bfloat16()])
+def test_keep_fp32_pins_survive_app_casts(block, cast):
+    policy = Policy((Rule("*", storage="bf16"), Rule("norm", keep_fp32=True)))
+    state = _state(block)
+    applied = mixprec.apply(block, policy)
+    cast(block)
+    assert block.norm.weight.dtype == torch.float32 and block.norm.bias.dtype == torch.float32
+    assert block.inp.weight.dtype in (torch.float16, torch.bfloat16)
+    assert torch.isfinite(block(torch.randn(2, 8))).all()  # boundary casts follow the app's new dtype
+    applied.revert()
+    assert _same(block, state)
+    block.half()
+    assert block.norm.weight.dtype == torch.float16  # the pin is gone after revert
+
+
+@pytest.mark.parametrize("keep", ["cpu", "disk"])
+def test_revert_is_bit_exact(block, keep):
+    block.inp.weight.requires_grad_(False)
+    state = _state(block)
+    applied = mixprec.apply(block, Policy((Rule("*", storage="fp16"), Rule("out", compute="fp32"))), keep_original=keep)
+    assert applied.original_bytes == sum(t.numel() * 4 for t in list(block.parameters()) + [block.scale])
+    block(torch.randn(2, 8))
+    applied.revert()
+    assert _same(block, state)
+    assert not block._forward_hooks and not block._forward_pre_hooks
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in block.modules())
+
+
+def test_keep_original_none_cannot_revert(block):
+    applied = mixprec.apply(block, BF16, keep_original="none")
+    assert applied.original_bytes == 0
+    with pytest.raises(mixprec.RevertError, match="keep_original='none'"):
+        applied.revert()
+    assert all(not m._forward_pre_hooks for m in block.modules())
+
+
+def test_apply_twice_is_an_error(block):
+    with mixprec.apply(block, BF16):
+        with pytest.raises(mixprec.ApplyError, match="already has a mixprec policy"):
+            mixprec.apply(block, BF16)
+    mixprec.apply(block, BF16).revert()  # fine again after revert
+
+
+def test_tied_parameters_stay_tied():
+    emb = nn.Embedding(10, 8)
+    head = nn.Linear(8, 10, bias=False)
+    head.weight = emb.weight
+    model = nn.ModuleDict({"emb": emb, "head": head})
+    state = _state(model)
+    with mixprec.apply(model, BF16) as applied:
+        assert model.head.weight is model.emb.weight and model.emb.weight.dtype == torch.bfloat16
+        assert applied.original_bytes == 10 * 8 * 4  # counted once
+    assert model.head.weight is model.emb.weight
+    assert _same(model, state)
+
+
+def test_unmatched_rule_warns_with_closest_names_or_errors_when_strict(block):
+    policy = Policy((Rule("nrom", keep_fp32=True),))
+    with pytest.warns(UserWarning, match=r"'nrom' matches no module; closest: norm"):
+        mixprec.apply(block, policy).revert()
+    state = _state(block)
+    with pytest.raises(PolicyError, match="matches no module"):
+        mixprec.apply(block, policy, strict=True)
+    assert _same(block, state) and not block.inp._forward_pre_hooks
+
+
+def test_bad_target_and_options_change_nothing(block):
+    state = _state(block)
+    with pytest.raises(mixprec.ApplyError, match="keep_original='ram'; choose one of: cpu, disk, none"):
+        mixprec.apply(block, BF16, keep_original="ram")
+    with pytest.raises(mixprec.ApplyError, match="cannot apply a policy to int"):
+        mixprec.apply(3, BF16)
+    assert _same(block, state)
+
+
+def test_fp32_compute_keeps_16bit_storage(block):
+    x = torch.randn(2, 8)
+    ref = block(x)
+    with mixprec.apply(block, Policy((Rule("*", storage="fp16", compute="fp32"),))) as applied:
+        y = block(x)
+        assert block.inp.weight.dtype == torch.float16  # stored 16-bit between calls
+        assert applied.weight_bytes() < mixprec.weight_bytes(Block())
+    assert torch.allclose(y, ref, atol=5e-3)
+
+
+def test_no_global_setting_leaks():
+    """The full fp32_precision tree, legacy flags and default dtype are unchanged after revert."""
+    model = Block()
+    before = (backends.snapshot(), torch.get_default_dtype())
+    policy = Policy((Rule("*", storage="bf16"),), numerics=mixprec.NumericSettings(matmul="medium", conv_tf32=False))
+    applied = mixprec.apply(model, policy)
+    assert torch.get_float32_matmul_precision() == "medium"
+    model(torch.randn(1, 8))
+    applied.revert()
+    assert (backends.snapshot(), torch.get_default_dtype()) == before
