@@ -82,8 +82,9 @@ def _versions() -> dict[str, str | None]:
 
 def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
     table = Table(title=title, title_justify="left", header_style="bold")
-    for column in columns:
-        table.add_column(column)
+    for index, column in enumerate(columns):
+        # The first column holds names (modules, settings): never cut them.
+        table.add_column(column, no_wrap=index == 0, overflow="fold")
     for row in rows:
         table.add_row(*("-" if v is None else str(v) for v in row))
     return table
@@ -238,8 +239,9 @@ def explain(
     if as_json:
         console.print_json(json.dumps({"policy": pol.to_dict(), "modules": rows}))
         return
-    console.print(_table(f"{pipeline} under {pol.name}", ["module", "type", "storage", "compute", "attention", "rule", "reason"],
-                         [[r["module"], r["type"], r["storage"], r["compute"], r["attention"], r["rule"], r["reason"]] for r in rows]))
+    console.print(_table(f"{pipeline} under {pol.name}", ["module", "type", "storage", "compute", "attention", "rule"],
+                         [[r["module"], r["type"], r["storage"], r["compute"], r["attention"] or None, r["rule"]] for r in rows]))
+    console.print("rules: " + "; ".join(f"#{i} {r.match}: {r.reason}" for i, r in enumerate(pol.rules) if r.reason), highlight=False)
 
 
 def _owners(pipe: Any):
