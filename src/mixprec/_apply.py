@@ -286,6 +286,25 @@ class Applied:
             self._disk.cleanup()
             self._disk = None
 
+    def reapply(self, policy: Policy, *, strict: bool = False) -> None:
+        """Swap in another policy on the same components, from the original weights.
+
+        The new policy is validated first; the old one is reverted only then. Used by
+        the numerics guard to pin an overflowing module to a wider dtype.
+
+        Raises:
+            ApplyError: when the originals were not kept (``keep_original="none"``).
+        """
+        if self.keep_original == "none":
+            raise ApplyError("cannot re-apply a policy applied with keep_original='none': the original weights are gone")
+        if not isinstance(policy, Policy):
+            raise ApplyError(f"policy must be a mixprec Policy, got {type(policy).__name__}")
+        plans = _validate(self.components, policy, strict)
+        if self._active:
+            self.revert()
+        self.policy, self.plans, self.original_bytes = policy, plans, 0
+        _materialize(self)
+
     # The table `mixprec explain` prints.
     def explain(self) -> list[dict[str, Any]]:
         return explain_rows(self.plans, self.policy)
@@ -362,6 +381,14 @@ def apply(
                 raise ApplyError(
                     f"component {name or '(root)'!r} already has a mixprec policy applied; revert it before applying another"
                 )
+    plans = _validate(comps, policy, strict)
+
+    applied = Applied(policy, comps, plans, keep_original)
+    _materialize(applied)
+    return applied
+
+
+def _validate(comps: dict[str, nn.Module], policy: Policy, strict: bool) -> list[ModulePlan]:
     plans, unmatched = resolve_modules(comps, policy)
     if unmatched:
         names = [p.qualname for p in plans] + sorted({p.type_name for p in plans})
@@ -370,9 +397,13 @@ def apply(
             message = f"policy rule #{index} {rule.match!r} matches no module; closest: {', '.join(closest_names(rule.match, names)) or 'none'}"
             if strict:
                 raise PolicyError(message)
-            warnings.warn(message, stacklevel=2)
+            warnings.warn(message, stacklevel=3)
+    return plans
 
-    applied = Applied(policy, comps, plans, keep_original)
+
+def _materialize(applied: Applied) -> None:
+    """Cast, keep originals, write numerics and install hooks for ``applied.plans``."""
+    plans, comps, keep_original, policy = applied.plans, applied.components, applied.keep_original, applied.policy
     by_module = {id(p.module): p for p in plans}
 
     # Phase 1: compute every new tensor (nothing is changed if this fails).
@@ -402,6 +433,7 @@ def apply(
                       str(Path(applied._disk.name) / "originals.safetensors"))
     for t, data in new_data.values():
         t.data = data
+    applied._active = True
 
     try:
         if policy.numerics is not None:
@@ -412,7 +444,6 @@ def apply(
         raise
     for root in comps.values():
         root.__dict__[_MARK] = True
-    return applied
 
 
 def _dtype_fn(plan: ModulePlan, by_module: dict[int, ModulePlan]) -> Callable[[], torch.dtype]:
