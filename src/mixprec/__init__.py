@@ -18,6 +18,7 @@ from mixprec._init import init
 from mixprec.backends import FlagReadError, Snapshot, describe, numerics, restore, snapshot
 from mixprec.backends import apply_settings as apply_numerics
 from mixprec.config import ConfigError, Resolved, resolve
+from mixprec.guard import FallbackStore, Guard, NonFiniteError, OverflowReport, guard
 from mixprec.policy import Policy, PolicyError, Rule
 from mixprec.presets import PRESETS, preset
 from mixprec.settings import MATMUL_LEVELS, NumericSettings
@@ -25,6 +26,11 @@ from mixprec.settings import MATMUL_LEVELS, NumericSettings
 __version__ = "0.1.0"
 
 __all__ = [
+    "FallbackStore",
+    "Guard",
+    "NonFiniteError",
+    "OverflowReport",
+    "guard",
     "Applied",
     "ApplyError",
     "PRESETS",

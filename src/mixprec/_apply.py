@@ -286,6 +286,15 @@ class Applied:
             self._disk.cleanup()
             self._disk = None
 
+    def original_tensors(self) -> dict[int, torch.Tensor]:
+        """The kept originals, by ``id`` of the live tensor (empty with ``keep_original="none"``)."""
+        if self._disk is not None:
+            from safetensors.torch import load_file
+
+            loaded = load_file(str(Path(self._disk.name) / "originals.safetensors"))
+            return {key: loaded[str(key)] for key in self._originals}
+        return {key: saved[0] for key, (_, saved) in self._originals.items()}
+
     def reapply(self, policy: Policy, *, strict: bool = False) -> None:
         """Swap in another policy on the same components, from the original weights.
 

@@ -1,0 +1,67 @@
+"""Test models for the numerics guard, in the style of ACE-Step's lyric encoder."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class GatedProjection(nn.Module):
+    """A gated MLP projection computed from its own weights.
+
+    With a large ``up`` weight its intermediate reaches |x| ~ 5e5 (beyond fp16's 65,504)
+    while its output, scaled down by ``down``, stays in range: pinning this one module
+    to a wider dtype is enough.
+    """
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.up = nn.Parameter(torch.randn(hidden, dim) / dim**0.5)
+        self.gate = nn.Parameter(torch.randn(hidden, dim) / dim**0.5)
+        self.down = nn.Parameter(torch.randn(dim, hidden) / hidden**0.5)
+
+    def forward(self, x):
+        return F.linear(F.linear(x, self.up) * torch.sigmoid(F.linear(x, self.gate)), self.down)
+
+
+class LyricBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, 4, batch_first=True)
+        self.mlp = GatedProjection(dim, 4 * dim)
+
+    def forward(self, x):
+        h = self.norm(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.norm(x))
+
+
+class LyricEncoder(nn.Module):
+    def __init__(self, vocab: int = 64, dim: int = 32, depth: int = 4):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(LyricBlock(dim) for _ in range(depth))
+        self.out = nn.LayerNorm(dim)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.out(x)
+
+
+def overflowing_lyric_encoder(seed: int = 0) -> LyricEncoder:
+    """Block 2's projection reaches about 5e5 inside; everything else is ordinary."""
+    torch.manual_seed(seed)
+    model = LyricEncoder().eval()
+    with torch.no_grad():
+        mlp = model.blocks[2].mlp
+        mlp.up.mul_(1.5e5)
+        mlp.down.div_(1.5e5)
+    return model
+
+
+def tokens(seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(seed))
