@@ -18,7 +18,8 @@ from mixprec._init import init
 from mixprec.backends import FlagReadError, Snapshot, describe, numerics, restore, snapshot
 from mixprec.backends import apply_settings as apply_numerics
 from mixprec.config import ConfigError, Resolved, resolve
-from mixprec.guard import FallbackStore, Guard, NonFiniteError, OverflowReport, guard
+from mixprec._profile import Profile, profile
+from mixprec._guard import FallbackStore, Guard, NonFiniteError, OverflowReport, guard
 from mixprec.policy import Policy, PolicyError, Rule
 from mixprec.presets import PRESETS, preset
 from mixprec.settings import MATMUL_LEVELS, NumericSettings
@@ -31,6 +32,8 @@ __all__ = [
     "NonFiniteError",
     "OverflowReport",
     "guard",
+    "Profile",
+    "profile",
     "Applied",
     "ApplyError",
     "PRESETS",

@@ -146,6 +146,48 @@ class _Boundary:
         return output if target is None else _cast(output, target)
 
 
+class EntryGate:
+    """Whether a component's own ``forward`` is running.
+
+    Components are often used through other methods (``vae.decode``, ``vae.encode``)
+    that call their children directly and skip the component's forward hooks. While
+    the component's forward is not running, its direct children act as entry points.
+    """
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+    def enter(self, module, args):
+        self.depth += 1
+
+    def leave(self, module, args, output):
+        self.depth -= 1
+
+    @property
+    def outside(self) -> bool:
+        return self.depth == 0
+
+    def install(self, root: nn.Module) -> list[Any]:
+        return [root.register_forward_pre_hook(self.enter, prepend=True),
+                root.register_forward_hook(self.leave, always_call=True)]
+
+
+class _EntryBoundary(_Boundary):
+    """A root-style boundary on a direct child, active only when entered from outside."""
+
+    def __init__(self, module, compute, gate: EntryGate):
+        super().__init__(module, compute, lambda: None)
+        self.gate = gate
+        self.active: list[bool] = []
+
+    def pre(self, module, args, kwargs):
+        self.active.append(self.gate.outside)
+        return super().pre(module, args, kwargs) if self.active[-1] else None
+
+    def post(self, module, args, kwargs, output):
+        return super().post(module, args, kwargs, output) if (self.active.pop() if self.active else False) else None
+
+
 class _Fp32Compute:
     """fp16/bf16 storage, fp32 compute: upcast own weights for the duration of a forward."""
 
@@ -517,6 +559,13 @@ def _install_hooks(applied: Applied, comps: dict[str, nn.Module], by_module: dic
                     upcast_scoped.add(id(module))
             if id(parent) in upcast_scoped:
                 upcast_scoped.add(id(module))  # already inside a scope: no nested one
+
+        gate = EntryGate()
+        handles.extend(gate.install(root))
+        for child in root.children():
+            entry = _EntryBoundary(child, _dtype_fn(by_module[id(child)], by_module), gate)
+            handles.append(child.register_forward_pre_hook(entry.pre, with_kwargs=True))
+            handles.append(child.register_forward_hook(entry.post, with_kwargs=True, always_call=True))
 
 
 def policy_matches_directly(policy: Policy, plan: ModulePlan) -> bool:

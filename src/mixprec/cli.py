@@ -252,6 +252,78 @@ def _owners(pipe: Any):
             yield name, module
 
 
+@app.command()
+def diagnose(
+    pipeline: Annotated[str, typer.Option("--pipeline", help="Pipeline name (see `mixprec pipelines`).")],
+    preset: Annotated[Optional[str], typer.Option("--preset", help="quality | balanced | fast | memory")] = None,
+    policy: Annotated[Optional[str], typer.Option("--policy", help="Policy .toml/.json file.")] = None,
+    size: SizeFlag = "default",
+    seed: Annotated[str, typer.Option("--seed", help="Seed of weights and inputs.")] = "0",
+    top: Annotated[int, typer.Option("--top", help="Rows to show (0: all).")] = 25,
+    device: DeviceFlag = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Profile every module under a policy: range, fp16 headroom, underflow, own and inherited error."""
+    from mixprec import pipelines
+
+    if (preset is None) == (policy is None):
+        _fail(ValueError("give exactly one of --preset or --policy"))
+    try:
+        pipe = pipelines.get(pipeline, size=size, seed=_as_int(seed, "--seed"))
+        pol = _policy_for(pipe, preset, policy, device)
+        prof = mixprec.profile(pipe, pipe.example_inputs(1, _as_int(seed, "--seed")), pol)
+    except ValueError as exc:
+        _fail(exc)
+    if as_json:
+        console.print_json(json.dumps({"policy": pol.to_dict(), "modules": prof.rows(), "suggestions": prof.suggestions()}))
+        return
+    rows = prof.by_risk()[: top or None]
+
+    def db(v: float | None) -> str | None:
+        return None if v is None else f"{v:.1f}"
+
+    table = _table(f"{pipeline} under {pol.name}: most at risk first",
+                   ["module", "type", "compute", "calls", "absmax in/out", "fp16 headroom", "underflow fp16/bf16", "own dB", "inherited dB"],
+                   [[("[bold red]" + s.module + " (fp16 overflow)[/]") if s.overflows_fp16 else s.module, s.type, s.compute, s.calls,
+                     f"{s.input_absmax:.3g} / {s.output_absmax:.3g}", f"{s.fp16_headroom:.2g}",
+                     f"{s.underflow_fp16:.1%} / {s.underflow_bf16:.1%}", db(s.own_sqnr_db), db(s.inherited_sqnr_db)] for s in rows])
+    console.print(table)
+    suggestion = prof.suggestions_toml()
+    if suggestion:
+        console.print("Suggested keep-fp32 rules (append to your policy file):", highlight=False)
+        console.print(suggestion, highlight=False, markup=False)
+    else:
+        console.print("No module overflows fp16 or falls below 20 dB own SQNR under this policy.", highlight=False)
+
+
+fallbacks_app = typer.Typer(help="Fallbacks the numerics guard remembered.", no_args_is_help=True)
+app.add_typer(fallbacks_app, name="fallbacks")
+
+
+@fallbacks_app.command("list")
+def fallbacks_list(as_json: JsonFlag = False) -> None:
+    """Every remembered fallback: model fingerprint, pinned modules and their dtypes."""
+    from mixprec._guard import FallbackStore
+
+    store = FallbackStore()
+    data = store.load()
+    if as_json:
+        console.print_json(json.dumps({"path": str(store.path), "fallbacks": data}))
+        return
+    rows = [[key, entry.get("model"), module, dtype, entry.get("updated")]
+            for key, entry in data.items() for module, dtype in entry.get("pins", {}).items()]
+    console.print(_table(f"Remembered fallbacks ({store.path})", ["fingerprint", "components", "module", "pinned to", "updated"], rows))
+
+
+@fallbacks_app.command("clear")
+def fallbacks_clear(fingerprint: Annotated[Optional[str], typer.Argument(help="Only this fingerprint.")] = None) -> None:
+    """Forget remembered fallbacks (all, or one fingerprint)."""
+    from mixprec._guard import FallbackStore
+
+    removed = FallbackStore().clear(fingerprint)
+    console.print(f"removed {removed} remembered fallback(s)", highlight=False)
+
+
 @app.command("pipelines")
 def pipelines_cmd(size: SizeFlag = "default", as_json: JsonFlag = False) -> None:
     """List the available pipelines with their components and parameter counts."""

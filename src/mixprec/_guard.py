@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from mixprec._apply import DTYPES, Applied
+from mixprec._apply import DTYPES, Applied, EntryGate
 from mixprec.hardware import Hardware, cache_dir, probe
 from mixprec.policy import Rule, iter_modules
 
@@ -193,7 +193,9 @@ def _exact(qualname: str) -> str:
 
 def _rewind_points(args: tuple, kwargs: dict) -> list[tuple[Any, int]]:
     # KV caches (transformers Cache objects) grow during a call; remember their length
-    # so a re-run starts from the same state.
+    # so a re-run starts from the same state. The cache's dtype is not converted: a
+    # fallback that widens attention projections in the middle of a cached decoding
+    # loop (rather than at its first call) needs a fresh cache.
     points = []
     for value in list(args) + list(kwargs.values()):
         if hasattr(value, "get_seq_length") and hasattr(value, "crop"):
@@ -235,23 +237,32 @@ class Guard:
         if self.mode == "off":
             return
         for cname, root in self.applied.components.items():
-            stack: list[tuple[tuple, dict, list]] = []
-
-            def pre(module, args, kwargs, stack=stack):
-                stack.append((args, kwargs, _rewind_points(args, kwargs)))
-
-            def post(module, args, kwargs, output, stack=stack, cname=cname):
-                call = stack.pop() if stack else None
-                if self._busy or call is None or all_finite(output):
-                    return None
-                return self._handle(cname, module, call, output)
-
-            self._handles.append(root.register_forward_pre_hook(pre, with_kwargs=True, prepend=True))
-            self._handles.append(root.register_forward_hook(post, with_kwargs=True))
+            gate = EntryGate()
+            self._handles.extend(gate.install(root))
+            # The component's own forward, and its direct children when it is used through
+            # another method (vae.decode): one finiteness check per entry call.
+            for entry in (root, *root.children()):
+                self._watch(cname, entry, None if entry is root else gate)
             if self.mode == "modules":
                 for name, sub in root.named_modules():
                     if sub is not root:
                         self._handles.append(sub.register_forward_hook(self._module_check(cname, name)))
+
+    def _watch(self, cname: str, entry: nn.Module, gate: EntryGate | None) -> None:
+        stack: list[tuple[tuple, dict, list] | None] = []
+
+        def pre(module, args, kwargs):
+            outside = gate is None or gate.outside
+            stack.append((args, kwargs, _rewind_points(args, kwargs)) if outside else None)
+
+        def post(module, args, kwargs, output):
+            call = stack.pop() if stack else None
+            if self._busy or call is None or all_finite(output):
+                return None
+            return self._handle(cname, module, call, output)
+
+        self._handles.append(entry.register_forward_pre_hook(pre, with_kwargs=True, prepend=True))
+        self._handles.append(entry.register_forward_hook(post, with_kwargs=True))
 
     def _module_check(self, cname: str, name: str):
         def hook(module, args, output):
@@ -289,7 +300,11 @@ class Guard:
     def _rerun(self, root: nn.Module, call: tuple) -> Any:
         args, kwargs, points = call
         for cache, length in points:
-            cache.crop(length)
+            grown = int(cache.get_seq_length()) - length
+            if length == 0 and hasattr(cache, "reset"):
+                cache.reset()  # drop the failed call's tensors entirely (their dtype too)
+            elif grown > 0:
+                cache.crop(-grown)  # a negative count removes that many tokens (transformers 4.x and 5.x)
         self._busy = True
         try:
             return root(*args, **kwargs)
