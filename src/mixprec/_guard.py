@@ -14,7 +14,6 @@ applies it before the first call.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math

@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import platform
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -35,6 +35,7 @@ __all__ = [
     "make_generator",
     "module_dtype",
     "seeded",
+    "sized_config",
 ]
 
 #: The kinds of main output a pipeline may produce.
@@ -124,6 +125,21 @@ def check_batch_seed(batch: object, seed: object) -> None:
         raise ValueError(f"batch must be an int >= 1, got {batch!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an int, got {seed!r} ({type(seed).__name__})")
+
+
+def sized_config(kind: str, sizes: Mapping[str, Any], size: str, overrides: Mapping[str, Any]) -> Any:
+    """The config dataclass of ``sizes[size]`` with ``overrides`` applied.
+
+    Raises:
+        ValueError: For an unknown size or override name; the message lists the valid ones.
+    """
+    if size not in sizes:
+        raise ValueError(f"unknown {kind} size {size!r}; valid sizes: {', '.join(sizes)}")
+    fields = {f.name for f in dataclasses.fields(sizes[size])}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"unknown {kind} option(s) {unknown}; valid: {', '.join(sorted(fields))}")
+    return dataclasses.replace(sizes[size], **overrides)
 
 
 def module_dtype(module: nn.Module) -> torch.dtype:

@@ -9,7 +9,6 @@ into token ids by a small hashing tokenizer, so nothing is downloaded.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import re
 import zlib
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mixprec.pipelines._base import ImageOutput, Pipeline, make_generator, module_dtype, seeded
+from mixprec.pipelines._base import ImageOutput, Pipeline, make_generator, module_dtype, seeded, sized_config
 
 __all__ = ["PROMPTS", "SIZES", "DiffusionConfig", "DiffusionInputs", "DiffusionPipeline", "build"]
 
@@ -235,13 +234,5 @@ def build(
     Raises:
         ValueError: For an unknown size or override name.
     """
-    if size not in SIZES:
-        raise ValueError(f"unknown diffusion size {size!r}; valid sizes: {', '.join(SIZES)}")
-    fields = {f.name for f in dataclasses.fields(DiffusionConfig)}
-    unknown = sorted(set(overrides) - fields)
-    if unknown:
-        raise ValueError(
-            f"unknown diffusion option(s) {unknown}; valid: {', '.join(sorted(fields))}"
-        )
-    config = dataclasses.replace(SIZES[size], **overrides)
+    config = sized_config("diffusion", SIZES, size, overrides)
     return DiffusionPipeline(config, seed=seed, device=device)

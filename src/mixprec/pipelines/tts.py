@@ -26,6 +26,7 @@ from mixprec.pipelines._base import (
     Pipeline,
     make_generator,
     module_dtype,
+    sized_config,
     seeded,
 )
 
@@ -283,10 +284,4 @@ def build(
     Raises:
         ValueError: For an unknown size or override name.
     """
-    if size not in SIZES:
-        raise ValueError(f"unknown tts size {size!r}; valid sizes: {', '.join(SIZES)}")
-    fields = {f.name for f in dataclasses.fields(TTSConfig)}
-    unknown = sorted(set(overrides) - fields)
-    if unknown:
-        raise ValueError(f"unknown tts option(s) {unknown}; valid: {', '.join(sorted(fields))}")
-    return TTSPipeline(dataclasses.replace(SIZES[size], **overrides), seed=seed, device=device)
+    return TTSPipeline(sized_config("tts", SIZES, size, overrides), seed=seed, device=device)
