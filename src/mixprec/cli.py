@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import platform
 import sys
+from pathlib import Path
 from importlib import metadata
 from typing import Annotated, Any, Optional
 
@@ -361,6 +362,211 @@ def run(
     except ValueError as exc:
         _fail(exc)
     console.print(_table(f"mixprec run --pipeline {pipeline}", ["field", "value"], [[k, v] for k, v in result.items()]))
+
+
+DbFlag = Annotated[Optional[str], typer.Option("--db", help="SQLite file (default: bench.sqlite in the user data dir, or MIXPREC_DB).")]
+
+
+def _open_store(db: str | None):
+    from mixprec.bench.store import Store, StoreError
+
+    try:
+        return Store(db)
+    except StoreError as exc:
+        _fail(exc)
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    values = [_as_int(part, flag) for part in text.split(",") if part.strip()]
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"{flag} {text!r}: expected comma-separated integers >= 1, e.g. 1,4")
+    return values
+
+
+def _print_run(run: dict) -> None:
+    from mixprec.bench.report import render_table_rows
+
+    rows = render_table_rows(run)
+    if not rows:
+        return
+    columns = list(rows[0])
+    console.print(_table(f"run {run['id']}: {run['pipeline']} ({run['status']}) on {run['machine'].get('name')}", columns,
+                         [[r[c] for c in columns] for r in rows]))
+    for note in run.get("notes", []):
+        console.print(f"  note: {note}", highlight=False, markup=False)
+
+
+@app.command()
+def bench(
+    pipeline: Annotated[str, typer.Option("--pipeline", help="Comma-separated pipeline names, e.g. tts,diffusion.")] = "tts",
+    configs: Annotated[Optional[str], typer.Option("--configs", help="Comma-separated configurations (default: all that can help here).")] = None,
+    batch: Annotated[str, typer.Option("--batch", help="Comma-separated batch sizes.")] = "1",
+    repeat: Annotated[str, typer.Option("--repeat", help="Timed runs per configuration.")] = "3",
+    warmup: Annotated[str, typer.Option("--warmup", help="Untimed runs first.")] = "1",
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds each configuration may spend running, per batch size.")] = 60.0,
+    size: SizeFlag = "default",
+    seed: Annotated[str, typer.Option("--seed", help="Seed of weights and inputs.")] = "0",
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda")] = "cpu",
+    db: DbFlag = None,
+    html: Annotated[Optional[str], typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
+    json_out: Annotated[Optional[str], typer.Option("--json", help="Write the runs as JSON here.")] = None,
+    csv_out: Annotated[Optional[str], typer.Option("--csv", help="Write one CSV row per configuration here.")] = None,
+) -> None:
+    """Measure speed, memory and quality per precision configuration, side by side."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from mixprec import hardware, pipelines
+    from mixprec.bench import report
+    from mixprec.bench.configs import parse_configs
+    from mixprec.bench.runner import BenchOptions, run_bench
+
+    try:
+        names = [p.strip() for p in pipeline.split(",") if p.strip()]
+        for name in names:
+            if name not in pipelines.available():
+                pipelines.get(name)  # raises the registry's error, which lists the pipelines
+        batches = _int_list(batch, "--batch")
+        n_repeat, n_warmup = _as_int(repeat, "--repeat"), _as_int(warmup, "--warmup")
+        if n_repeat < 1 or n_warmup < 0:
+            raise ValueError(f"--repeat must be >= 1 and --warmup >= 0, got {n_repeat} and {n_warmup}")
+        if timeout <= 0:
+            raise ValueError(f"--timeout {timeout}: must be a positive number of seconds")
+        hw = hardware.probe(device)
+        specs, notes = parse_configs(configs, hw)
+        run_seed = _as_int(seed, "--seed")
+    except ValueError as exc:
+        _fail(exc)
+    store = _open_store(db)
+    command = "mixprec bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "mixprec bench"
+    run_ids = []
+    total = len(specs) * (n_warmup + n_repeat) * len(batches)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, transient=False) as bar:
+        for name in names:
+            task = bar.add_task(f"{name}: starting {len(specs)} workers", total=total)
+
+            def step(description: str, n: int, task=task, name=name) -> None:
+                bar.update(task, advance=n, description=f"{name}: {description}")
+
+            options = BenchOptions(pipeline=name, configs=specs, batches=batches, repeat=n_repeat, warmup=n_warmup,
+                                   timeout=timeout, size=size, seed=run_seed, device=device, notes=notes, command=command)
+            run_ids.append(run_bench(options, hw, store, progress=step))
+    runs = [store.load_run(i) for i in run_ids]
+    for run in runs:
+        _print_run(run)
+    if html:
+        report.save_html(runs, html)
+        console.print(f"report written to {html}", highlight=False)
+    if json_out:
+        Path(json_out).write_text(report.to_json(runs))
+    if csv_out:
+        Path(csv_out).write_text(report.to_csv(runs))
+    console.print(f"stored as run(s) {', '.join(map(str, run_ids))} in {store.path}", highlight=False)
+
+
+runs_app = typer.Typer(help="Benchmark runs in the store.", no_args_is_help=True)
+app.add_typer(runs_app, name="runs")
+
+
+@runs_app.command("list")
+def runs_list(db: DbFlag = None, as_json: JsonFlag = False) -> None:
+    """Recent runs."""
+    store = _open_store(db)
+    rows = store.runs()
+    if as_json:
+        console.print_json(json.dumps(rows))
+        return
+    console.print(_table(f"runs in {store.path}", ["id", "started", "finished", "status", "pipeline", "size", "configs"],
+                         [[r["id"], r["started"], r["finished"], r["status"], r["pipeline"], r["size"], r["configs"]] for r in rows]))
+
+
+@runs_app.command("show")
+def runs_show(run_id: Annotated[int, typer.Argument(help="Run id.")], db: DbFlag = None,
+              html: Annotated[Optional[str], typer.Option("--html", help="Also write an HTML report.")] = None,
+              as_json: JsonFlag = False) -> None:
+    """One run: every configuration and metric."""
+    from mixprec.bench import report
+    from mixprec.bench.store import StoreError
+
+    store = _open_store(db)
+    try:
+        run = store.load_run(run_id)
+    except StoreError as exc:
+        _fail(exc)
+    if as_json:
+        console.print(report.to_json([run]), highlight=False, markup=False)
+        return
+    _print_run(run)
+    if html:
+        report.save_html([run], html)
+
+
+@app.command()
+def compare(run_a: Annotated[int, typer.Argument(help="Earlier run id.")], run_b: Annotated[int, typer.Argument(help="Later run id.")],
+            db: DbFlag = None, as_json: JsonFlag = False) -> None:
+    """Per-configuration changes from run A to run B, and which exceed the noise."""
+    from mixprec.bench.gate import compare as compare_runs
+    from mixprec.bench.store import StoreError
+
+    store = _open_store(db)
+    try:
+        rows = compare_runs(store.load_run(run_a), store.load_run(run_b))
+    except StoreError as exc:
+        _fail(exc)
+    if as_json:
+        console.print_json(json.dumps(rows, default=str))
+        return
+    console.print(_table(f"run {run_a} -> run {run_b}", ["config", "batch", "latency A", "latency B", "change", "beyond noise", "quality A", "quality B"], [
+        [r["config"], r["batch"], _seconds(r.get("latency_a")), _seconds(r.get("latency_b")),
+         f"{r['latency_change']:+.1%}" if "latency_change" in r else None,
+         ("yes" if r["latency_significant"] else "no") if "latency_significant" in r else None,
+         _quality(r.get("quality_a")), _quality(r.get("quality_b"))] for r in rows]))
+
+
+def _seconds(value: float | None) -> str | None:
+    return None if value is None else f"{value:.4f} s"
+
+
+def _quality(value: float | None) -> str | None:
+    if value is None:
+        return None
+    return "exact" if value == float("inf") else f"{value:.1f} dB"
+
+
+@app.command("gate")
+def gate_cmd(
+    run_id: Annotated[int, typer.Argument(help="The run to check.")],
+    baseline: Annotated[int, typer.Option("--baseline", help="The run to compare against.")],
+    max_quality_drop: Annotated[str, typer.Option("--max-quality-drop")] = "5%",
+    max_latency_regression: Annotated[str, typer.Option("--max-latency-regression")] = "10%",
+    max_memory_increase: Annotated[str, typer.Option("--max-memory-increase")] = "0%",
+    max_failure_rate: Annotated[str, typer.Option("--max-failure-rate")] = "1%",
+    db: DbFlag = None,
+) -> None:
+    """Exit 1 and list every violation when a run regresses against a baseline (for CI)."""
+    from mixprec.bench.gate import Thresholds, gate, parse_percent
+    from mixprec.bench.store import StoreError
+
+    try:
+        thresholds = Thresholds(
+            max_quality_drop=parse_percent(max_quality_drop, "--max-quality-drop"),
+            max_latency_regression=parse_percent(max_latency_regression, "--max-latency-regression"),
+            max_memory_increase=parse_percent(max_memory_increase, "--max-memory-increase"),
+            max_failure_rate=parse_percent(max_failure_rate, "--max-failure-rate"),
+        )
+    except ValueError as exc:
+        _fail(exc)
+    store = _open_store(db)
+    try:
+        violations = gate(store.load_run(run_id), store.load_run(baseline), thresholds)
+    except StoreError as exc:
+        _fail(exc)
+    if violations:
+        console.print(f"gate FAILED: run {run_id} vs baseline {baseline}", highlight=False)
+        for violation in violations:
+            console.print(f"  - {violation}", highlight=False, markup=False)
+        raise typer.Exit(code=1)
+    console.print(f"gate passed: run {run_id} vs baseline {baseline}", highlight=False)
 
 
 def _as_int(text: str, flag: str) -> int:

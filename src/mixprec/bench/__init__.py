@@ -1,0 +1,1 @@
+"""Benchmark: workers, metrics, store, report and gate."""

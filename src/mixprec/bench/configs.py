@@ -1,0 +1,154 @@
+"""Benchmark configurations: mixprec presets and policy files, and the alternatives users pick.
+
+A configuration is data (:class:`ConfigSpec`); :func:`setup` turns it into a change of
+a pipeline inside a worker process and returns a context manager for each run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ContextManager
+
+import torch
+
+from mixprec.hardware import Hardware
+from mixprec.settings import did_you_mean
+
+__all__ = ["ConfigSpec", "BUILTIN", "parse_configs", "default_configs", "setup", "UnknownConfigError"]
+
+#: name -> (kind, argument, description)
+BUILTIN: dict[str, tuple[str, Any, str]] = {
+    "fp32": ("baseline", None, "plain fp32, torch defaults"),
+    "matmul-high": ("matmul", "high", 'torch.set_float32_matmul_precision("high") alone'),
+    "matmul-medium": ("matmul", "medium", 'torch.set_float32_matmul_precision("medium") alone'),
+    "autocast-bf16": ("autocast", torch.bfloat16, "torch.autocast(dtype=torch.bfloat16) around each run"),
+    "autocast-fp16": ("autocast", torch.float16, "torch.autocast(dtype=torch.float16) around each run"),
+    "naive-bf16": ("naive", torch.bfloat16, "every component .to(torch.bfloat16)"),
+    "naive-fp16": ("naive", torch.float16, "every component .half()"),
+    "quality": ("preset", "quality", "mixprec preset"),
+    "balanced": ("preset", "balanced", "mixprec preset"),
+    "fast": ("preset", "fast", "mixprec preset"),
+    "memory": ("preset", "memory", "mixprec preset"),
+}
+
+_DEFAULT = ("fp32", "matmul-high", "matmul-medium", "autocast-bf16", "naive-bf16", "naive-fp16",
+            "quality", "balanced", "fast", "memory")
+
+
+class UnknownConfigError(ValueError):
+    """A configuration name that is neither built in nor a policy file."""
+
+
+@dataclass(frozen=True)
+class ConfigSpec:
+    """One configuration to measure.
+
+    Attributes:
+        name: as given by the user (``fast``, ``naive-fp16``, ``my_policy.toml``).
+        kind: ``baseline``, ``matmul``, ``autocast``, ``naive``, ``preset`` or ``policy``.
+        arg: the matmul level, dtype name, preset name or policy file path.
+    """
+
+    name: str
+    kind: str
+    arg: str | None = None
+
+    @property
+    def dtype(self) -> str | None:
+        """The 16-bit dtype this configuration relies on, if any."""
+        if self.kind in ("autocast", "naive"):
+            return self.arg
+        return None
+
+
+def _spec(name: str) -> ConfigSpec:
+    if name in BUILTIN:
+        kind, arg, _ = BUILTIN[name]
+        if isinstance(arg, torch.dtype):
+            arg = "bf16" if arg == torch.bfloat16 else "fp16"
+        return ConfigSpec(name, kind, arg)
+    if name.endswith((".toml", ".json")):
+        if not Path(name).is_file():
+            raise UnknownConfigError(f"policy file {name!r} does not exist")
+        from mixprec.policy import Policy
+
+        Policy.load(name)  # validate now, before any worker starts
+        return ConfigSpec(name, "policy", os.path.abspath(name))
+    raise UnknownConfigError(
+        f"unknown configuration {name!r}{did_you_mean(name, list(BUILTIN))}; valid: {', '.join(BUILTIN)}, or a policy .toml/.json file"
+    )
+
+
+def parse_configs(text: str | None, hardware: Hardware) -> tuple[list[ConfigSpec], list[str]]:
+    """Parse ``--configs`` (comma-separated); ``None`` gives the defaults for this hardware.
+
+    Returns:
+        (configurations, notes for the report). ``fp32`` is always measured (first), as
+        the reference for quality and speed-up.
+    """
+    if text is None:
+        return default_configs(hardware)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise UnknownConfigError(f"--configs {text!r} names no configuration; valid: {', '.join(BUILTIN)}")
+    specs = [_spec(n) for n in dict.fromkeys(names)]
+    notes = []
+    if "fp32" not in names:
+        specs.insert(0, _spec("fp32"))
+        notes.append("fp32 added: it is the reference for quality and speed-up")
+    return specs, notes
+
+
+def default_configs(hardware: Hardware) -> tuple[list[ConfigSpec], list[str]]:
+    """The default list, leaving out what the probe says cannot help here."""
+    specs, notes = [], []
+    for name in _DEFAULT:
+        spec = _spec(name)
+        if spec.dtype and hardware.dtypes[spec.dtype].emulated:
+            notes.append(f"{name} left out: the probe measured {spec.dtype} emulated on {hardware.name} "
+                         f"({hardware.dtypes[spec.dtype].ratio}x fp32); ask for it by name to run it")
+            continue
+        if name == "matmul-high" and not hardware.dtypes["tf32"].supported:
+            notes.append(f"matmul-high left out: TF32 changes nothing on {hardware.name} (measured "
+                         f"{hardware.dtypes['tf32'].ratio}x fp32); ask for it by name to run it")
+            continue
+        specs.append(spec)
+    return specs, notes
+
+
+def setup(spec: ConfigSpec, pipe: Any, hardware: Hardware | None = None) -> tuple[Callable[[], ContextManager], dict[str, Any]]:
+    """Change ``pipe`` as ``spec`` says (inside a worker process).
+
+    Returns:
+        (a factory of the context manager each run executes in, details: ``policy``
+        dict or ``None``, and ``guard`` for presets and policies).
+    """
+    import mixprec
+
+    info: dict[str, Any] = {"policy": None, "guard": None}
+    if spec.kind == "baseline":
+        return contextlib.nullcontext, info
+    if spec.kind == "matmul":
+        mixprec.apply_numerics(mixprec.NumericSettings(matmul=spec.arg))  # a fresh worker: nothing to restore
+        info["policy"] = {"numerics": {"matmul": spec.arg}}
+        return contextlib.nullcontext, info
+    if spec.kind == "autocast":
+        dtype = torch.bfloat16 if spec.arg == "bf16" else torch.float16
+        device = pipe.device.type if hasattr(pipe, "device") else "cpu"
+        return (lambda: torch.autocast(device_type=device, dtype=dtype)), info
+    if spec.kind == "naive":
+        dtype = torch.bfloat16 if spec.arg == "bf16" else torch.float16
+        for component in pipe.components.values():
+            component.to(dtype)
+        return contextlib.nullcontext, info
+    if spec.kind == "preset":
+        policy = mixprec.preset(spec.arg, hardware=hardware, hints=tuple(getattr(pipe, "sensitive", ())))
+    else:
+        policy = mixprec.Policy.load(spec.arg)
+    applied = mixprec.apply(pipe, policy, keep_original="cpu")
+    info["policy"] = policy.to_dict()
+    info["guard"] = mixprec.guard(applied, on_nonfinite="fallback", hardware=hardware, remember=False)
+    return contextlib.nullcontext, info

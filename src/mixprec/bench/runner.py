@@ -1,0 +1,240 @@
+"""Run a benchmark: every configuration in its own worker, repetitions interleaved.
+
+For each batch size all configuration workers are started (and load) first. The fp32
+worker runs once to produce the reference output (and, for ``tts``, the speech tokens
+every other configuration is then teacher-forced on). Then warm-up rounds, then timed
+rounds: each round runs every configuration once, so the noise of a shared machine
+spreads over all of them. A configuration that raises, dies or exceeds its time limit
+is recorded as failed or timed out and the run goes on.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Callable
+
+import torch
+
+import mixprec
+from mixprec.bench import metrics as bench_metrics
+from mixprec.bench.configs import ConfigSpec
+from mixprec.bench.store import Store
+from mixprec.bench.worker import Executor, LocalProcessExecutor, WorkerError, WorkerTimeout, job_for
+from mixprec.hardware import Hardware
+
+__all__ = ["BenchOptions", "run_bench", "machine_fingerprint"]
+
+LOAD_TIMEOUT_S = 600.0
+
+
+@dataclass
+class BenchOptions:
+    """What to measure and how.
+
+    Attributes:
+        pipeline: registered pipeline name.
+        configs: configurations (``fp32`` first).
+        batches: batch sizes.
+        repeat: timed runs per configuration and batch.
+        warmup: untimed runs before them.
+        timeout: seconds each configuration may spend in its runs (per batch size).
+        size: pipeline size (``default`` or ``test``).
+        seed: seed of weights and inputs (identical in every worker).
+        device: ``cpu`` or ``cuda``.
+        notes: lines the report should carry (configurations left out, ...).
+    """
+
+    pipeline: str
+    configs: list[ConfigSpec]
+    batches: list[int] = field(default_factory=lambda: [1])
+    repeat: int = 3
+    warmup: int = 1
+    timeout: float = 60.0
+    size: str = "default"
+    seed: int = 0
+    device: str = "cpu"
+    notes: list[str] = field(default_factory=list)
+    command: str = ""
+
+
+def machine_fingerprint(hw: Hardware) -> str:
+    import hashlib
+    import json
+
+    raw = json.dumps([hw.device_type, hw.name, list(hw.cpu_flags), hw.threads, hw.capability, hw.torch_version])
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version(), "mixprec": mixprec.__version__, "torch": torch.__version__}
+    for dist in ("transformers", "diffusers"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+@dataclass
+class _Slot:
+    spec: ConfigSpec
+    config_id: int
+    worker: Any = None
+    status: str = "running"
+    error: str | None = None
+    spent: float = 0.0
+    samples: list[float] = field(default_factory=list)
+    ready: dict[str, Any] = field(default_factory=dict)
+    first: dict[str, Any] | None = None
+    done: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def alive(self) -> bool:
+        return self.status == "running"
+
+
+def _fail(slot: _Slot, exc: BaseException) -> None:
+    slot.status = "timeout" if isinstance(exc, WorkerTimeout) else "failed"
+    slot.error = str(exc) if not isinstance(exc, WorkerTimeout) else f"exceeded the {slot.spent:.0f} s time limit ({exc})"
+    if slot.worker is not None:
+        slot.worker.close()
+
+
+def _call(slot: _Slot, store: Store, timeout: float, command: str, payload: Any = None) -> Any:
+    start = time.perf_counter()
+    try:
+        return slot.worker.request(command, payload, timeout=max(0.1, timeout - slot.spent))
+    except (WorkerError, WorkerTimeout) as exc:
+        slot.spent += time.perf_counter() - start
+        _fail(slot, exc)
+        return None
+    finally:
+        if slot.alive:
+            slot.spent += time.perf_counter() - start
+
+
+def run_bench(
+    options: BenchOptions,
+    hardware: Hardware,
+    store: Store,
+    *,
+    executor: Executor | None = None,
+    progress: Callable[[str, int], None] | None = None,
+) -> int:
+    """Measure every configuration and batch size; returns the run id in ``store``.
+
+    ``progress(description, steps_done)`` is called after each worker step. On
+    ``KeyboardInterrupt`` what was measured is kept, metrics are computed from it, and
+    the run stays ``incomplete``.
+    """
+    executor = executor or LocalProcessExecutor()
+    step = progress or (lambda description, n: None)
+    run_id = store.start_run(pipeline=options.pipeline, size=options.size, machine=hardware.to_dict(),
+                             fingerprint=machine_fingerprint(hardware), versions=_versions(), notes=options.notes,
+                             command=options.command)
+    status = "complete"
+    try:
+        for batch in options.batches:
+            _run_batch(options, batch, hardware, store, run_id, executor, step)
+    except KeyboardInterrupt:
+        status = "incomplete"
+        raise
+    finally:
+        store.finish_run(run_id, status=status)
+    return run_id
+
+
+def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Store, run_id: int,
+               executor: Executor, step: Callable[[str, int], None]) -> None:
+    slots: list[_Slot] = []
+    for position, spec in enumerate(options.configs):
+        slot = _Slot(spec, store.add_config(run_id, position=position, name=spec.name, batch=batch))
+        slot.worker = executor.start(job_for(spec, pipeline=options.pipeline, size=options.size, seed=options.seed,
+                                             batch=batch, hardware=hardware, device=options.device))
+        slots.append(slot)
+    try:
+        for slot in slots:  # all workers load in parallel; collect them in order
+            try:
+                slot.ready = slot.worker.wait_ready(LOAD_TIMEOUT_S)
+            except (WorkerError, WorkerTimeout) as exc:
+                _fail(slot, exc)
+            step(f"batch {batch}: loaded {slot.spec.name}", 0)
+
+        reference = slots[0]
+        if reference.alive:
+            reference.first = _call(reference, store, options.timeout, "run", {"want_output": True})
+            step(f"batch {batch}: fp32 reference", 1)
+        tokens = (reference.first or {}).get("extras", {}).get("speech_tokens")
+        for slot in slots[1:]:
+            if slot.alive:
+                _call(slot, store, options.timeout, "reference", tokens)
+
+        for round_index in range(options.warmup + options.repeat):
+            timed = round_index >= options.warmup
+            for slot in slots:
+                if not slot.alive or (slot is reference and round_index == 0 and options.warmup > 0):
+                    continue  # fp32's reference run was its first warm-up
+                want = slot.first is None
+                result = _call(slot, store, options.timeout, "run", {"want_output": want})
+                if result is None:
+                    continue
+                if want:
+                    slot.first = result
+                if timed:
+                    store.add_sample(slot.config_id, len(slot.samples), result["seconds"])
+                    slot.samples.append(result["seconds"])
+                step(f"batch {batch}: {'run' if timed else 'warm-up'} {slot.spec.name}", 1)
+
+        for slot in slots:
+            if slot.alive:
+                slot.done = _call(slot, store, options.timeout + 60, "finish") or {}
+    finally:
+        _record(options, batch, slots, store)
+        for slot in slots:
+            if slot.worker is not None:
+                slot.worker.close()
+
+
+def _record(options: BenchOptions, batch: int, slots: list[_Slot], store: Store) -> None:
+    reference = slots[0]
+    ref_out = (reference.first or {}).get("output")
+    base = bench_metrics.latency_stats(reference.samples) if reference.samples else None
+    for slot in slots:
+        metrics: dict[str, Any] = {}
+        if slot.samples:
+            stats = bench_metrics.latency_stats(slot.samples)
+            metrics.update({f"latency_{k}": v for k, v in stats.items() if k in ("median", "p10", "p90", "mean", "ci_low", "ci_high")})
+            median = stats["median"]
+            metrics["throughput_items_per_s"] = batch / median
+            if base:
+                metrics["speedup"] = base["median"] / median
+        if slot.ready:
+            metrics["weight_bytes"] = slot.ready.get("weight_bytes")
+        if slot.done:
+            metrics["peak_mem_bytes"] = slot.done.get("peak_mem_bytes")
+            metrics["fallbacks"] = slot.done.get("fallbacks", 0)
+        first = slot.first or {}
+        out = first.get("output")
+        extras = first.get("extras", {})
+        if out is not None and ref_out is not None and out.shape == ref_out.shape:
+            kind = (reference.ready or slot.ready).get("output_kind", "embedding")
+            metrics.update(bench_metrics.quality(out, ref_out, kind, sample_rate=extras.get("sample_rate")))
+        if out is not None:
+            metrics["nonfinite"] = int((~torch.isfinite(out)).sum())
+            sample_rate = extras.get("sample_rate")
+            if sample_rate and slot.samples:
+                audio_seconds = out.shape[-1] / sample_rate
+                metrics["rtf"] = metrics["latency_median"] / audio_seconds
+            tokens = extras.get("speech_tokens")
+            if tokens is not None and slot.samples:
+                metrics["tokens_per_s"] = tokens.numel() / metrics["latency_median"]
+            if extras.get("token_agreement") is not None:
+                metrics["token_agreement"] = extras["token_agreement"]
+            elif slot is reference and tokens is not None:
+                metrics["token_agreement"] = 1.0
+        status = slot.status if slot.status != "running" else "ok"
+        policy = slot.ready.get("policy") if slot.ready else None
+        store.finish_config(slot.config_id, status=status, metrics=metrics, error=slot.error, policy=policy)

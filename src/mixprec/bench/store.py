@@ -1,0 +1,248 @@
+"""The benchmark store: SQLite (stdlib ``sqlite3``), versioned schema, WAL mode.
+
+Every run records the hardware and its fingerprint, torch and mixprec versions, the
+pipeline, each configuration's full policy JSON, every raw timing sample and every
+metric. A run is written as it goes and marked ``complete`` only at the end, so an
+interrupted run keeps what it measured and reads as ``incomplete``.
+
+The file is refused, never overwritten, when it is not SQLite, when it is another
+application's database, or when its schema is newer than this mixprec knows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+__all__ = ["Store", "StoreError", "SCHEMA_VERSION", "default_db_path"]
+
+APP_ID = "mixprec-bench"
+
+# Each migration takes the schema from version i to i + 1.
+MIGRATIONS: tuple[str, ...] = (
+    # 1: runs, configurations, samples, metrics
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE runs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        started TEXT NOT NULL,
+        finished TEXT,
+        status TEXT NOT NULL,
+        pipeline TEXT NOT NULL,
+        machine_json TEXT NOT NULL,
+        machine_fingerprint TEXT NOT NULL,
+        versions_json TEXT NOT NULL,
+        notes_json TEXT NOT NULL DEFAULT '[]'
+    );
+    CREATE TABLE configs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        position INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        batch INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        error TEXT,
+        policy_json TEXT
+    );
+    CREATE TABLE samples (
+        config_id INTEGER NOT NULL REFERENCES configs(id) ON DELETE CASCADE,
+        idx INTEGER NOT NULL,
+        seconds REAL NOT NULL,
+        PRIMARY KEY (config_id, idx)
+    );
+    CREATE TABLE metrics (
+        config_id INTEGER NOT NULL REFERENCES configs(id) ON DELETE CASCADE,
+        name TEXT NOT NULL,
+        value REAL,
+        PRIMARY KEY (config_id, name)
+    );
+    """,
+    # 2: the run's size and command line; per-module profile rows (mixprec diagnose)
+    """
+    ALTER TABLE runs ADD COLUMN size TEXT NOT NULL DEFAULT 'default';
+    ALTER TABLE runs ADD COLUMN command TEXT NOT NULL DEFAULT '';
+    CREATE TABLE profile_rows (
+        run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        config TEXT NOT NULL,
+        module TEXT NOT NULL,
+        data_json TEXT NOT NULL
+    );
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class StoreError(RuntimeError):
+    """The database file cannot be used; it was left untouched."""
+
+
+def default_db_path() -> Path:
+    """``MIXPREC_DB`` or ``bench.sqlite`` in the user data dir."""
+    override = os.environ.get("MIXPREC_DB")
+    if override:
+        return Path(override)
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("mixprec")) / "bench.sqlite"
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _num(value: Any) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return value
+
+
+class Store:
+    """A benchmark database. Open with ``Store(path)``; every method is one transaction."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, target_version: int = SCHEMA_VERSION):
+        self.path = Path(path) if path is not None else default_db_path()
+        self._check_file()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        self._conn.row_factory = sqlite3.Row
+        try:
+            self._conn.execute("PRAGMA busy_timeout = 30000")
+            self._conn.execute("PRAGMA foreign_keys = ON")
+            self._migrate(target_version)
+            self._conn.execute("PRAGMA journal_mode = WAL")
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise StoreError(f"{self.path} is not a usable SQLite database ({exc}); it was left untouched") from None
+
+    def _check_file(self) -> None:
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        with open(self.path, "rb") as fh:
+            header = fh.read(16)
+        if header != b"SQLite format 3\x00":
+            raise StoreError(f"{self.path} is not a SQLite database; refusing to use or overwrite it (choose another --db)")
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._conn
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    def _migrate(self, target: int) -> None:
+        with self._tx() as db:
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if tables and "meta" not in tables:
+                raise StoreError(f"{self.path} is another application's database (tables: {', '.join(sorted(tables))}); "
+                                 "refusing to use or overwrite it")
+            version = 0
+            if "meta" in tables:
+                meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+                if meta.get("app") != APP_ID:
+                    raise StoreError(f"{self.path} is not a mixprec benchmark database; refusing to use or overwrite it")
+                version = int(meta.get("schema_version", 0))
+            if version > SCHEMA_VERSION:
+                raise StoreError(f"{self.path} has schema version {version}, newer than this mixprec ({SCHEMA_VERSION}); upgrade mixprec")
+            for index in range(version, target):
+                for statement in MIGRATIONS[index].split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+            if version < target:
+                db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('app', ?)", (APP_ID,))
+                db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)", (str(target),))
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0])
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- writing -----------------------------------------------------------------------
+    def start_run(self, *, pipeline: str, size: str, machine: dict[str, Any], fingerprint: str,
+                  versions: dict[str, Any], notes: list[str], command: str = "") -> int:
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO runs(started, status, pipeline, size, machine_json, machine_fingerprint, versions_json, notes_json, command) "
+                "VALUES (?, 'incomplete', ?, ?, ?, ?, ?, ?, ?)",
+                (_now(), pipeline, size, json.dumps(machine), fingerprint, json.dumps(versions), json.dumps(notes), command))
+            return int(cur.lastrowid)
+
+    def add_config(self, run_id: int, *, position: int, name: str, batch: int, status: str = "running",
+                   policy: dict[str, Any] | None = None, error: str | None = None) -> int:
+        with self._tx() as db:
+            cur = db.execute("INSERT INTO configs(run_id, position, name, batch, status, error, policy_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                             (run_id, position, name, batch, status, error, json.dumps(policy) if policy is not None else None))
+            return int(cur.lastrowid)
+
+    def add_sample(self, config_id: int, index: int, seconds: float) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO samples(config_id, idx, seconds) VALUES (?, ?, ?)", (config_id, index, seconds))
+
+    def finish_config(self, config_id: int, *, status: str, metrics: dict[str, Any], error: str | None = None,
+                      policy: dict[str, Any] | None = None) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE configs SET status=?, error=?, policy_json=COALESCE(?, policy_json) WHERE id=?",
+                       (status, error, json.dumps(policy) if policy is not None else None, config_id))
+            db.executemany("INSERT OR REPLACE INTO metrics(config_id, name, value) VALUES (?, ?, ?)",
+                           [(config_id, k, _num(v)) for k, v in metrics.items() if isinstance(v, (int, float)) or v is None])
+
+    def finish_run(self, run_id: int, *, status: str = "complete", notes: list[str] | None = None) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE runs SET finished=?, status=? WHERE id=?", (_now(), status, run_id))
+            if notes is not None:
+                db.execute("UPDATE runs SET notes_json=? WHERE id=?", (json.dumps(notes), run_id))
+
+    def add_profile_rows(self, run_id: int, config: str, rows: list[dict[str, Any]]) -> None:
+        with self._tx() as db:
+            db.executemany("INSERT INTO profile_rows(run_id, config, module, data_json) VALUES (?, ?, ?, ?)",
+                           [(run_id, config, r["module"], json.dumps(r)) for r in rows])
+
+    # -- reading -----------------------------------------------------------------------
+    def runs(self, limit: int = 50) -> list[dict[str, Any]]:
+        rows = self._conn.execute(
+            "SELECT r.id, r.started, r.finished, r.status, r.pipeline, r.size, "
+            "(SELECT COUNT(*) FROM configs c WHERE c.run_id = r.id) AS configs FROM runs r ORDER BY r.id DESC LIMIT ?", (limit,))
+        return [dict(r) for r in rows]
+
+    def load_run(self, run_id: int) -> dict[str, Any]:
+        """The run as a plain dict (the shape :mod:`mixprec.bench.report` renders)."""
+        row = self._conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+        if row is None:
+            known = [r["id"] for r in self.runs(10)]
+            raise StoreError(f"no run {run_id} in {self.path}; recent runs: {', '.join(map(str, known)) or 'none'}")
+        configs = []
+        for c in self._conn.execute("SELECT * FROM configs WHERE run_id=? ORDER BY batch, position", (run_id,)):
+            samples = [r[0] for r in self._conn.execute("SELECT seconds FROM samples WHERE config_id=? ORDER BY idx", (c["id"],))]
+            metrics = {r[0]: (r[1] if r[1] is not None else None) for r in
+                       self._conn.execute("SELECT name, value FROM metrics WHERE config_id=?", (c["id"],))}
+            configs.append({"name": c["name"], "batch": c["batch"], "status": c["status"], "error": c["error"],
+                            "policy": json.loads(c["policy_json"]) if c["policy_json"] else None,
+                            "samples": samples, "metrics": metrics})
+        return {"id": row["id"], "started": row["started"], "finished": row["finished"], "status": row["status"],
+                "pipeline": row["pipeline"], "size": row["size"], "command": row["command"],
+                "machine": json.loads(row["machine_json"]), "machine_fingerprint": row["machine_fingerprint"],
+                "versions": json.loads(row["versions_json"]), "notes": json.loads(row["notes_json"]), "configs": configs}
+
+
+def finite_or_none(value: Any) -> Any:
+    """JSON-friendly metric values (infinities as strings)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
