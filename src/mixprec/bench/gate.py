@@ -102,8 +102,9 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
         if ma.get("latency_median") and mb.get("latency_median"):
             row["latency_a"], row["latency_b"] = ma["latency_median"], mb["latency_median"]
             row["latency_change"] = mb["latency_median"] / ma["latency_median"] - 1
-            ci = lambda m: {"ci_low": m.get("latency_ci_low"), "ci_high": m.get("latency_ci_high")}  # noqa: E731
-            row["latency_significant"] = not intervals_overlap(ci(ma), ci(mb))
+            cis = [{"ci_low": m.get("latency_ci_low"), "ci_high": m.get("latency_ci_high")} for m in (ma, mb)]
+            if all(c["ci_low"] is not None and c["ci_high"] is not None for c in cis):
+                row["latency_significant"] = not intervals_overlap(*cis)
         qa, qb = main_quality(ma), main_quality(mb)
         if qa and qb and qa[0] == qb[0]:
             row["quality_metric"], row["quality_a"], row["quality_b"] = qa[0], qa[1], qb[1]

@@ -106,7 +106,7 @@ def _fail(slot: _Slot, exc: BaseException) -> None:
 def _call(slot: _Slot, store: Store, timeout: float, command: str, payload: Any = None) -> Any:
     start = time.perf_counter()
     try:
-        return slot.worker.request(command, payload, timeout=max(0.1, timeout - slot.spent))
+        return slot.worker.request(command, payload, timeout=max(0.001, timeout - slot.spent))
     except (WorkerError, WorkerTimeout) as exc:
         slot.spent += time.perf_counter() - start
         _fail(slot, exc)
@@ -207,6 +207,7 @@ def _record(options: BenchOptions, batch: int, slots: list[_Slot], store: Store)
         if slot.samples:
             stats = bench_metrics.latency_stats(slot.samples)
             metrics.update({f"latency_{k}": v for k, v in stats.items() if k in ("median", "p10", "p90", "mean", "ci_low", "ci_high")})
+            metrics["latency_ci_exact"] = 1.0 if stats.get("ci_exact", True) else 0.0
             median = stats["median"]
             metrics["throughput_items_per_s"] = batch / median
             if base:

@@ -1,0 +1,103 @@
+"""A small end-to-end benchmark: real workers, real pipelines (test size), real store."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+from typer.testing import CliRunner
+
+from mixprec import hardware
+from mixprec.bench.configs import ConfigSpec, UnknownConfigError, default_configs, parse_configs
+from mixprec.bench.runner import BenchOptions, run_bench
+from mixprec.bench.store import Store
+from mixprec.bench.worker import LocalProcessExecutor
+from mixprec.cli import app
+
+
+def test_cli_bench_end_to_end(tmp_path):
+    db, html = tmp_path / "b.sqlite", tmp_path / "report.html"
+    result = CliRunner().invoke(app, [
+        "bench", "--pipeline", "tts", "--size", "test", "--configs", "fp32,fast,autocast-bf16", "--repeat", "2",
+        "--warmup", "1", "--db", str(db), "--html", str(html), "--json", str(tmp_path / "r.json"), "--csv", str(tmp_path / "r.csv"),
+    ])
+    assert result.exit_code == 0, result.output
+    run = Store(db).load_run(1)
+    assert run["status"] == "complete"
+    by_name = {c["name"]: c for c in run["configs"]}
+    assert set(by_name) == {"fp32", "fast", "autocast-bf16"}
+    for config in run["configs"]:
+        assert config["status"] == "ok" and len(config["samples"]) == 2
+        m = config["metrics"]
+        assert m["latency_ci_low"] <= m["latency_median"] <= m["latency_ci_high"]
+        assert m["weight_bytes"] > 0 and m["peak_mem_bytes"] >= 0 and m["rtf"] > 0 and m["tokens_per_s"] > 0
+        assert m["token_agreement"] == pytest.approx(1.0, abs=0.2)
+    assert by_name["fp32"]["metrics"]["sqnr_db"] == float("inf")
+    assert 20 < by_name["fast"]["metrics"]["snr_db"] < 100
+    assert by_name["fast"]["metrics"]["weight_bytes"] < by_name["fp32"]["metrics"]["weight_bytes"]
+    assert by_name["fast"]["policy"]["name"] == "fast"
+    # the report's numbers are the store's numbers
+    exported = json.loads((tmp_path / "r.json").read_text())
+    fast = next(row for row in exported if row["config"] == "fast")
+    assert fast["latency_median"] == pytest.approx(by_name["fast"]["metrics"]["latency_median"])
+    assert fast["samples"] == pytest.approx(by_name["fast"]["samples"])
+    csv_lines = (tmp_path / "r.csv").read_text().strip().splitlines()
+    assert len(csv_lines) == 4 and csv_lines[0].startswith("run_id,")
+    page = html.read_text()
+    assert "data:image/png;base64," in page and "autocast-bf16" in page
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 6
+
+
+class _Breaking(LocalProcessExecutor):
+    """Starts real workers, but gives one configuration a pipeline that does not exist."""
+
+    def start(self, job):
+        if job["spec"]["name"] == "memory":
+            job = dict(job, pipeline="no-such-pipeline")
+        return super().start(job)
+
+
+def test_crashing_and_slow_configurations_are_recorded_and_the_run_goes_on(tmp_path):
+    hw = hardware.probe()
+    specs, _ = parse_configs("fp32,memory,fast", hw)
+    with Store(tmp_path / "b.sqlite") as store:
+        run_id = run_bench(BenchOptions(pipeline="minilm", configs=specs, repeat=2, warmup=0, size="test"), hw, store,
+                           executor=_Breaking())
+        run = store.load_run(run_id)
+        by_name = {c["name"]: c for c in run["configs"]}
+        assert by_name["memory"]["status"] == "failed" and "no-such-pipeline" in by_name["memory"]["error"]
+        assert by_name["fp32"]["status"] == "ok" and by_name["fast"]["status"] == "ok"
+        assert run["status"] == "complete"
+
+        slow = run_bench(BenchOptions(pipeline="minilm", configs=specs[:2], repeat=2, warmup=0, size="test", timeout=1e-4),
+                         hw, store)
+        statuses = {c["name"]: c["status"] for c in store.load_run(slow)["configs"]}
+        assert statuses == {"fp32": "timeout", "memory": "timeout"}
+
+
+def test_config_names():
+    hw = hardware.probe()
+    with pytest.raises(UnknownConfigError, match="unknown configuration 'fsat' \\(did you mean 'fast'\\?\\); valid: fp32"):
+        parse_configs("fp32,fsat", hw)
+    specs, notes = parse_configs("fast", hw)
+    assert [s.name for s in specs] == ["fp32", "fast"] and "fp32 added" in notes[0]
+    defaults, notes = default_configs(hw)
+    names = [s.name for s in defaults]
+    assert names[0] == "fp32" and "fast" in names
+    if hw.dtypes["fp16"].emulated:
+        assert "naive-fp16" not in names and any("naive-fp16 left out" in n for n in notes)
+    assert ConfigSpec("x", "naive", "fp16").dtype == "fp16"
+
+
+def test_unknown_pipeline_and_bad_flags_exit_2(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(app, ["bench", "--pipeline", "ttx", "--db", str(tmp_path / "x.sqlite")])
+    assert result.exit_code == 2 and "did you mean 'tts'" in result.output.lower()
+    result = runner.invoke(app, ["bench", "--pipeline", "tts", "--batch", "0", "--db", str(tmp_path / "x.sqlite")])
+    assert result.exit_code == 2 and "--batch '0'" in result.output
+    (tmp_path / "text.sqlite").write_text("hello")
+    result = runner.invoke(app, ["bench", "--pipeline", "tts", "--size", "test", "--db", str(tmp_path / "text.sqlite")])
+    assert result.exit_code == 2 and "not a SQLite database" in result.output
+    assert (tmp_path / "text.sqlite").read_text() == "hello"
