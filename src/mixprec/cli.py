@@ -383,15 +383,26 @@ def _int_list(text: str, flag: str) -> list[int]:
     return values
 
 
+_TERMINAL_COLUMNS = ("config", "batch", "status", "latency", "ci", "speedup", "throughput", "tokens_per_s", "rtf",
+                     "peak_mem", "weights", "snr", "psnr", "sqnr", "token_agreement", "nonfinite", "fallbacks", "error")
+
+
 def _print_run(run: dict) -> None:
-    from mixprec.bench.report import render_table_rows
+    """The run as a terminal table: the headline columns (the HTML report has every metric)."""
+    from mixprec.bench.report import COLUMNS, render_table_rows
 
     rows = render_table_rows(run)
     if not rows:
         return
-    columns = list(rows[0])
-    console.print(_table(f"run {run['id']}: {run['pipeline']} ({run['status']}) on {run['machine'].get('name')}", columns,
-                         [[r[c] for c in columns] for r in rows]))
+    labels = dict(COLUMNS)
+    keys = [k for k in _TERMINAL_COLUMNS if k in rows[0] and not (k == "sqnr" and ("snr" in rows[0] or "psnr" in rows[0]))]
+    keys = [k for k in keys if k != "error" or any(r.get("error") for r in rows)]
+    minmax = any("(min–max)" in r.get("ci", "") for r in rows)
+    console.print(_table(f"run {run['id']}: {run['pipeline']} ({run['status']}) on {run['machine'].get('name')}",
+                         [labels.get(k, k) for k in keys],
+                         [[r[k].replace(" (min–max)", "*") if k == "ci" else r[k] for k in keys] for r in rows]))
+    if minmax:
+        console.print("  * too few samples for a 95% interval of the median: the range of the samples is shown", highlight=False)
     for note in run.get("notes", []):
         console.print(f"  note: {note}", highlight=False, markup=False)
 

@@ -84,6 +84,11 @@ def _main(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs in
 
 
 def _serve(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs in the child process
+    # This process is ours: keep the model libraries' progress bars and advice out of
+    # the benchmark's terminal output (errors still reach the coordinator).
+    for name in ("TRANSFORMERS_VERBOSITY", "DIFFUSERS_VERBOSITY"):
+        os.environ.setdefault(name, "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     import torch
 
     import mixprec
