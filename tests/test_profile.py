@@ -103,11 +103,18 @@ def test_flags_internal_fp16_overflow_and_suggests_keep_fp32():
     assert json.loads(prof.to_json())["modules"][0]["module"] == "blocks.2.mlp"
 
 
-def test_diagnose_cli():
-    result = CliRunner().invoke(app, ["diagnose", "--pipeline", "tts", "--size", "test", "--preset", "memory", "--json"])
+def test_diagnose_cli(tmp_path):
+    import sqlite3
+
+    db = tmp_path / "d.sqlite"
+    result = CliRunner().invoke(app, ["diagnose", "--pipeline", "tts", "--size", "test", "--preset", "memory", "--json",
+                                      "--save", "--db", str(db)])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["policy"]["name"] == "memory"
     modules = {m["module"] for m in data["modules"]}
     assert "t3.lm_head" in modules and "vocoder.conv_post" in modules
     assert all(m["calls"] >= 1 for m in data["modules"])
+    with sqlite3.connect(db) as con:
+        stored = con.execute("SELECT COUNT(*) FROM profile_rows WHERE config='memory'").fetchone()[0]
+    assert stored == len(data["modules"])

@@ -10,17 +10,17 @@ back any global numeric flag the policy changed.
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
 
 from mixprec import backends
-from mixprec._upcast import UpcastAttentionMode, is_attention_module, sdpa_overflows
+from mixprec._hooks import Boundary, EntryBoundary, EntryGate, Fp32Compute, UpcastScope, own_tensors, pin_fp32
+from mixprec._upcast import is_attention_module, sdpa_overflows
 from mixprec.policy import ModulePlan, Policy, PolicyError, closest_names, resolve_modules
 
 __all__ = ["apply", "Applied", "ApplyError", "RevertError", "DTYPES", "components_of", "explain", "weight_bytes"]
@@ -61,11 +61,6 @@ def components_of(target: Any) -> tuple[dict[str, nn.Module], tuple[str, ...]]:
     return comps, hints
 
 
-def _tensors(module: nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
-    yield from ((f"p:{n}", p) for n, p in module._parameters.items() if p is not None)
-    yield from ((f"b:{n}", b) for n, b in module._buffers.items() if b is not None)
-
-
 def weight_bytes(target: Any) -> int:
     """Bytes of all unique parameters and buffers of a target."""
     comps, _ = components_of(target)
@@ -77,166 +72,6 @@ def weight_bytes(target: Any) -> int:
                 seen.add(id(t))
                 total += t.numel() * t.element_size()
     return total
-
-
-def _cast(obj: Any, dtype: torch.dtype, *, min_ndim: int = 0) -> Any:
-    """Cast floating tensors inside ``obj`` (tensors, tuples, lists, dicts) to ``dtype``."""
-    if isinstance(obj, torch.Tensor):
-        if obj.is_floating_point() and obj.dtype != dtype and obj.dim() >= min_ndim:
-            return obj.to(dtype)
-        return obj
-    if isinstance(obj, tuple):
-        items = [_cast(o, dtype, min_ndim=min_ndim) for o in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-    if isinstance(obj, list):
-        return [_cast(o, dtype, min_ndim=min_ndim) for o in obj]
-    if isinstance(obj, dict):
-        # In place for dict subclasses such as transformers' ModelOutput.
-        for key in list(obj.keys()):
-            value = obj[key]
-            new = _cast(value, dtype, min_ndim=min_ndim)
-            if new is not value:
-                obj[key] = new
-        return obj
-    return obj
-
-
-def _first_float_dtype(obj: Any) -> torch.dtype | None:
-    if isinstance(obj, torch.Tensor):
-        return obj.dtype if obj.is_floating_point() else None
-    if isinstance(obj, (tuple, list)):
-        values: Iterable[Any] = obj
-    elif isinstance(obj, dict):
-        values = obj.values()
-    else:
-        return None
-    for value in values:
-        found = _first_float_dtype(value)
-        if found is not None:
-            return found
-    return None
-
-
-def _representative(module: nn.Module) -> torch.Tensor | None:
-    for p in module.parameters():
-        if p.is_floating_point():
-            return p
-    return None
-
-
-@dataclasses.dataclass
-class _Boundary:
-    """Casts at the edge of a module whose compute dtype differs from its caller's."""
-
-    module: nn.Module
-    compute: Callable[[], torch.dtype]
-    output: Callable[[], torch.dtype | None]
-    caller_dtypes: list[torch.dtype | None] = dataclasses.field(default_factory=list)
-
-    def pre(self, module, args, kwargs):
-        self.caller_dtypes.append(_first_float_dtype((args, kwargs)))
-        dtype = self.compute()
-        # 0-d and 1-d floats (timesteps, sigmas, scales) are scalars to the module and
-        # lose meaning in 16 bits (t=999 rounds to 1000 in bf16): they pass unchanged.
-        return _cast(args, dtype, min_ndim=2), _cast(kwargs, dtype, min_ndim=2)
-
-    def post(self, module, args, kwargs, output):
-        caller = self.caller_dtypes.pop() if self.caller_dtypes else None
-        target = self.output() or caller
-        return output if target is None else _cast(output, target)
-
-
-class EntryGate:
-    """Whether a component's own ``forward`` is running.
-
-    Components are often used through other methods (``vae.decode``, ``vae.encode``)
-    that call their children directly and skip the component's forward hooks. While
-    the component's forward is not running, its direct children act as entry points.
-    """
-
-    def __init__(self) -> None:
-        self.depth = 0
-
-    def enter(self, module, args):
-        self.depth += 1
-
-    def leave(self, module, args, output):
-        self.depth -= 1
-
-    @property
-    def outside(self) -> bool:
-        return self.depth == 0
-
-    def install(self, root: nn.Module) -> list[Any]:
-        return [root.register_forward_pre_hook(self.enter, prepend=True),
-                root.register_forward_hook(self.leave, always_call=True)]
-
-
-class _EntryBoundary(_Boundary):
-    """A root-style boundary on a direct child, active only when entered from outside."""
-
-    def __init__(self, module, compute, gate: EntryGate):
-        super().__init__(module, compute, lambda: None)
-        self.gate = gate
-        self.active: list[bool] = []
-
-    def pre(self, module, args, kwargs):
-        self.active.append(self.gate.outside)
-        return super().pre(module, args, kwargs) if self.active[-1] else None
-
-    def post(self, module, args, kwargs, output):
-        return super().post(module, args, kwargs, output) if (self.active.pop() if self.active else False) else None
-
-
-class _Fp32Compute:
-    """fp16/bf16 storage, fp32 compute: upcast own weights for the duration of a forward."""
-
-    def __init__(self, module: nn.Module):
-        self.module = module
-        self.stash: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
-
-    def pre(self, module, args):
-        saved = []
-        for _, t in _tensors(module):
-            if t.is_floating_point() and t.dtype != torch.float32:
-                saved.append((t, t.data))
-                t.data = t.data.float()
-        self.stash.append(saved)
-
-    def post(self, module, args, output):
-        for t, data in self.stash.pop() if self.stash else []:
-            t.data = data
-
-
-class _Upcast:
-    def __init__(self) -> None:
-        self.modes: list[UpcastAttentionMode] = []
-
-    def pre(self, module, args):
-        mode = UpcastAttentionMode()
-        mode.__enter__()
-        self.modes.append(mode)
-
-    def post(self, module, args, output):
-        if self.modes:
-            self.modes.pop().__exit__(None, None, None)
-
-
-def _pin_fp32(module: nn.Module) -> None:
-    """Make ``module._apply`` keep this module's own floating tensors in fp32."""
-    original = module._apply
-    own = {id(t) for _, t in _tensors(module)}
-
-    def _apply(fn, *args, **kwargs):
-        def keep(t):
-            out = fn(t)
-            if id(t) in own and isinstance(out, torch.Tensor) and out.is_floating_point() and out.dtype != torch.float32:
-                return out.float()
-            return out
-
-        return original(keep, *args, **kwargs)
-
-    module._apply = _apply  # type: ignore[method-assign]
 
 
 class Applied:
@@ -461,7 +296,7 @@ def _materialize(applied: Applied) -> None:
     new_data: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for plan in plans:
         dtype = DTYPES[plan.storage]
-        for key, t in _tensors(plan.module):
+        for key, t in own_tensors(plan.module):
             if t.is_floating_point() and t.dtype != dtype:
                 if id(t) not in new_data:
                     new_data[id(t)] = (t, t.data.to(dtype))
@@ -533,7 +368,7 @@ def _install_hooks(applied: Applied, comps: dict[str, nn.Module], by_module: dic
             if is_root or differs or plan.output_dtype:
                 out_fixed = DTYPES[plan.output_dtype] if plan.output_dtype else None
                 parent_dtype = _dtype_fn(parent_plan, by_module) if parent_plan is not None else None
-                boundary = _Boundary(
+                boundary = Boundary(
                     module,
                     _dtype_fn(plan, by_module),
                     (lambda f=out_fixed: f) if (out_fixed or parent_dtype is None) else parent_dtype,
@@ -542,18 +377,18 @@ def _install_hooks(applied: Applied, comps: dict[str, nn.Module], by_module: dic
                 handles.append(module.register_forward_hook(boundary.post, with_kwargs=True, always_call=True))
 
             if plan.compute == "fp32" and not plan.keep_fp32 and plan.storage != "fp32":
-                upcast = _Fp32Compute(module)
+                upcast = Fp32Compute(module)
                 handles.append(module.register_forward_pre_hook(upcast.pre))
                 handles.append(module.register_forward_hook(upcast.post, always_call=True))
 
-            if plan.keep_fp32 and any(True for _ in _tensors(module)):
-                _pin_fp32(module)
+            if plan.keep_fp32 and any(True for _ in own_tensors(module)):
+                pin_fp32(module)
                 applied._pinned.append(module)
 
             if plan.upcast_attention and id(parent) not in upcast_scoped:
                 direct = plan.decided_by.get("upcast_attention") is not None and policy_matches_directly(applied.policy, plan)
                 if is_attention_module(module) or (direct and not any(is_attention_module(m) for m in module.modules())):
-                    scope = _Upcast()
+                    scope = UpcastScope()
                     handles.append(module.register_forward_pre_hook(scope.pre))
                     handles.append(module.register_forward_hook(scope.post, always_call=True))
                     upcast_scoped.add(id(module))
@@ -563,7 +398,7 @@ def _install_hooks(applied: Applied, comps: dict[str, nn.Module], by_module: dic
         gate = EntryGate()
         handles.extend(gate.install(root))
         for child in root.children():
-            entry = _EntryBoundary(child, _dtype_fn(by_module[id(child)], by_module), gate)
+            entry = EntryBoundary(child, _dtype_fn(by_module[id(child)], by_module), gate)
             handles.append(child.register_forward_pre_hook(entry.pre, with_kwargs=True))
             handles.append(child.register_forward_hook(entry.post, with_kwargs=True, always_call=True))
 

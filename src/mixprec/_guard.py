@@ -26,7 +26,8 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from mixprec._apply import DTYPES, Applied, EntryGate
+from mixprec._apply import DTYPES, Applied
+from mixprec._hooks import EntryGate
 from mixprec.hardware import Hardware, cache_dir, probe
 from mixprec.policy import Rule, iter_modules
 

@@ -28,7 +28,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from mixprec._apply import DTYPES, _cast, apply, components_of
+from mixprec._apply import DTYPES, apply, components_of
+from mixprec._hooks import cast_floats
 from mixprec.policy import ModulePlan, Policy, resolve_modules
 
 __all__ = ["profile", "Profile", "ModuleStats", "FP16_MAX", "sqnr_db"]
@@ -239,7 +240,7 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
         clone = clones.get(key)
         if clone is not None:
             dtype = DTYPES[stats[key].compute]
-            low = _first_float(clone(*_cast(args, dtype, min_ndim=2), **_cast(kwargs, dtype, min_ndim=2)))
+            low = _first_float(clone(*cast_floats(args, dtype, min_ndim=2), **cast_floats(kwargs, dtype, min_ndim=2)))
             if low is not None and low.shape == y.shape:
                 s.own_nonfinite = s.own_nonfinite or not bool(torch.isfinite(low).all())
                 own = sqnr_db(low.float(), y.float())

@@ -262,6 +262,8 @@ def diagnose(
     seed: Annotated[str, typer.Option("--seed", help="Seed of weights and inputs.")] = "0",
     top: Annotated[int, typer.Option("--top", help="Rows to show (0: all).")] = 25,
     device: DeviceFlag = None,
+    save: Annotated[bool, typer.Option("--save", help="Keep the profile rows in the benchmark store.")] = False,
+    db: Annotated[Optional[str], typer.Option("--db", help="SQLite file for --save (default: the benchmark store).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Profile every module under a policy: range, fp16 headroom, underflow, own and inherited error."""
@@ -275,6 +277,18 @@ def diagnose(
         prof = mixprec.profile(pipe, pipe.example_inputs(1, _as_int(seed, "--seed")), pol)
     except ValueError as exc:
         _fail(exc)
+    if save:
+        from mixprec import hardware as hardware_module
+        from mixprec.bench.runner import machine_fingerprint
+
+        store = _open_store(db)
+        hw = hardware_module.probe(device)
+        run_id = store.start_run(pipeline=pipeline, size=size, machine=hw.to_dict(), fingerprint=machine_fingerprint(hw),
+                                 versions={"mixprec": mixprec.__version__}, notes=[f"mixprec diagnose under {pol.name}"],
+                                 command="mixprec diagnose")
+        store.add_profile_rows(run_id, pol.name, prof.rows())
+        store.finish_run(run_id)
+        err_console.print(f"profile stored as run {run_id} in {store.path}", highlight=False)
     if as_json:
         console.print_json(json.dumps({"policy": pol.to_dict(), "modules": prof.rows(), "suggestions": prof.suggestions()}))
         return

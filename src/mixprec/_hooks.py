@@ -1,0 +1,178 @@
+"""Forward hooks that carry a policy out: boundary casts, fp32 compute, upcast scopes, pins.
+
+Each hook object is small and stateless apart from a per-call stack (so re-entrant
+and recursive calls pair up correctly); :mod:`mixprec._apply` decides where they go.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+from mixprec._upcast import UpcastAttentionMode
+
+__all__ = ["Boundary", "EntryGate", "EntryBoundary", "Fp32Compute", "UpcastScope", "pin_fp32", "cast_floats", "own_tensors"]
+
+
+def own_tensors(module: nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
+    """(``"p:name"`` / ``"b:name"``, tensor) for the module's own parameters and buffers."""
+    yield from ((f"p:{n}", p) for n, p in module._parameters.items() if p is not None)
+    yield from ((f"b:{n}", b) for n, b in module._buffers.items() if b is not None)
+
+
+def cast_floats(obj: Any, dtype: torch.dtype, *, min_ndim: int = 0) -> Any:
+    """Cast floating tensors inside ``obj`` (tensors, tuples, lists, dicts) to ``dtype``."""
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point() and obj.dtype != dtype and obj.dim() >= min_ndim:
+            return obj.to(dtype)
+        return obj
+    if isinstance(obj, tuple):
+        items = [cast_floats(o, dtype, min_ndim=min_ndim) for o in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    if isinstance(obj, list):
+        return [cast_floats(o, dtype, min_ndim=min_ndim) for o in obj]
+    if isinstance(obj, dict):
+        # In place for dict subclasses such as transformers' ModelOutput.
+        for key in list(obj.keys()):
+            value = obj[key]
+            new = cast_floats(value, dtype, min_ndim=min_ndim)
+            if new is not value:
+                obj[key] = new
+        return obj
+    return obj
+
+
+def _first_float_dtype(obj: Any) -> torch.dtype | None:
+    if isinstance(obj, torch.Tensor):
+        return obj.dtype if obj.is_floating_point() else None
+    if isinstance(obj, (tuple, list)):
+        values: Iterable[Any] = obj
+    elif isinstance(obj, dict):
+        values = obj.values()
+    else:
+        return None
+    for value in values:
+        found = _first_float_dtype(value)
+        if found is not None:
+            return found
+    return None
+
+
+@dataclasses.dataclass
+class Boundary:
+    """Casts at the edge of a module whose compute dtype differs from its caller's."""
+
+    module: nn.Module
+    compute: Callable[[], torch.dtype]
+    output: Callable[[], torch.dtype | None]
+    caller_dtypes: list[torch.dtype | None] = dataclasses.field(default_factory=list)
+
+    def pre(self, module, args, kwargs):
+        self.caller_dtypes.append(_first_float_dtype((args, kwargs)))
+        dtype = self.compute()
+        # 0-d and 1-d floats (timesteps, sigmas, scales) are scalars to the module and
+        # lose meaning in 16 bits (t=999 rounds to 1000 in bf16): they pass unchanged.
+        return cast_floats(args, dtype, min_ndim=2), cast_floats(kwargs, dtype, min_ndim=2)
+
+    def post(self, module, args, kwargs, output):
+        caller = self.caller_dtypes.pop() if self.caller_dtypes else None
+        target = self.output() or caller
+        return output if target is None else cast_floats(output, target)
+
+
+class EntryGate:
+    """Whether a component's own ``forward`` is running.
+
+    Components are often used through other methods (``vae.decode``, ``vae.encode``)
+    that call their children directly and skip the component's forward hooks. While
+    the component's forward is not running, its direct children act as entry points.
+    """
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+    def enter(self, module, args):
+        self.depth += 1
+
+    def leave(self, module, args, output):
+        self.depth -= 1
+
+    @property
+    def outside(self) -> bool:
+        return self.depth == 0
+
+    def install(self, root: nn.Module) -> list[Any]:
+        return [root.register_forward_pre_hook(self.enter, prepend=True),
+                root.register_forward_hook(self.leave, always_call=True)]
+
+
+class EntryBoundary(Boundary):
+    """A root-style boundary on a direct child, active only when entered from outside."""
+
+    def __init__(self, module, compute, gate: EntryGate):
+        super().__init__(module, compute, lambda: None)
+        self.gate = gate
+        self.active: list[bool] = []
+
+    def pre(self, module, args, kwargs):
+        self.active.append(self.gate.outside)
+        return super().pre(module, args, kwargs) if self.active[-1] else None
+
+    def post(self, module, args, kwargs, output):
+        return super().post(module, args, kwargs, output) if (self.active.pop() if self.active else False) else None
+
+
+class Fp32Compute:
+    """fp16/bf16 storage, fp32 compute: upcast own weights for the duration of a forward."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self.stash: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+
+    def pre(self, module, args):
+        saved = []
+        for _, t in own_tensors(module):
+            if t.is_floating_point() and t.dtype != torch.float32:
+                saved.append((t, t.data))
+                t.data = t.data.float()
+        self.stash.append(saved)
+
+    def post(self, module, args, output):
+        for t, data in self.stash.pop() if self.stash else []:
+            t.data = data
+
+
+class UpcastScope:
+    def __init__(self) -> None:
+        self.modes: list[UpcastAttentionMode] = []
+
+    def pre(self, module, args):
+        mode = UpcastAttentionMode()
+        mode.__enter__()
+        self.modes.append(mode)
+
+    def post(self, module, args, output):
+        if self.modes:
+            self.modes.pop().__exit__(None, None, None)
+
+
+def pin_fp32(module: nn.Module) -> None:
+    """Make ``module._apply`` keep this module's own floating tensors in fp32."""
+    original = module._apply
+    own = {id(t) for _, t in own_tensors(module)}
+
+    def _apply(fn, *args, **kwargs):
+        def keep(t):
+            out = fn(t)
+            if id(t) in own and isinstance(out, torch.Tensor) and out.is_floating_point() and out.dtype != torch.float32:
+                return out.float()
+            return out
+
+        return original(keep, *args, **kwargs)
+
+    module._apply = _apply  # type: ignore[method-assign]
+
+
