@@ -255,7 +255,7 @@ def _env_like(entries: Mapping[str, tuple[str | None, int]], app: str | None, co
 
 
 #: Environment variables mixprec reads elsewhere (not settings).
-_RESERVED_ENV = frozenset({"MIXPREC_CACHE_DIR", "MIXPREC_LOG_LEVEL"})
+_RESERVED_ENV = frozenset({"MIXPREC_CACHE_DIR", "MIXPREC_LOG_LEVEL", "MIXPREC_DB", "MIXPREC_UPDATE_SCREENSHOTS"})
 
 
 def resolve(

@@ -89,6 +89,12 @@ def _serve(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs i
     for name in ("TRANSFORMERS_VERBOSITY", "DIFFUSERS_VERBOSITY"):
         os.environ.setdefault(name, "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if job.get("mode") == "tune":
+        # mixprec.tune's long-lived worker: tune_reference, tune_profile, tune_eval, tune_time, finish
+        from mixprec._search import serve_tune
+
+        serve_tune(conn, job)
+        return
     import torch
 
     import mixprec

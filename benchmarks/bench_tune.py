@@ -1,0 +1,108 @@
+"""Tune a pipeline for a quality bound, then compare the tuned policy with the presets.
+
+The search measures on seeds 0 and 1 (``tts``: teacher-forced on the fp32 run's
+speech tokens). The comparison runs in one fresh worker on seeds not used in the
+search (5 and 6 by default): quality is the worst case over those seeds, latency is
+the median of interleaved rounds (each round times every policy once, on the first
+fresh seed), so the noise of a shared machine spreads over all of them.
+
+Usage:
+    python benchmarks/bench_tune.py [--pipeline tts] [--size default] [--bound snr>=30]
+        [--budget 30] [--repeat 2] [--rounds 5] [--out benchmarks/results/tune.md] [--html tune.html]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import mixprec
+from mixprec import hardware, pipelines
+from mixprec.tune import WorkerEvaluator, parse_bound, render_tune_html, tune
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pipeline", default="tts")
+    parser.add_argument("--size", default="default", choices=("test", "default"))
+    parser.add_argument("--bound", default="snr>=30")
+    parser.add_argument("--objective", default="latency", choices=("latency", "memory"))
+    parser.add_argument("--budget", type=int, default=30)
+    parser.add_argument("--repeat", type=int, default=2, help="timed runs per search evaluation")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds in the comparison")
+    parser.add_argument("--fresh-seeds", default="5,6")
+    parser.add_argument("--out", default="benchmarks/results/tune.md")
+    parser.add_argument("--html", default=None, help="also write the search's HTML report here")
+    args = parser.parse_args(argv)
+    warnings.simplefilter("ignore")
+    bound = parse_bound(args.bound)
+    fresh = tuple(int(s) for s in args.fresh_seeds.split(","))
+    hw = hardware.probe()
+    start = time.perf_counter()
+
+    def progress(done: int, budget: int | None, best: float | None) -> None:
+        best_text = f"{best * 1e3:.0f} ms" if best is not None else "none yet"
+        print(f"  evaluation {done}/{budget}: best meeting the bound {best_text}", file=sys.stderr, flush=True)
+
+    result = tune(args.pipeline, bound, objective=args.objective, budget=args.budget, size=args.size,
+                  repeat=args.repeat, seeds=(0, 1), hardware=hw, progress=progress)
+    search_s = time.perf_counter() - start
+
+    hints = pipelines.get(args.pipeline, size="test").sensitive
+    candidates = {"fp32": mixprec.Policy((mixprec.Rule("*", storage="fp32"),), name="fp32"), "tuned": result.policy}
+    for name in mixprec.PRESETS:
+        candidates[name] = mixprec.preset(name, hardware=hw, hints=hints)
+
+    rows = []
+    with WorkerEvaluator(args.pipeline, args.size, seeds=fresh, repeat=1) as ev:
+        quality = {name: ev.evaluate(policy) for name, policy in candidates.items()}  # also the warm-up run
+        samples: dict[str, list[float]] = {name: [] for name in candidates}
+        for _ in range(args.rounds):
+            for name, policy in candidates.items():
+                samples[name] += ev.time(policy, 1)
+    base = statistics.median(samples["fp32"])
+    for name, policy in candidates.items():
+        med = statistics.median(samples[name])
+        q = quality[name].quality
+        rows.append({"name": name, "median": med, "min": min(samples[name]), "max": max(samples[name]),
+                     "speedup": base / med, "mb": quality[name].memory_bytes / 1e6, "metric": q.get(bound.key),
+                     "tokens": q.get("token_agreement"), "met": bound.met(q)})
+    presets_ok = [r for r in rows if r["name"] in mixprec.PRESETS and r["met"]]
+    best_preset = min(presets_ok, key=lambda r: r["median"])["name"] if presets_ok else None
+
+    command = "python benchmarks/bench_tune.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    lines = [
+        "# mixprec.tune: tuned policy vs presets", "", f"Command: `{command.strip()}`", "",
+        f"Machine: {hw.name}, {hw.threads} threads, torch {hw.torch_version}; fast 16-bit: {', '.join(hw.fast_16bit()) or 'none'}.",
+        f"Pipeline `{args.pipeline}` size `{args.size}`, bound `{bound}`, objective {args.objective}.", "",
+        f"Search (seeds 0, 1): {result.evaluations} measured evaluations, {result.cached} cached, "
+        f"{search_s:.0f} s; bound {'met' if result.met else f'not met (closest misses by {result.miss:.3g})'}.",
+        f"Kept fp32: {', '.join(result.keep_fp32) or 'none'}. Chosen step: {result.chosen.step}.",
+        *[f"Note: {n}" for n in result.notes], "",
+        f"Comparison on fresh seeds {', '.join(map(str, fresh))} (quality worst case over them; latency: "
+        f"{args.rounds} interleaved rounds, one worker):", "",
+        f"| policy | median s | min s | max s | speedup vs fp32 | weights MB | {bound.key} | token agreement | meets {bound} |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        label = r["name"] + (" (best preset meeting the bound)" if r["name"] == best_preset else "")
+        metric = f"{r['metric']:.2f}" if r["metric"] is not None else "n/a"
+        tokens = f"{r['tokens']:.3f}" if r["tokens"] is not None else "n/a"
+        lines.append(f"| {label} | {r['median']:.3f} | {r['min']:.3f} | {r['max']:.3f} | {r['speedup']:.2f}x | "
+                     f"{r['mb']:.1f} | {metric} | {tokens} | {'yes' if r['met'] else 'no'} |")
+    lines += ["", "Tuned policy:", "", "```toml", result.to_toml().strip(), "```", ""]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines), encoding="utf-8")
+    if args.html:
+        Path(args.html).write_text(render_tune_html(result), encoding="utf-8")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

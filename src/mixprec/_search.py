@@ -1,0 +1,541 @@
+"""Building blocks of :func:`mixprec.tune.tune`: measuring, group testing, the search.
+
+A :class:`Session` holds a target, its fp32 reference outputs for a set of seeds,
+and measures a policy end to end (quality worst case over the seeds, median latency,
+weight bytes). It runs in the caller's process (:class:`mixprec.tune.InProcessEvaluator`)
+or inside a benchmark worker (:func:`serve_tune`, reached through
+:mod:`mixprec.bench.worker`).
+
+:func:`minimal_sufficient` finds a minimal set of modules that must stay fp32 with
+adaptive group testing: a galloping search for the shortest sufficient prefix of the
+risk order, then a divide-and-conquer pruning of that prefix. :func:`run_search` drives
+the whole search (baseline, all-16-bit start, bisection, greedy local search) through
+a :class:`Search`, which memoises and optionally stores every measurement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import hashlib
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from mixprec._apply import apply, components_of
+from mixprec._profile import profile
+from mixprec.bench import metrics as bench_metrics
+from mixprec.policy import Policy, Rule
+from mixprec.settings import MATMUL_LEVELS, NumericSettings
+
+__all__ = [
+    "LOWER_IS_BETTER", "METRICS", "Session", "worst_case", "weight_units", "risk_order", "minimal_sufficient",
+    "Evaluation", "Candidate", "BudgetExhausted", "Config", "Search", "run_search", "improve_locally", "frontier",
+    "serve_tune",
+]
+
+#: Quality metrics where a smaller value is better; every other metric is higher-better.
+LOWER_IS_BETTER: frozenset[str] = frozenset({"max_abs_err", "rel_err", "lsd_db", "nonfinite"})
+
+
+def _worse(metric: str, a: float, b: float) -> float:
+    if isinstance(a, float) and math.isnan(a):
+        return a
+    if isinstance(b, float) and math.isnan(b):
+        return b
+    return max(a, b) if metric in LOWER_IS_BETTER else min(a, b)
+
+
+def worst_case(per_seed: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Combine per-seed quality dicts: min of higher-better metrics, max of lower-better ones (nan wins)."""
+    out: dict[str, float] = {}
+    for quality in per_seed:
+        for key, value in quality.items():
+            if value is None:
+                continue
+            value = float(value)
+            out[key] = value if key not in out else _worse(key, out[key], value)
+    return out
+
+
+def weight_units(components: dict[str, torch.nn.Module]) -> list[str]:
+    """Qualified names of the modules that own floating-point parameters directly."""
+    names = []
+    for cname, root in components.items():
+        for name, module in root.named_modules():
+            if any(p is not None and p.is_floating_point() for p in module._parameters.values()):
+                names.append(((f"{cname}.{name}" if name else cname) if cname else name) or "")
+    return names
+
+
+def _output(result: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+    if isinstance(result, torch.Tensor):
+        return result, {}
+    tensor = getattr(result, "output", None)
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"run must return a tensor or an object with an .output tensor, got {type(result).__name__}")
+    extras = result.extras() if hasattr(result, "extras") else {}
+    return tensor, extras
+
+
+class Session:
+    """Measure policies on one target against fp32 references computed once.
+
+    Args:
+        target: what :func:`mixprec.apply` takes (module, mapping or pipeline).
+        make_inputs: seed -> inputs for ``run``.
+        run: inputs -> output (tensor, or an object with ``.output``).
+        seeds: the seeds quality is measured on; latency uses the first.
+        kind: output kind for :func:`mixprec.bench.metrics.quality`.
+        teacher_force: optional ``(inputs, reference_output) -> inputs`` replaying the
+            reference's discrete choices.
+    """
+
+    def __init__(self, target: Any, make_inputs: Callable[[int], Any], run: Callable[[Any], Any], *,
+                 seeds: Sequence[int], kind: str = "embedding",
+                 teacher_force: Callable[[Any, Any], Any] | None = None, sample_rate: int | None = None):
+        if not seeds:
+            raise ValueError("seeds must name at least one seed, got an empty sequence")
+        self.target, self.run, self.kind, self.sample_rate = target, run, kind, sample_rate
+        self.seeds = tuple(int(s) for s in seeds)
+        self.inputs: dict[int, Any] = {}
+        self.references: dict[int, torch.Tensor] = {}
+        with torch.inference_mode():
+            for seed in self.seeds:
+                inputs = make_inputs(seed)
+                result = run(inputs)
+                tensor, _ = _output(result)
+                self.references[seed] = tensor.detach().float().cpu().clone()
+                self.inputs[seed] = teacher_force(inputs, result) if teacher_force is not None else inputs
+
+    @property
+    def components(self) -> dict[str, torch.nn.Module]:
+        return components_of(self.target)[0]
+
+    def _quality(self, seed: int) -> dict[str, float]:
+        result = self.run(self.inputs[seed])
+        tensor, extras = _output(result)
+        quality = bench_metrics.quality(tensor.detach().float().cpu(), self.references[seed], self.kind,
+                                        sample_rate=self.sample_rate)
+        if extras.get("token_agreement") is not None:
+            quality["token_agreement"] = float(extras["token_agreement"])
+        return {k: float(v) for k, v in quality.items() if v is not None}
+
+    def evaluate(self, policy: Policy, repeat: int) -> dict[str, Any]:
+        """Apply ``policy``, measure quality on every seed and ``repeat`` timed runs, revert."""
+        with apply(self.target, policy) as applied, torch.inference_mode():
+            quality = worst_case([self._quality(seed) for seed in self.seeds])  # the first run warms up
+            samples = []
+            for _ in range(max(1, repeat)):
+                start = time.perf_counter()
+                self.run(self.inputs[self.seeds[0]])
+                samples.append(time.perf_counter() - start)
+            memory = applied.weight_bytes()
+        return {"latency_s": statistics.median(samples), "samples": samples, "memory_bytes": float(memory),
+                "quality": quality}
+
+    def risk(self, policy: Policy) -> list[dict[str, Any]]:
+        """Weight-owning modules under ``policy``, riskiest first (from :func:`mixprec.profile`)."""
+        units = set(weight_units(self.components))
+        prof = profile(self.target, self.inputs[self.seeds[0]], policy, run=self.run)
+        rows = []
+        for stats in prof.modules:
+            if stats.module not in units:
+                continue
+            own = stats.own_sqnr_db if stats.own_sqnr_db is not None else math.inf
+            rows.append({"module": stats.module, "own_sqnr_db": own, "overflows_fp16": bool(stats.overflows_fp16),
+                         "own_nonfinite": bool(stats.own_nonfinite)})
+        rows.sort(key=lambda r: (not (r["overflows_fp16"] or r["own_nonfinite"]),
+                                 r["own_sqnr_db"] if not math.isnan(r["own_sqnr_db"]) else -math.inf))
+        return rows
+
+
+def risk_order(rows: list[dict[str, Any]]) -> list[str]:
+    """Module names of :meth:`Session.risk` rows, in order."""
+    return [r["module"] for r in rows]
+
+
+def minimal_sufficient(units: Sequence[str], suffices: Callable[[frozenset[str]], bool]) -> list[str]:
+    """A minimal subset ``K`` of ``units`` with ``suffices(K)``, assuming ``suffices(units)``.
+
+    ``suffices`` should be monotone (a superset of a sufficient set suffices). First a
+    galloping then binary search finds the shortest sufficient prefix of ``units``
+    (riskiest first); its last element is then necessary, and the rest of the prefix
+    is pruned by divide and conquer (about ``2 k log2(n / k)`` calls for ``k`` needed
+    units among ``n``).
+
+    Args:
+        units: candidates, most likely needed first.
+        suffices: whether keeping exactly this set fp32 meets the bound.
+
+    Returns:
+        The needed units, in ``units`` order.
+    """
+    units = list(units)
+    if not units or suffices(frozenset()):
+        return []
+    # galloping: prefixes of 1, 2, 4, ... until one suffices (the full list is assumed to)
+    low, high = 0, len(units)  # prefix of length `low` fails, `high` suffices
+    size = 1
+    while size < len(units):
+        if suffices(frozenset(units[:size])):
+            high = size
+            break
+        low = size
+        size *= 2
+    while high - low > 1:
+        mid = (low + high) // 2
+        if suffices(frozenset(units[:mid])):
+            high = mid
+        else:
+            low = mid
+    last = units[high - 1]
+    rest = _prune(frozenset({last}), units[: high - 1], suffices, changed=True)
+    chosen = set(rest) | {last}
+    return [u for u in units if u in chosen]
+
+
+def _prune(fixed: frozenset[str], candidates: list[str], suffices: Callable[[frozenset[str]], bool], *,
+           changed: bool) -> list[str]:
+    """Minimal subset of ``candidates`` that, with ``fixed``, suffices (``fixed | candidates`` does)."""
+    if changed and suffices(fixed):
+        return []
+    if len(candidates) <= 1:
+        return list(candidates)
+    half = len(candidates) // 2
+    first, second = candidates[:half], candidates[half:]
+    need_second = _prune(fixed | frozenset(first), second, suffices, changed=bool(first))
+    need_first = _prune(fixed | frozenset(need_second), first, suffices, changed=bool(need_second))
+    return need_first + need_second
+
+
+#: Bound metric name -> quality key it reads.
+METRICS: dict[str, str] = {
+    "sqnr": "sqnr_db", "snr": "snr_db", "psnr": "psnr_db", "cosine": "cosine", "rel_err": "rel_err",
+    "max_abs_err": "max_abs_err", "ssim": "ssim", "token_agreement": "token_agreement",
+}
+
+
+# -- the search ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One measured policy.
+
+    Attributes:
+        latency_s: median seconds of the timed runs (first seed).
+        memory_bytes: bytes of parameters and buffers under the policy.
+        quality: worst case over the seeds of each quality metric.
+    """
+
+    latency_s: float
+    memory_bytes: float
+    quality: dict[str, float]
+
+
+@dataclass
+class Candidate:
+    """One evaluated policy on the search path.
+
+    Attributes:
+        index: position on the path.
+        step: what the search was doing (``baseline``, ``all-bf16``, ``bisect``, ``local: ...``).
+        policy: the policy.
+        evaluation: its measurement.
+        met: whether it meets the bound.
+        miss: how far it is from the bound (0 when met).
+        cached: whether the measurement came from the cache.
+    """
+
+    index: int
+    step: str
+    policy: Policy
+    evaluation: Evaluation
+    met: bool
+    miss: float
+    cached: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "step": self.step, "policy": self.policy.to_dict(), "met": self.met,
+                "miss": self.miss, "cached": self.cached, "latency_s": self.evaluation.latency_s,
+                "memory_bytes": self.evaluation.memory_bytes, "quality": self.evaluation.quality}
+
+
+class BudgetExhausted(Exception):
+    """The evaluation budget is spent; the search stops with what it measured."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """A point of the search space, turned into a :class:`Policy` by :meth:`policy`.
+
+    Attributes:
+        base: storage of every module (``Rule("*")``).
+        compute: compute mode of the base rule (``None``: native).
+        keep: modules pinned to fp32.
+        storage: per-group storage overrides.
+        upcast: per-group attention upcast settings.
+        matmul: global float32 matmul level (``None``: leave the flags alone).
+    """
+
+    base: str
+    compute: str | None = None
+    keep: tuple[str, ...] = ()
+    storage: tuple[tuple[str, str], ...] = ()
+    upcast: tuple[tuple[str, bool], ...] = ()
+    matmul: str | None = None
+
+    def policy(self, name: str = "candidate") -> Policy:
+        """The policy: base rule, per-group storage and upcast overrides, then the fp32 pins."""
+        rules = [Rule("*", storage=self.base, compute=self.compute, reason=f"{self.base} weights everywhere by default")]
+        for group, dtype in self.storage:
+            rules.append(Rule(group, storage=dtype, reason=f"{group} stored in {dtype}: improved the objective within the bound"))
+        for group, on in self.upcast:
+            where = "fp32" if on else "the storage dtype"
+            rules.append(Rule(group, upcast_attention=on, reason=f"attention scores in {where}"))
+        for unit in self.keep:
+            rules.append(Rule(unit, keep_fp32=True, reason="the bound fails when this module is 16-bit"))
+        numerics = NumericSettings(matmul=self.matmul) if self.matmul else None
+        return Policy(tuple(rules), numerics, name=name)
+
+
+class Search:
+    """Measure configurations: memoised by canonical policy JSON, optionally stored, budgeted.
+
+    Args:
+        evaluator: see :class:`mixprec.tune.Evaluator`.
+        bound: a :class:`mixprec.tune.Bound`.
+        objective: ``latency`` or ``memory``.
+        budget: most measured evaluations (``None``: unlimited).
+        store: a :class:`mixprec.bench.store.Store` or ``None``.
+        progress: ``progress(evaluations_done, budget, best_latency)``.
+        hw_key: the machine fingerprint, part of every store key.
+    """
+
+    def __init__(self, evaluator: Any, bound: Any, objective: str, budget: int | None, store: Any,
+                 progress: Callable[[int, int | None, float | None], None] | None, hw_key: str):
+        self.evaluator, self.bound, self.objective, self.budget = evaluator, bound, objective, budget
+        self.store, self.progress, self.hw_key = store, progress, hw_key
+        self.memo: dict[str, Evaluation] = {}
+        self.path: list[Candidate] = []
+        self.measured = self.cached = 0
+        if store is not None:
+            store._conn.execute("CREATE TABLE IF NOT EXISTS tune_evals (key TEXT PRIMARY KEY, pipeline TEXT, policy_json TEXT, "
+                                "latency REAL, memory REAL, quality_json TEXT, created TEXT)")
+            store._conn.commit()
+
+    def _key(self, canonical: str) -> str:
+        raw = f"{self.evaluator.cache_key}|{self.hw_key}|{canonical}"
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    def _lookup(self, canonical: str) -> Evaluation | None:
+        if canonical in self.memo:
+            return self.memo[canonical]
+        if self.store is None:
+            return None
+        row = self.store._conn.execute("SELECT latency, memory, quality_json FROM tune_evals WHERE key = ?",
+                                       (self._key(canonical),)).fetchone()
+        if row is None:
+            return None
+        return Evaluation(float(row[0]), float(row[1]), {k: float(v) for k, v in json.loads(row[2]).items()})
+
+    def _save(self, canonical: str, ev: Evaluation) -> None:
+        self.memo[canonical] = ev
+        if self.store is not None:
+            self.store._conn.execute(
+                "INSERT OR REPLACE INTO tune_evals VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (self._key(canonical), self.evaluator.cache_key, canonical, ev.latency_s, ev.memory_bytes,
+                 json.dumps(ev.quality), _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")))
+            self.store._conn.commit()
+
+    def evaluate(self, config: Config, step: str) -> Candidate:
+        policy = config.policy()
+        canonical = json.dumps(policy.to_dict(), sort_keys=True)
+        ev = self._lookup(canonical)
+        cached = ev is not None
+        if ev is None:
+            if self.budget is not None and self.measured >= self.budget:
+                raise BudgetExhausted
+            ev = self.evaluator.evaluate(policy)
+            self.measured += 1
+            self._save(canonical, ev)
+        else:
+            self.cached += 1
+            self.memo[canonical] = ev
+        cand = Candidate(len(self.path), step, policy, ev, self.bound.met(ev.quality), self.bound.miss(ev.quality), cached)
+        self.path.append(cand)
+        if self.progress is not None:
+            best = self.best()
+            self.progress(self.measured, self.budget, best.evaluation.latency_s if best is not None else None)
+        return cand
+
+    def cost(self, cand: Candidate) -> tuple[float, float]:
+        ev = cand.evaluation
+        return (ev.latency_s, ev.memory_bytes) if self.objective == "latency" else (ev.memory_bytes, ev.latency_s)
+
+    def best(self) -> Candidate | None:
+        ok = [c for c in self.path if c.met]
+        return min(ok, key=self.cost) if ok else None
+
+
+def run_search(search: Search, evaluator: Any, fast: list[str], notes: list[str], local_search: bool,
+               improvement: float) -> None:
+    """Baseline, all-16-bit start(s), keep-fp32 bisection if needed, then local search.
+
+    Every candidate lands on ``search.path``; remarks are appended to ``notes``.
+    Raises :class:`BudgetExhausted` when the budget runs out.
+    """
+    baseline = search.evaluate(Config("fp32"), "baseline fp32")
+    if search.bound.key not in baseline.evaluation.quality:
+        available = ", ".join(k for k, v in METRICS.items() if v in baseline.evaluation.quality)
+        raise ValueError(f"bound {search.bound} reads {search.bound.key!r}, which this target does not produce; "
+                         f"metrics available here: {available}")
+    starts = [Config(fast[0])]
+    if search.objective == "memory":
+        starts = [Config(d) for d in fast] + [Config("fp16", compute="fp32")]
+    start_cands = [(cfg, search.evaluate(cfg, f"all-{cfg.base}" + (f" compute {cfg.compute}" if cfg.compute else "")))
+                   for cfg in starts]
+    config, cand = min(start_cands, key=lambda p: (not p[1].met, p[1].miss, search.cost(p[1])))
+    if not baseline.met:
+        notes.append("the fp32 baseline itself misses the bound: nothing to keep fp32 can meet it")
+        return
+    if not cand.met:
+        # profile with native compute: a compute="fp32" start would show no 16-bit error at all
+        order = risk_order(evaluator.risk(dataclasses.replace(config, compute=None).policy()))
+        remaining = [u for u in evaluator.units() if u not in set(order)]
+        order += remaining
+
+        def suffices(keep: frozenset[str]) -> bool:
+            trial = dataclasses.replace(config, keep=tuple(u for u in order if u in keep))
+            return search.evaluate(trial, f"bisect keep {len(keep)}").met
+
+        keep = minimal_sufficient(order, suffices)
+        config = dataclasses.replace(config, keep=tuple(keep))
+        cand = search.evaluate(config, f"verify keep {len(keep)}")
+        if not cand.met:
+            notes.append("the minimal keep-fp32 set found by bisection does not meet the bound on re-measurement "
+                         "(quality is not monotone here); the best measured candidate is used")
+            return
+    if local_search:
+        improve_locally(search, evaluator, config, cand, fast, improvement)
+
+
+def _moves(groups: list[str], fast: list[str]) -> list[tuple[str, Callable[[Config], Config | None]]]:
+    """Local moves, each a label and a function of the current configuration (``None``: no change)."""
+    moves: list[tuple[str, Callable[[Config], Config | None]]] = []
+
+    def storage_move(group: str, dtype: str) -> Callable[[Config], Config | None]:
+        def move(cfg: Config) -> Config | None:
+            if dict(cfg.storage).get(group, cfg.base) == dtype:
+                return None
+            return dataclasses.replace(cfg, storage=tuple((g, d) for g, d in cfg.storage if g != group) + ((group, dtype),))
+        return move
+
+    def upcast_move(group: str) -> Callable[[Config], Config | None]:
+        def move(cfg: Config) -> Config | None:
+            on = not dict(cfg.upcast).get(group, False)
+            return dataclasses.replace(cfg, upcast=tuple((g, v) for g, v in cfg.upcast if g != group) + ((group, on),))
+        return move
+
+    def matmul_move(level: str) -> Callable[[Config], Config | None]:
+        def move(cfg: Config) -> Config | None:
+            return None if (cfg.matmul or "highest") == level else dataclasses.replace(cfg, matmul=level)
+        return move
+
+    moves += [(f"local: matmul {level}", matmul_move(level)) for level in MATMUL_LEVELS]  # global: first
+    for group in groups:
+        moves += [(f"local: {group} storage {dtype}", storage_move(group, dtype)) for dtype in [*fast, "fp32"]]
+        moves.append((f"local: {group} toggle upcast_attention", upcast_move(group)))
+    return moves
+
+
+def improve_locally(search: Search, evaluator: Any, config: Config, cand: Candidate, fast: list[str],
+                    improvement: float, *, passes: int = 2) -> None:
+    """Greedy local search from ``config``: accept a move when it keeps the bound and improves the objective.
+
+    Moves: the global float32 matmul level first, then per group (component) storage
+    among ``fast`` and fp32 and attention upcast on or off. Stops after a pass without improvement,
+    after ``passes`` passes, or when the budget runs out (:class:`BudgetExhausted`).
+    A latency gain counts only above the ``improvement`` fraction (timing noise).
+    """
+    moves = _moves(evaluator.groups(), fast)
+    for _ in range(passes):
+        improved = False
+        for step, move in moves:
+            trial_cfg = move(config)
+            if trial_cfg is None:
+                continue
+            trial = search.evaluate(trial_cfg, step)
+            a, b = search.cost(trial), search.cost(cand)
+            if search.objective == "latency":
+                better = a[0] < b[0] * (1 - improvement)
+            else:
+                better = a[0] < b[0] or (a[0] == b[0] and a[1] < b[1] * (1 - improvement))
+            if trial.met and better:
+                config, cand, improved = trial_cfg, trial, True
+        if not improved:
+            return
+
+
+def dominates(a: Candidate, b: Candidate, bound: Any) -> bool:
+    """``a`` is no worse in latency, memory and quality than ``b``, and better in one."""
+    va = (a.evaluation.latency_s, a.evaluation.memory_bytes, -bound.score(a.evaluation.quality))
+    vb = (b.evaluation.latency_s, b.evaluation.memory_bytes, -bound.score(b.evaluation.quality))
+    return all(x <= y for x, y in zip(va, vb)) and any(x < y for x, y in zip(va, vb))
+
+
+def frontier(path: list[Candidate], bound: Any) -> list[Candidate]:
+    """Distinct evaluated policies not dominated by any other."""
+    unique: dict[str, Candidate] = {}
+    for c in path:
+        unique.setdefault(json.dumps(c.policy.to_dict(), sort_keys=True), c)
+    points = list(unique.values())
+    return [c for c in points if not any(dominates(o, c, bound) for o in points if o is not c)]
+
+
+# -- worker side ---------------------------------------------------------------------------
+
+
+def serve_tune(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs in the worker process
+    """Serve ``tune_reference`` / ``tune_profile`` / ``tune_eval`` / ``tune_time`` / ``finish`` for one pipeline."""
+    from mixprec import pipelines
+
+    if job.get("threads"):
+        torch.set_num_threads(int(job["threads"]))
+    pipe = pipelines.get(job["pipeline"], size=job["size"], seed=0)
+    batch = int(job.get("batch", 1))
+    conn.send(("ready", {"output_kind": pipe.output_kind, "components": list(pipe.components),
+                         "units": weight_units(pipe.components), "pid": __import__("os").getpid()}))
+    session: Session | None = None
+    while True:
+        command, payload = conn.recv()
+        if command == "tune_reference":
+            start = time.perf_counter()
+            session = Session(pipe, lambda seed: pipe.example_inputs(batch, seed), pipe.run, seeds=payload["seeds"],
+                              kind=pipe.output_kind, teacher_force=pipe.teacher_forced, sample_rate=pipe.sample_rate)
+            conn.send(("ok", {"seconds": time.perf_counter() - start}))
+        elif command in ("tune_eval", "tune_profile", "tune_time") and session is None:
+            conn.send(("error", f"{command} before tune_reference"))
+        elif command == "tune_eval":
+            conn.send(("ok", session.evaluate(Policy.from_dict(payload["policy"]), int(payload.get("repeat", 3)))))
+        elif command == "tune_time":
+            with apply(pipe, Policy.from_dict(payload["policy"])), torch.inference_mode():
+                samples = []
+                for _ in range(int(payload.get("repeat", 1))):
+                    start = time.perf_counter()
+                    pipe.run(session.inputs[session.seeds[0]])
+                    samples.append(time.perf_counter() - start)
+            conn.send(("ok", samples))
+        elif command == "tune_profile":
+            conn.send(("ok", session.risk(Policy.from_dict(payload["policy"]))))
+        elif command == "finish":
+            conn.send(("done", {}))
+            return
+        else:
+            conn.send(("error", f"unknown command {command!r}; valid: tune_reference, tune_eval, tune_time, tune_profile, finish"))

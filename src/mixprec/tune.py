@@ -1,0 +1,451 @@
+"""Autotune: the fastest (or smallest) policy that keeps a quality bound, measured.
+
+:func:`tune` starts from all-16-bit weights (the fastest 16-bit type the hardware
+probe measured fast), uses :func:`mixprec.profile` as a prior to order the
+weight-owning modules by risk, finds a minimal set to keep fp32 by adaptive group
+testing when the bound fails, then improves the policy by a greedy local search
+(per-component storage, attention upcast, float32 matmul level). Every candidate is
+measured end to end by an *evaluator*: :class:`InProcessEvaluator` (any module) or
+:class:`WorkerEvaluator` (a registered pipeline in one long-lived worker process).
+
+Example:
+    >>> from mixprec.tune import tune
+    >>> result = tune("tts", "snr>=30", budget=40)
+    >>> result.policy.save("tuned.toml")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+from mixprec._search import (METRICS, BudgetExhausted, Candidate, Evaluation, Search, Session, frontier, run_search,
+                             weight_units)
+from mixprec.hardware import Hardware
+from mixprec.policy import Policy
+
+__all__ = [
+    "METRICS", "Bound", "parse_bound", "Evaluation", "Evaluator", "InProcessEvaluator", "WorkerEvaluator",
+    "Candidate", "TuneResult", "tune", "render_tune_html",
+]
+
+_GRAMMAR = "'<metric> <op> <number>' with op one of >=, >, <=, <"
+_BOUND_RE = re.compile(r"^\s*([a-z_]+)\s*(>=|<=|>|<)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
+
+
+# -- bounds ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A quality bound such as ``sqnr >= 30``.
+
+    Attributes:
+        metric: one of :data:`METRICS`.
+        op: ``>=``, ``>``, ``<=`` or ``<``.
+        value: the threshold.
+    """
+
+    metric: str
+    op: str
+    value: float
+
+    @property
+    def key(self) -> str:
+        """The quality-dict key the bound reads (``sqnr`` -> ``sqnr_db``)."""
+        return METRICS[self.metric]
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.op in (">=", ">")
+
+    def met(self, quality: dict[str, float]) -> bool:
+        """Whether ``quality`` satisfies the bound (a missing or nan value does not)."""
+        v = quality.get(self.key)
+        if v is None or math.isnan(v):
+            return False
+        return {">=": v >= self.value, ">": v > self.value, "<=": v <= self.value, "<": v < self.value}[self.op]
+
+    def miss(self, quality: dict[str, float]) -> float:
+        """How far ``quality`` is from the threshold on the wrong side (0 at or past it; inf if unknown)."""
+        v = quality.get(self.key)
+        if v is None or math.isnan(v):
+            return math.inf
+        return max(0.0, self.value - v) if self.higher_is_better else max(0.0, v - self.value)
+
+    def score(self, quality: dict[str, float]) -> float:
+        """The bound's metric oriented so that larger is better (nan/missing -> -inf)."""
+        v = quality.get(self.key)
+        if v is None or math.isnan(v):
+            return -math.inf
+        return v if self.higher_is_better else -v
+
+    def __str__(self) -> str:
+        return f"{self.metric}{self.op}{self.value:g}"
+
+
+def parse_bound(text: str | Bound) -> Bound:
+    """Parse ``"sqnr>=30"`` into a :class:`Bound`.
+
+    Raises:
+        ValueError: text that does not follow the grammar, or an unknown metric; the
+            message repeats the text, the grammar and the valid metrics.
+    """
+    if isinstance(text, Bound):
+        return text
+    valid = ", ".join(METRICS)
+    match = _BOUND_RE.match(text.strip().lower()) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(f"cannot parse bound {text!r}: expected {_GRAMMAR}, e.g. 'sqnr>=30'; metrics: {valid}")
+    metric, op, number = match.groups()
+    if metric not in METRICS:
+        raise ValueError(f"bound {text!r}: unknown metric {metric!r}; expected {_GRAMMAR}; metrics: {valid}")
+    return Bound(metric, op, float(number))
+
+
+# -- evaluators -----------------------------------------------------------------------------
+
+
+class Evaluator(Protocol):
+    """Measures a policy end to end.
+
+    ``evaluate`` measures one policy; ``risk`` profiles one (weight-owning modules,
+    riskiest first, as dicts with a ``module`` key); ``units`` lists the weight-owning
+    modules; ``groups`` the rule matches the local search varies (component names,
+    or ``*``); ``cache_key`` identifies target, seeds and repeat for a store.
+    """
+
+    cache_key: str
+
+    def evaluate(self, policy: Policy) -> Evaluation: ...
+
+    def risk(self, policy: Policy) -> list[dict[str, Any]]: ...
+
+    def groups(self) -> list[str]: ...
+
+    def units(self) -> list[str]: ...
+
+
+def _evaluation(raw: dict[str, Any]) -> Evaluation:
+    return Evaluation(float(raw["latency_s"]), float(raw["memory_bytes"]), dict(raw["quality"]))
+
+
+def _fingerprint(components: dict[str, Any]) -> str:
+    """A short hash of the module structure, shapes and parameter sums (tells models apart in a store)."""
+    digest = hashlib.sha256()
+    for cname, root in components.items():
+        for name, tensor in [*root.named_parameters(), *root.named_buffers()]:
+            total = float(tensor.detach().double().sum()) if tensor.is_floating_point() else 0.0
+            digest.update(f"{cname}.{name}:{tuple(tensor.shape)}:{tensor.dtype}:{total!r};".encode())
+    return digest.hexdigest()[:16]
+
+
+def _groups(component_names: Sequence[str]) -> list[str]:
+    return [c for c in component_names if c] or ["*"]
+
+
+class InProcessEvaluator:
+    """Evaluate policies in this process (synthetic models, tests, notebooks).
+
+    Args:
+        target: what :func:`mixprec.apply` takes.
+        make_inputs: seed -> inputs for ``run``.
+        run: inputs -> output tensor (or an object with ``.output``).
+        seeds: quality is the worst case over these; latency is timed on the first.
+        repeat: timed runs per evaluation (median).
+        kind: output kind for :func:`mixprec.bench.metrics.quality` (``embedding``
+            for ``(batch, dim)`` outputs).
+        name: identifies the target in a store's cache (with a hash of its module
+            structure, shapes and parameter sums).
+    """
+
+    def __init__(self, target: Any, make_inputs: Callable[[int], Any], run: Callable[[Any], Any], *,
+                 seeds: Sequence[int] = (0, 1), repeat: int = 3, kind: str = "embedding", name: str = "in-process"):
+        self.target, self.repeat = target, int(repeat)
+        self.seeds = tuple(seeds)
+        self.session = Session(target, make_inputs, run, seeds=self.seeds, kind=kind)
+        self.cache_key = f"{name}|{_fingerprint(self.session.components)}|seeds={list(self.seeds)}|repeat={self.repeat}"
+
+    def evaluate(self, policy: Policy) -> Evaluation:
+        return _evaluation(self.session.evaluate(policy, self.repeat))
+
+    def risk(self, policy: Policy) -> list[dict[str, Any]]:
+        return self.session.risk(policy)
+
+    def groups(self) -> list[str]:
+        return _groups(list(self.session.components))
+
+    def units(self) -> list[str]:
+        return weight_units(self.session.components)
+
+
+class WorkerEvaluator:
+    """Evaluate policies of a registered pipeline in one long-lived spawned worker.
+
+    Args:
+        pipeline_name: registered pipeline (see :func:`mixprec.pipelines.available`).
+        size: ``test`` or ``default``.
+        seeds: quality seeds (teacher-forced on the fp32 reference where the
+            pipeline makes discrete choices); latency is timed on the first.
+        repeat: timed runs per evaluation (median).
+        timeout: seconds one request may take.
+    """
+
+    def __init__(self, pipeline_name: str, size: str = "default", *, seeds: Sequence[int] = (0, 1), repeat: int = 3,
+                 batch: int = 1, timeout: float = 600.0, threads: int | None = None):
+        from mixprec.bench.worker import LocalProcessExecutor
+
+        self.pipeline, self.size, self.seeds, self.repeat, self.timeout = pipeline_name, size, tuple(seeds), int(repeat), timeout
+        self.cache_key = f"{pipeline_name}|size={size}|batch={batch}|seeds={list(self.seeds)}|repeat={self.repeat}"
+        job = {"mode": "tune", "spec": {"name": f"tune-{pipeline_name}"}, "pipeline": pipeline_name, "size": size,
+               "batch": batch, "threads": threads}
+        self._worker = LocalProcessExecutor().start(job)
+        try:
+            self.ready = self._worker.wait_ready(timeout)
+            self._worker.request("tune_reference", {"seeds": list(self.seeds)}, timeout=timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def evaluate(self, policy: Policy) -> Evaluation:
+        return _evaluation(self._worker.request("tune_eval", {"policy": policy.to_dict(), "repeat": self.repeat},
+                                                timeout=self.timeout))
+
+    def time(self, policy: Policy, repeat: int = 1) -> list[float]:
+        """Seconds of ``repeat`` runs under ``policy`` on the first seed (no quality runs)."""
+        return list(self._worker.request("tune_time", {"policy": policy.to_dict(), "repeat": repeat}, timeout=self.timeout))
+
+    def risk(self, policy: Policy) -> list[dict[str, Any]]:
+        return self._worker.request("tune_profile", {"policy": policy.to_dict()}, timeout=self.timeout)
+
+    def groups(self) -> list[str]:
+        return _groups(self.ready["components"])
+
+    def units(self) -> list[str]:
+        return list(self.ready["units"])
+
+    def close(self) -> None:
+        """Stop the worker process."""
+        self._worker.close()
+
+    def __enter__(self) -> WorkerEvaluator:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# -- candidates and results ----------------------------------------------------------------
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune` found.
+
+    Attributes:
+        policy: the chosen policy (name ``tuned``; every rule has a ``reason``).
+        bound: the quality bound.
+        objective: ``latency`` or ``memory``.
+        met: whether the chosen policy meets the bound.
+        chosen: the chosen candidate.
+        closest: when nothing met the bound, the candidate closest to it.
+        miss: how far ``closest`` misses the bound (``None`` when met).
+        frontier: candidates non-dominated in (latency, memory, quality).
+        evaluations: measured evaluations.
+        cached: evaluations answered from the cache.
+        wall_s: seconds the search took.
+        path: every evaluated candidate, in order.
+        notes: remarks on the search (fallbacks, budget exhausted...).
+    """
+
+    policy: Policy
+    bound: Bound
+    objective: str
+    met: bool
+    chosen: Candidate
+    closest: Candidate | None
+    miss: float | None
+    frontier: list[Candidate]
+    evaluations: int
+    cached: int
+    wall_s: float
+    path: list[Candidate]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def keep_fp32(self) -> list[str]:
+        """Modules the chosen policy pins to fp32."""
+        return [r.match for r in self.policy.rules if r.keep_fp32]
+
+    def to_toml(self) -> str:
+        """The chosen policy as TOML."""
+        return self.policy.to_toml()
+
+
+def _needed(units: int) -> int:
+    return 2 + math.ceil(math.log2(max(2, units))) + 1
+
+
+def tune(
+    pipeline: Any,
+    bound: str | Bound,
+    *,
+    objective: str = "latency",
+    budget: int | None = None,
+    seeds: Sequence[int] = (0, 1),
+    evaluator: Evaluator | None = None,
+    store: Any = None,
+    progress: Callable[[int, int | None, float | None], None] | None = None,
+    size: str = "default",
+    repeat: int = 3,
+    hardware: Hardware | None = None,
+    dtypes: Sequence[str] | None = None,
+    local_search: bool = True,
+    improvement: float = 0.03,
+) -> TuneResult:
+    """Find the fastest (or smallest) policy that meets ``bound``, by measurement.
+
+    Args:
+        pipeline: a registered pipeline name (measured in a :class:`WorkerEvaluator`)
+            or anything used only to label the run when ``evaluator`` is given.
+        bound: e.g. ``"sqnr>=30"`` (see :func:`parse_bound`).
+        objective: ``latency`` (median seconds) or ``memory`` (weight bytes).
+        budget: most measured evaluations (cache hits are free); ``None``: no limit.
+        seeds: quality seeds (worst case over them) for the default evaluator.
+        evaluator: how to measure; default ``WorkerEvaluator(pipeline, size, seeds, repeat)``.
+        store: a :class:`mixprec.bench.store.Store` to reuse and keep measurements.
+        progress: ``progress(evaluations_done, budget, best_latency)`` after each step.
+        size: pipeline size for the default evaluator.
+        repeat: timed runs per evaluation for the default evaluator.
+        hardware: the probed device (default :func:`mixprec.hardware.probe`).
+        dtypes: 16-bit storage types to try (default: those the probe measured fast).
+        local_search: run the greedy local search after the bisection.
+        improvement: relative latency gain a local move must show to be accepted.
+
+    Returns:
+        A :class:`TuneResult`.
+
+    Raises:
+        ValueError: unknown objective or dtype, a bad bound, or a budget too small
+            for baseline + all-16-bit + one bisection pass (the message says how many).
+    """
+    from mixprec.bench.runner import machine_fingerprint
+    from mixprec.hardware import probe
+
+    start = time.perf_counter()
+    bound = parse_bound(bound)
+    if objective not in ("latency", "memory"):
+        raise ValueError(f"unknown objective {objective!r}; valid: latency, memory")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+        raise ValueError(f"budget must be a positive number of evaluations or None, got {budget!r}")
+    hw = hardware if hardware is not None else probe()
+    fast = list(dtypes) if dtypes is not None else hw.fast_16bit()
+    notes: list[str] = []
+    for d in fast:
+        if d not in ("bf16", "fp16"):
+            raise ValueError(f"unknown 16-bit dtype {d!r}; valid: bf16, fp16")
+    if not fast:
+        fast = ["bf16"]
+        notes.append(f"no 16-bit type measured fast on {hw.name}: trying bf16 anyway")
+    owned = evaluator is None
+    if owned:
+        evaluator = WorkerEvaluator(str(getattr(pipeline, "name", pipeline)), size, seeds=seeds, repeat=repeat)
+    try:
+        units = evaluator.units()
+        if budget is not None and budget < _needed(len(units)):
+            raise ValueError(f"budget={budget} is too small for one pass over {len(units)} modules: it needs at least "
+                             f"{_needed(len(units))} evaluations (baseline + all-16-bit + a bisection pass)")
+        search = Search(evaluator, bound, objective, budget, store, progress, machine_fingerprint(hw))
+        try:
+            run_search(search, evaluator, fast, notes, local_search, improvement)
+        except BudgetExhausted:
+            notes.append(f"budget of {budget} evaluations exhausted")
+    finally:
+        if owned:
+            evaluator.close()
+    return _result(search, bound, objective, notes, time.perf_counter() - start)
+
+
+def _result(search: Search, bound: Bound, objective: str, notes: list[str], wall_s: float) -> TuneResult:
+    best = search.best()
+    closest = None
+    miss = None
+    if best is None:
+        closest = min(search.path, key=lambda c: (c.miss, search.cost(c)))
+        miss = closest.miss
+        chosen = closest
+    else:
+        chosen = best
+    rules = tuple(dataclasses.replace(r, reason=f"{r.reason} [tuned for {bound}, {objective}]") for r in chosen.policy.rules)
+    policy = Policy(rules, chosen.policy.numerics, name="tuned")
+    return TuneResult(policy=policy, bound=bound, objective=objective, met=best is not None, chosen=chosen,
+                      closest=closest, miss=miss, frontier=frontier(search.path, bound), evaluations=search.measured,
+                      cached=search.cached, wall_s=wall_s, path=list(search.path), notes=notes)
+
+
+# -- HTML -------------------------------------------------------------------------------------
+
+
+def render_tune_html(result: TuneResult) -> str:
+    """A self-contained HTML page: candidates (latency vs quality), frontier, path, chosen policy."""
+    import base64
+    import html
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    bound = result.bound
+    fig = Figure(figsize=(7, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+
+    def y(c: Candidate) -> float:
+        v = c.evaluation.quality.get(bound.key, math.nan)
+        return v if math.isfinite(v) else math.nan
+
+    finite = [y(c) for c in result.path if math.isfinite(y(c))]
+    cap = (max(finite) + 10 if finite else bound.value + 10)
+    ys = [y(c) if math.isfinite(y(c)) else (cap if c.evaluation.quality.get(bound.key, 0) > 0 else math.nan) for c in result.path]
+    xs = [c.evaluation.latency_s * 1e3 for c in result.path]
+    ax.plot(xs, ys, color="#bbbbbb", linewidth=0.8, zorder=1, label="search path")
+    ax.scatter(xs, ys, c=["#2a9d8f" if c.met else "#e76f51" for c in result.path], s=22, zorder=2)
+    for c, x_, y_ in zip(result.path, xs, ys):
+        ax.annotate(str(c.index), (x_, y_), fontsize=6, xytext=(2, 2), textcoords="offset points")
+    front = result.frontier
+    ax.scatter([c.evaluation.latency_s * 1e3 for c in front], [ys[c.index] for c in front], marker="s", s=70,
+               facecolors="none", edgecolors="black", linewidths=1, zorder=3,
+               label="frontier (latency, memory, quality)")
+    ax.scatter([result.chosen.evaluation.latency_s * 1e3], [ys[result.chosen.index]], s=160, facecolors="none",
+               edgecolors="#264653", linewidths=2, zorder=3, label="chosen")
+    ax.axhline(bound.value, color="#e9c46a", linewidth=1, label=str(bound))
+    ax.set_xlabel("latency (ms, median)")
+    ax.set_ylabel(bound.key + (" (inf shown at top)" if len(finite) < len(ys) else ""))
+    ax.legend(fontsize=7)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    image = base64.b64encode(buf.getvalue()).decode("ascii")
+    esc = html.escape
+    rows = "".join(
+        f"<tr><td>{c.index}</td><td>{esc(c.step)}</td><td>{c.evaluation.latency_s * 1e3:.2f}</td>"
+        f"<td>{c.evaluation.memory_bytes / 1e6:.2f}</td><td>{esc(f'{y(c):.4g}')}</td><td>{'yes' if c.met else 'no'}</td>"
+        f"<td>{'cache' if c.cached else 'measured'}</td></tr>" for c in result.path)
+    status = "met" if result.met else f"not met (closest misses by {result.miss:.4g})"
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>mixprec tune</title>"
+        "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:right}"
+        "td:nth-child(2){text-align:left}pre{background:#f4f4f4;padding:1em}</style></head><body>"
+        f"<h1>mixprec tune: {esc(str(bound))} ({esc(result.objective)})</h1>"
+        f"<p>Bound {esc(status)}; {result.evaluations} measured evaluations, {result.cached} cached, "
+        f"{result.wall_s:.1f} s.</p>"
+        + "".join(f"<p>{esc(n)}</p>" for n in result.notes)
+        + f"<img alt='candidates' src='data:image/png;base64,{image}'>"
+        f"<h2>Chosen policy</h2><pre>{esc(result.to_toml())}</pre>"
+        "<h2>Path</h2><table><tr><th>#</th><th>step</th><th>latency ms</th><th>weights MB</th>"
+        f"<th>{esc(bound.key)}</th><th>meets</th><th>source</th></tr>{rows}</table></body></html>"
+    )

@@ -1,0 +1,401 @@
+"""The mixprec web UI: run, benchmark browser and diagnosis, in four languages.
+
+``build_app`` returns the ``gr.Blocks``; ``launch`` serves it (on 127.0.0.1 by
+default). Per-session data (loaded pipelines) lives in ``gr.State``, so two
+browser sessions never share or corrupt each other's state.
+
+Example:
+    >>> from mixprec.ui.app import launch
+    >>> launch(port=7860, lang="he")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import html
+import ipaddress
+import json
+import math
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import gradio as gr
+
+import mixprec
+from mixprec import pipelines
+from mixprec.ui.controls import DTYPES, NO_PRESET, build_policy, defaults_message, matmul_info, precision_controls, preset_choices
+from mixprec.ui.i18n import DEFAULT_LANGUAGE, LANGUAGES, check_language, direction, t
+
+__all__ = ["MAX_COMPONENTS", "SIZES", "build_app", "diagnose", "launch", "list_runs", "run_comparison", "show_run"]
+
+#: Pipeline sizes offered; "test" is the quick default.
+SIZES: tuple[str, ...] = ("test", "default")
+#: Storage-type selectors reserved for a pipeline's components.
+MAX_COMPONENTS = 8
+_MIB = 1024 * 1024
+
+#: A session's loaded pipelines: ``(name, size) -> pipeline``.
+Cache = dict[tuple[str, str], Any]
+
+_DIR_JS = """(lang) => {{
+  const rtl = {rtl};
+  document.documentElement.setAttribute('dir', rtl.includes(lang) ? 'rtl' : 'ltr');
+  document.documentElement.setAttribute('lang', lang);
+  return lang;
+}}"""
+
+
+def _pipeline(cache: Cache | None, name: str, size: str) -> tuple[Any, Cache]:
+    """The session's pipeline ``name``/``size``, built on first use (returns a new cache dict)."""
+    cache = dict(cache or {})
+    if (name, size) not in cache:
+        cache[(name, size)] = pipelines.get(name, size=size, seed=0)
+    return cache[(name, size)], cache
+
+
+def _header(lang: str) -> str:
+    return (f'<div id="mixprec-header" dir="{direction(lang)}" lang="{lang}">'
+            f"<h2>{html.escape(t('app.title', lang))}</h2><p>{html.escape(t('app.subtitle', lang))}</p></div>")
+
+
+def _db(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return "∞" if math.isinf(value) else f"{value:.1f}"
+
+
+def _quality_text(q: dict[str, Any], kind: str, lang: str) -> str:
+    if q.get("sqnr_db") is not None and math.isinf(q["sqnr_db"]):
+        return t("run.exact", lang)
+    parts = [f"SQNR {_db(q.get('sqnr_db'))}"]
+    extra = {"audio": "snr_db", "image": "psnr_db"}.get(kind)
+    if extra and q.get(extra) is not None:
+        parts.insert(0, f"{extra.split('_')[0].upper()} {_db(q[extra])}")
+    return " · ".join(parts)
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(map(cell, headers)) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(map(cell, row)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def run_comparison(
+    name: str,
+    size: str,
+    preset: str | None,
+    upcast_attention: bool,
+    dtype_values: Sequence[str],
+    *,
+    lang: str = DEFAULT_LANGUAGE,
+    cache: Cache | None = None,
+) -> dict[str, Any]:
+    """Run a pipeline in fp32 and under the chosen policy on the same inputs.
+
+    TTS is teacher-forced on the fp32 speech tokens so the two waveforms align.
+
+    Args:
+        name, size: the pipeline (see :func:`mixprec.pipelines.get`).
+        preset, upcast_attention: see :func:`mixprec.ui.controls.build_policy`.
+        dtype_values: storage types for the pipeline's components, in order.
+        lang: language of the figures table.
+        cache: the session's loaded pipelines.
+
+    Returns:
+        ``kind``, ``fp32`` and ``mixed`` outputs (audio ``(rate, ndarray)`` or an
+        HWC image array; ``None`` for embeddings), ``figures`` (Markdown),
+        ``latency_s``, ``weight_bytes``, ``quality`` and the updated ``cache``.
+    """
+    from mixprec.bench.metrics import quality
+
+    pipe, cache = _pipeline(cache, name, size)
+    dtypes = dict(zip(pipe.components, dtype_values))
+    policy = build_policy(preset=preset, upcast_attention=upcast_attention, dtypes=dtypes, hints=tuple(pipe.sensitive))
+    inputs = pipe.example_inputs(batch=1, seed=0)
+    start = time.perf_counter()
+    ref = pipe.run(inputs)
+    fp32_s = time.perf_counter() - start
+    fp32_bytes = mixprec.weight_bytes(pipe)
+    options = {"speech_tokens": ref.speech_tokens} if getattr(ref, "speech_tokens", None) is not None else {}
+    if policy is None:
+        start = time.perf_counter()
+        out = pipe.run(inputs, **options)
+        mixed_s, mixed_bytes = time.perf_counter() - start, fp32_bytes
+        label = t("run.policy_fp32", lang)
+    else:
+        with mixprec.apply(pipe, policy) as applied:
+            start = time.perf_counter()
+            out = pipe.run(inputs, **options)
+            mixed_s, mixed_bytes = time.perf_counter() - start, applied.weight_bytes()
+        label = policy.name if preset not in (None, NO_PRESET) else t("run.policy_custom", lang)
+    kind = pipe.output_kind
+    rate = getattr(ref, "sample_rate", None)
+    q = quality(out.output, ref.output, kind, sample_rate=rate)
+    headers = [t(f"run.col_{c}", lang) for c in ("config", "latency", "weights", "quality")]
+    rows = [[t("run.row_fp32", lang), f"{fp32_s:.3f}", f"{fp32_bytes / _MIB:.2f}", "—"],
+            [label, f"{mixed_s:.3f}", f"{mixed_bytes / _MIB:.2f}", _quality_text(q, kind, lang)]]
+    summary = t("run.speedup", lang, speedup=f"{fp32_s / max(mixed_s, 1e-9):.2f}",
+                ratio=f"{100 * mixed_bytes / max(fp32_bytes, 1):.0f}")
+    return {"kind": kind, "fp32": _media(ref, kind), "mixed": _media(out, kind), "figures": _table(headers, rows) + "\n\n" + summary,
+            "latency_s": (fp32_s, mixed_s), "weight_bytes": (fp32_bytes, mixed_bytes), "quality": q, "cache": cache}
+
+
+def _media(out: Any, kind: str) -> Any:
+    """Audio as ``(rate, float32 ndarray)``, an image as HWC float array in [0, 1], else ``None``."""
+    if kind == "audio":
+        return out.sample_rate, out.output[0].detach().float().clamp(-1, 1).cpu().numpy()
+    if kind == "image":
+        return out.output[0].detach().float().clamp(0, 1).permute(1, 2, 0).cpu().numpy()
+    return None
+
+
+def list_runs(path: str | None, *, lang: str = DEFAULT_LANGUAGE) -> tuple[str, list[tuple[str, int]]]:
+    """The runs in a benchmark store, as a Markdown table and dropdown choices.
+
+    Args:
+        path: the SQLite file; empty or ``None`` for the default location.
+        lang: language of the table.
+    """
+    from mixprec.bench.store import Store, StoreError, default_db_path
+
+    where = (path or "").strip() or str(default_db_path())
+    if not Path(where).is_file():
+        return t("bench.none", lang, path=where), []
+    try:
+        with Store(where) as store:
+            runs = store.runs()
+    except (StoreError, OSError, ValueError) as exc:
+        return t("bench.error", lang, message=str(exc)), []
+    if not runs:
+        return t("bench.none", lang, path=where), []
+    cols = ("id", "started", "status", "pipeline", "size", "configs")
+    table = _table([t(f"bench.col_{c}", lang) for c in cols], [[r[c] for c in cols] for r in runs])
+    choices = [(f"#{r['id']} {r['pipeline']} ({r['size']}) {r['started']}", int(r["id"])) for r in runs]
+    return t("bench.found", lang, count=len(runs), path=where) + "\n\n" + table, choices
+
+
+def show_run(path: str | None, run_id: int | None, *, lang: str = DEFAULT_LANGUAGE) -> str:
+    """The HTML report of one stored run, embedded in an iframe."""
+    from mixprec.bench.report import render_html
+    from mixprec.bench.store import Store, StoreError, default_db_path
+
+    if run_id is None:
+        return html.escape(t("bench.pick_first", lang))
+    where = (path or "").strip() or str(default_db_path())
+    try:
+        with Store(where) as store:
+            page = render_html([store.load_run(int(run_id))])
+    except (StoreError, OSError, ValueError) as exc:
+        return html.escape(t("bench.error", lang, message=str(exc)))
+    return f'<iframe id="bench-report-frame" srcdoc="{html.escape(page, quote=True)}" style="width:100%;height:900px;border:0"></iframe>'
+
+
+def diagnose(name: str, size: str, preset: str, *, lang: str = DEFAULT_LANGUAGE,
+             cache: Cache | None = None) -> tuple[str, str, str, Cache]:
+    """Profile a pipeline under a preset.
+
+    Returns:
+        ``(summary Markdown, HTML table with risky rows highlighted, suggested rules TOML, cache)``.
+    """
+    pipe, cache = _pipeline(cache, name, size)
+    policy = mixprec.preset(preset, hints=tuple(pipe.sensitive))
+    prof = mixprec.profile(pipe, pipe.example_inputs(batch=1, seed=0), policy)
+    risky = {s["match"] for s in prof.suggestions()}
+    rows = prof.rows()
+    cols = ("module", "type", "compute", "fp16_headroom", "overflows_fp16", "own_sqnr_db", "inherited_sqnr_db")
+    head = "".join(f"<th>{html.escape(t(f'diag.col_{c}', lang))}</th>" for c in
+                   ("module", "type", "compute", "headroom", "overflow", "own", "inherited"))
+    body = []
+    for row in rows:
+        cells = []
+        for c in cols:
+            v = row.get(c)
+            if isinstance(v, bool):
+                v = t("diag.yes" if v else "diag.no", lang)
+            elif isinstance(v, float):
+                v = f"{v:.3g}"
+            cells.append(f"<td>{html.escape(str(v))}</td>")
+        style = ' class="risky" style="background:#fde2e1;color:#7a1410;font-weight:600"' if row["module"] in risky else ""
+        body.append(f"<tr{style}>{''.join(cells)}</tr>")
+    table = (f'<div style="max-height:520px;overflow:auto"><table id="diagnose-profile"><thead><tr>{head}</tr></thead>'
+             f"<tbody>{''.join(body)}</tbody></table></div>")
+    return t("diag.summary", lang, risky=len(risky), total=len(rows)), table, prof.suggestions_toml(), cache
+
+
+def _error(key: str, lang: str, exc: BaseException) -> str:
+    return t(key, lang, message=f"{type(exc).__name__}: {exc}")
+
+
+def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blocks:
+    """Build the UI.
+
+    Args:
+        lang: initial language (a code of :data:`mixprec.ui.i18n.LANGUAGES`).
+        app: env-var prefix whose settings pre-fill the precision controls.
+    """
+    check_language(lang)
+    names = pipelines.available()
+    first = "tts" if "tts" in names else names[0]
+    # (component, {property: locale key or function of the language}) for relabelling.
+    texts: list[tuple[Any, dict[str, str | Callable[[str], Any]]]] = []
+
+    def reg(component: Any, **spec: str | Callable[[str], Any]) -> Any:
+        texts.append((component, spec))
+        return component
+
+    with gr.Blocks(title=t("app.title", lang)) as demo:
+        cache = gr.State({})
+        with gr.Row():
+            header = gr.HTML(_header(lang), elem_id="header-box")
+            language = reg(gr.Dropdown([(v, k) for k, v in LANGUAGES.items()], value=lang, scale=0, min_width=180,
+                                       label=t("app.language_label", lang), info=t("app.language_info", lang),
+                                       elem_id="language"), label="app.language_label", info="app.language_info")
+        with gr.Tabs():
+            with reg(gr.Tab(t("tab.run", lang), id="run", elem_id="tab-run"), label="tab.run"):
+                with gr.Row():
+                    run_pipe = reg(gr.Dropdown(names, value=first, label=t("run.pipeline_label", lang),
+                                               info=t("run.pipeline_info", lang), elem_id="run-pipeline"),
+                                   label="run.pipeline_label", info="run.pipeline_info")
+                    run_size = reg(gr.Radio(list(SIZES), value=SIZES[0], label=t("run.size_label", lang),
+                                            info=t("run.size_info", lang), elem_id="run-size"),
+                                   label="run.size_label", info="run.size_info")
+                controls = precision_controls(app, lang=lang, language=language)
+                reg(controls.matmul, label="controls.matmul_label", info=lambda lg: matmul_info(app, lg))
+                reg(controls.preset, label="controls.preset_label", info="controls.preset_info", choices=preset_choices)
+                reg(controls.upcast_attention, label="controls.upcast_label", info="controls.upcast_info")
+                reg(controls.button, value="controls.init_button")
+                reg(controls.heading, value="controls.heading")
+                with gr.Row():
+                    slots = [gr.Dropdown(list(DTYPES), value="fp32", visible=False, info=t("controls.dtype_info", lang),
+                                         elem_id=f"dtype-{i}") for i in range(MAX_COMPONENTS)]
+                run_button = reg(gr.Button(t("run.button", lang), variant="primary", elem_id="run-button"), value="run.button")
+                with gr.Row():
+                    fp32_audio = reg(gr.Audio(label=t("run.fp32_output", lang), visible=False, elem_id="run-fp32-audio"),
+                                     label="run.fp32_output")
+                    mixed_audio = reg(gr.Audio(label=t("run.mixed_output", lang), visible=False, elem_id="run-mixed-audio"),
+                                      label="run.mixed_output")
+                    fp32_image = reg(gr.Image(label=t("run.fp32_output", lang), visible=False, elem_id="run-fp32-image"),
+                                     label="run.fp32_output")
+                    mixed_image = reg(gr.Image(label=t("run.mixed_output", lang), visible=False, elem_id="run-mixed-image"),
+                                      label="run.mixed_output")
+                figures = gr.Markdown(t("run.figures_empty", lang), elem_id="run-figures")
+            with reg(gr.Tab(t("tab.benchmark", lang), id="benchmark", elem_id="tab-benchmark"), label="tab.benchmark"):
+                bench_path = reg(gr.Textbox(value="", label=t("bench.path_label", lang), info=t("bench.path_info", lang),
+                                            elem_id="bench-path"), label="bench.path_label", info="bench.path_info")
+                load_button = reg(gr.Button(t("bench.load_button", lang), elem_id="bench-load"), value="bench.load_button")
+                runs_md = gr.Markdown(elem_id="bench-runs")
+                run_pick = reg(gr.Dropdown([], value=None, label=t("bench.run_label", lang), info=t("bench.run_info", lang),
+                                           elem_id="bench-run"), label="bench.run_label", info="bench.run_info")
+                show_button = reg(gr.Button(t("bench.show_button", lang), elem_id="bench-show"), value="bench.show_button")
+                report = gr.HTML(elem_id="bench-report")
+            with reg(gr.Tab(t("tab.diagnose", lang), id="diagnose", elem_id="tab-diagnose"), label="tab.diagnose"):
+                with gr.Row():
+                    diag_pipe = reg(gr.Dropdown(names, value=first, label=t("run.pipeline_label", lang),
+                                                info=t("run.pipeline_info", lang), elem_id="diag-pipeline"),
+                                    label="run.pipeline_label", info="run.pipeline_info")
+                    diag_size = reg(gr.Radio(list(SIZES), value=SIZES[0], label=t("run.size_label", lang),
+                                             info=t("run.size_info", lang), elem_id="diag-size"),
+                                    label="run.size_label", info="run.size_info")
+                    diag_preset = reg(gr.Dropdown(list(mixprec.PRESETS), value="fast", label=t("diag.preset_label", lang),
+                                                  info=t("diag.preset_info", lang), elem_id="diag-preset"),
+                                      label="diag.preset_label", info="diag.preset_info")
+                diag_button = reg(gr.Button(t("diag.button", lang), variant="primary", elem_id="diag-button"), value="diag.button")
+                diag_summary = gr.Markdown(elem_id="diag-summary")
+                diag_table = gr.HTML(elem_id="diagnose-table")
+                diag_toml = reg(gr.Code(language=None, label=t("diag.suggest_label", lang), elem_id="diag-toml"),
+                                label="diag.suggest_label")
+
+        def slot_updates(name: str, size: str, lg: str, state: Cache) -> tuple[list[Any], Cache]:
+            try:
+                pipe, state = _pipeline(state, name, size)
+                comps = list(pipe.components)[:MAX_COMPONENTS]
+            except (ValueError, RuntimeError, OSError, ImportError):
+                comps = []
+            ups = [gr.update(visible=i < len(comps), value="fp32",
+                             label=t("controls.dtype_label", lg, component=comps[i]) if i < len(comps) else None,
+                             info=t("controls.dtype_info", lg)) for i in range(MAX_COMPONENTS)]
+            return ups, state
+
+        def on_pipeline(name: str, size: str, lg: str, state: Cache) -> list[Any]:
+            ups, state = slot_updates(name, size, lg, state)
+            return [*ups, state]
+
+        def on_language(lg: str, name: str, size: str, state: Cache, status: str, *slot_values: str) -> list[Any]:
+            # The status keeps what was applied; only the untouched defaults line is translated.
+            untouched = status in {defaults_message(app, code) for code in LANGUAGES}
+            out = [_header(lg), defaults_message(app, lg) if untouched else gr.update()]
+            for _component, spec in texts:
+                out.append(gr.update(**{prop: (key(lg) if callable(key) else t(key, lg)) for prop, key in spec.items()}))
+            ups, state = slot_updates(name, size, lg, state)
+            for up, value in zip(ups, slot_values):
+                up["value"] = value
+            return [*out, *ups, state]
+
+        def on_run(lg: str, name: str, size: str, preset: str, upcast: bool, *rest: Any) -> list[Any]:
+            *values, state = rest
+            try:
+                result = run_comparison(name, size, preset, upcast, values, lang=lg, cache=state)
+            except (ValueError, RuntimeError, OSError, ImportError) as exc:
+                hidden = gr.update(visible=False)
+                return [hidden] * 4 + [_error("run.error", lg, exc), state]
+            audio, image = result["kind"] == "audio", result["kind"] == "image"
+            return [gr.update(value=result["fp32"] if audio else None, visible=audio),
+                    gr.update(value=result["mixed"] if audio else None, visible=audio),
+                    gr.update(value=result["fp32"] if image else None, visible=image),
+                    gr.update(value=result["mixed"] if image else None, visible=image),
+                    result["figures"], result["cache"]]
+
+        def on_load_runs(lg: str, path: str) -> tuple[str, Any]:
+            text, choices = list_runs(path, lang=lg)
+            return text, gr.update(choices=choices, value=choices[0][1] if choices else None)
+
+        def on_diagnose(lg: str, name: str, size: str, preset: str, state: Cache) -> list[Any]:
+            try:
+                return list(diagnose(name, size, preset, lang=lg, cache=state))
+            except (ValueError, RuntimeError, OSError, ImportError) as exc:
+                return [_error("diag.error", lg, exc), "", "", state]
+
+        dir_js = _DIR_JS.format(rtl=json.dumps([code for code in LANGUAGES if direction(code) == "rtl"]))
+        language.change(None, inputs=language, js=dir_js)
+        demo.load(None, inputs=language, js=dir_js)
+        language.change(on_language, inputs=[language, run_pipe, run_size, cache, controls.status, *slots],
+                        outputs=[header, controls.status, *(c for c, _ in texts), *slots, cache])
+        for trigger in (run_pipe.change, run_size.change):
+            trigger(on_pipeline, inputs=[run_pipe, run_size, language, cache], outputs=[*slots, cache])
+        demo.load(on_pipeline, inputs=[run_pipe, run_size, language, cache], outputs=[*slots, cache])
+        run_button.click(on_run, inputs=[language, run_pipe, run_size, controls.preset, controls.upcast_attention, *slots, cache],
+                         outputs=[fp32_audio, mixed_audio, fp32_image, mixed_image, figures, cache])
+        load_button.click(on_load_runs, inputs=[language, bench_path], outputs=[runs_md, run_pick])
+        show_button.click(lambda lg, path, run_id: show_run(path, run_id, lang=lg), inputs=[language, bench_path, run_pick],
+                          outputs=report)
+        diag_button.click(on_diagnose, inputs=[language, diag_pipe, diag_size, diag_preset, cache],
+                          outputs=[diag_summary, diag_table, diag_toml, cache])
+    return demo
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def launch(host: str = "127.0.0.1", port: int = 7860, lang: str = DEFAULT_LANGUAGE, **kwargs: Any) -> Any:
+    """Serve the UI (blocks until stopped unless ``prevent_thread_lock=True`` is passed).
+
+    Args:
+        host: interface to bind; a non-loopback address exposes the UI to the network (warned).
+        port: TCP port.
+        lang: initial language.
+        **kwargs: passed on to ``gr.Blocks.launch``.
+    """
+    if not _is_loopback(host):
+        warnings.warn(f"mixprec UI bound to {host}: anyone who can reach this address can run models "
+                      "and change this process's precision settings", stacklevel=2)
+    return build_app(lang).launch(server_name=host, server_port=port, **kwargs)

@@ -1,0 +1,247 @@
+"""Embeddable Gradio precision controls.
+
+Call :func:`precision_controls` inside your own ``gr.Blocks()``: it adds the
+float32-matmul-precision dropdown, a preset dropdown, per-component weight-type
+selectors, an attention-upcast checkbox, an "Initialize service" button and a
+status line, pre-filled from :func:`mixprec.resolve` (so environment variables
+and config files show up as defaults, with their source).
+
+Example:
+    >>> import gradio as gr
+    >>> with gr.Blocks() as demo:
+    ...     controls = precision_controls("ACE_STEP", lang="ja")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import gradio as gr
+
+import mixprec
+from mixprec.policy import PolicyError
+from mixprec.ui.i18n import check_language, t
+
+__all__ = [
+    "DTYPES",
+    "NO_PRESET",
+    "PrecisionControls",
+    "build_policy",
+    "default_matmul",
+    "defaults_message",
+    "initialize_service",
+    "matmul_info",
+    "preset_choices",
+    "precision_controls",
+]
+
+#: Weight storage types a component can be given.
+DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16")
+#: The preset dropdown value meaning "use the per-component types".
+NO_PRESET = "none"
+
+
+def default_matmul(app: str | None) -> tuple[str, str, str | None]:
+    """The float32 matmul precision that config files and the environment give.
+
+    Returns:
+        ``(value, source, error)``: the value and where it came from, or the
+        built-in default with the configuration error message when any source is invalid.
+    """
+    try:
+        resolved = mixprec.resolve(app)
+    except mixprec.ConfigError as exc:
+        return mixprec.MATMUL_LEVELS[0], "default", str(exc)
+    return resolved.numeric.matmul, str(resolved.source_of("float32_matmul_precision")), None
+
+
+def matmul_info(app: str | None, lang: str) -> str:
+    """The matmul dropdown's info text, naming the source of its default."""
+    return t("controls.matmul_info", lang, source=default_matmul(app)[1])
+
+
+def defaults_message(app: str | None, lang: str) -> str:
+    """The status text shown before anything was applied."""
+    value, source, error = default_matmul(app)
+    if error is not None:
+        return t("controls.error_resolve", lang, message=error)
+    return t("controls.status_defaults", lang, value=value, source=source)
+
+
+def preset_choices(lang: str) -> list[tuple[str, str]]:
+    """``(label, value)`` choices of the preset dropdown: "none" then every preset."""
+    return [(t("controls.preset_none", lang), NO_PRESET)] + [(name, name) for name in mixprec.PRESETS]
+
+
+def build_policy(
+    *,
+    preset: str | None = NO_PRESET,
+    upcast_attention: bool = False,
+    dtypes: Mapping[str, str] | None = None,
+    hints: Sequence[str] = (),
+) -> mixprec.Policy | None:
+    """The policy the controls describe, or ``None`` when everything stays fp32.
+
+    A preset wins over the per-component types; the attention upcast is added on top.
+
+    Args:
+        preset: a name of :data:`mixprec.PRESETS`, or :data:`NO_PRESET`.
+        upcast_attention: compute attention in fp32 in every component.
+        dtypes: component name -> storage type (one of :data:`DTYPES`).
+        hints: the pipeline's precision-sensitive module hints, for the preset.
+
+    Raises:
+        ValueError: for an unknown preset or storage type (``PolicyError`` is one).
+    """
+    dtypes = dict(dtypes or {})
+    preset = preset or NO_PRESET
+    if preset != NO_PRESET and preset not in mixprec.PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; valid: {', '.join((NO_PRESET, *mixprec.PRESETS))}")
+    for name, dtype in dtypes.items():
+        if dtype not in DTYPES:
+            raise PolicyError(f"component {name!r}: storage {dtype!r} is not one of {', '.join(DTYPES)}")
+    if preset != NO_PRESET:
+        base = mixprec.preset(preset, hints=tuple(hints))
+        rules = base.rules
+    else:
+        base = None
+        rules = tuple(mixprec.Rule(name, storage=dtype) for name, dtype in dtypes.items() if dtype != "fp32")
+    if upcast_attention:
+        rules = rules + tuple(mixprec.Rule(name, upcast_attention=True, optional=True) for name in dtypes or ("*",))
+    if not rules:
+        return None
+    if base is not None:
+        return mixprec.Policy(rules=rules, numerics=base.numerics, name=base.name)
+    return mixprec.Policy(rules=rules)
+
+
+def initialize_service(
+    app: str | None,
+    *,
+    matmul: str,
+    preset: str | None = NO_PRESET,
+    upcast_attention: bool = False,
+    dtypes: Mapping[str, str] | None = None,
+    lang: str = "en",
+) -> str:
+    """Validate the choices, then apply them with :func:`mixprec.init`.
+
+    Everything is validated before anything is applied: on an invalid value the
+    returned message explains it and torch's flags stay as they were.
+
+    Args:
+        app: the application's env-var prefix, passed to :func:`mixprec.init`.
+        matmul: float32 matmul precision (one of :data:`mixprec.MATMUL_LEVELS`).
+        preset, upcast_attention, dtypes: the model policy (see :func:`build_policy`).
+        lang: language of the returned message.
+
+    Returns:
+        Markdown: what was applied and from where, or the inline error.
+    """
+    check_language(lang)
+    try:
+        build_policy(preset=preset, upcast_attention=upcast_attention, dtypes=dtypes)
+    except ValueError as exc:
+        return t("controls.error_config", lang, message=str(exc))
+    if matmul not in mixprec.MATMUL_LEVELS:
+        return t("controls.error_choice", lang, value=matmul, field=t("controls.matmul_label", lang),
+                 choices=", ".join(mixprec.MATMUL_LEVELS))
+    try:
+        resolved = mixprec.init(app, matmul=matmul)
+    except mixprec.ConfigError as exc:
+        return t("controls.error_config", lang, message=str(exc))
+    state = mixprec.describe()
+    backends = ", ".join(f"`{name}`: {value}" for name, value in state["backends"].items())
+    lines = [t("controls.status_applied", lang), ""]
+    lines += [f"- {line}" for line in resolved.log_lines()]
+    lines += ["", t("controls.status_backends", lang, backends=backends)]
+    return "\n".join(lines)
+
+
+@dataclass
+class PrecisionControls:
+    """The components :func:`precision_controls` created, and their handler.
+
+    Attributes:
+        app: env-var prefix the defaults and :func:`mixprec.init` use.
+        lang: language of labels and messages.
+        matmul: float32 matmul precision dropdown (accepts typed values).
+        preset: preset dropdown (``"none"`` or a preset name).
+        upcast_attention: attention-upcast checkbox.
+        dtypes: component name -> storage-type dropdown (empty without a pipeline).
+        button: the "Initialize service" button.
+        status: Markdown showing defaults, what was applied, or an inline error.
+    """
+
+    app: str | None
+    lang: str
+    matmul: gr.Dropdown
+    preset: gr.Dropdown
+    upcast_attention: gr.Checkbox
+    button: gr.Button
+    status: gr.Markdown
+    heading: gr.Markdown | None = None
+    dtypes: dict[str, gr.Dropdown] = field(default_factory=dict)
+
+    @property
+    def inputs(self) -> list[gr.components.Component]:
+        """The handler's inputs in order: matmul, preset, upcast, then each dtype selector."""
+        return [self.matmul, self.preset, self.upcast_attention, *self.dtypes.values()]
+
+    def initialize(self, matmul: str, preset: str | None = NO_PRESET, upcast_attention: bool = False,
+                   *dtypes: str) -> str:
+        """Apply the chosen values (see :func:`initialize_service`); returns the status Markdown."""
+        return initialize_service(self.app, matmul=matmul, preset=preset, upcast_attention=upcast_attention,
+                                  dtypes=dict(zip(self.dtypes, dtypes)), lang=self.lang)
+
+    def initialize_in(self, lang: str, matmul: str, preset: str | None = NO_PRESET, upcast_attention: bool = False,
+                      *dtypes: str) -> str:
+        """Like :meth:`initialize`, with the message language given first."""
+        return initialize_service(self.app, matmul=matmul, preset=preset, upcast_attention=upcast_attention,
+                                  dtypes=dict(zip(self.dtypes, dtypes)), lang=lang)
+
+
+def precision_controls(
+    app: str | None = None, *, pipeline: Any = None, lang: str = "en", language: gr.components.Component | None = None
+) -> PrecisionControls:
+    """Create the precision controls in the enclosing ``gr.Blocks`` and wire the button.
+
+    Args:
+        app: the application's env-var prefix (``"ACE_STEP"`` reads
+            ``ACE_STEP_FLOAT32_MATMUL_PRECISION``); defaults come from :func:`mixprec.resolve`.
+        pipeline: a pipeline (anything with ``components``): adds one storage-type
+            selector per component.
+        lang: a code of :data:`mixprec.ui.i18n.LANGUAGES`.
+        language: a component holding the language code; when given, the
+            handler writes its messages in that component's current language.
+
+    Returns:
+        The created components; ``initialize`` is wired to the button.
+    """
+    check_language(lang)
+    value, _source, _error = default_matmul(app)
+    heading = gr.Markdown(t("controls.heading", lang))
+    with gr.Row():
+        matmul = gr.Dropdown(list(mixprec.MATMUL_LEVELS), value=value, allow_custom_value=True,
+                             label=t("controls.matmul_label", lang), info=matmul_info(app, lang),
+                             elem_id="matmul-precision")
+        preset = gr.Dropdown(preset_choices(lang), value=NO_PRESET, label=t("controls.preset_label", lang),
+                             info=t("controls.preset_info", lang), elem_id="preset")
+    dtypes: dict[str, gr.Dropdown] = {}
+    if pipeline is not None:
+        with gr.Row():
+            for name in pipeline.components:
+                dtypes[name] = gr.Dropdown(list(DTYPES), value="fp32", label=t("controls.dtype_label", lang, component=name),
+                                           info=t("controls.dtype_info", lang), elem_id=f"dtype-{name}")
+    upcast = gr.Checkbox(value=False, label=t("controls.upcast_label", lang), info=t("controls.upcast_info", lang),
+                         elem_id="upcast-attention")
+    button = gr.Button(t("controls.init_button", lang), variant="primary", elem_id="initialize")
+    status = gr.Markdown(defaults_message(app, lang), elem_id="init-status")
+    controls = PrecisionControls(app=app, lang=lang, matmul=matmul, preset=preset, upcast_attention=upcast,
+                                 button=button, status=status, heading=heading, dtypes=dtypes)
+    if language is None:
+        button.click(controls.initialize, inputs=controls.inputs, outputs=status)
+    else:
+        button.click(controls.initialize_in, inputs=[language, *controls.inputs], outputs=status)
+    return controls

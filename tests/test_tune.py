@@ -1,0 +1,199 @@
+"""mixprec.tune: bound grammar, group testing, search on a synthetic model, cache, worker."""
+
+from __future__ import annotations
+
+import math
+import random
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mixprec._search import minimal_sufficient, worst_case
+from mixprec.bench.store import Store
+from mixprec.policy import Policy
+from mixprec.tune import METRICS, Bound, InProcessEvaluator, WorkerEvaluator, parse_bound, render_tune_html, tune
+
+N_BLOCKS = 64
+SENSITIVE = (7, 30, 51)
+
+
+class CenteredLinear(nn.Linear):
+    """A Linear that centres its input: its large constant weight offset cancels in fp32 only."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x - x.mean(-1, keepdim=True), self.weight, self.bias)
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, sensitive: bool):
+        super().__init__()
+        self.fc1 = nn.Linear(width, 2 * width)
+        self.fc2 = (CenteredLinear if sensitive else nn.Linear)(2 * width, width)
+        with torch.no_grad():
+            self.fc2.weight.mul_(0.3)
+            if sensitive:  # +64 on every weight: exact no-op on centred input, ~2**-3 rounding noise in bf16
+                self.fc2.weight.add_(64.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*[Block(32, i in SENSITIVE) for i in range(N_BLOCKS)]).eval()
+
+
+def _inputs(seed: int) -> torch.Tensor:
+    return torch.randn(4, 32, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+    model = _model()
+    return InProcessEvaluator(model, _inputs, model, seeds=(0, 1), repeat=1, name="synthetic-64")
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+# -- bounds -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("sqnr>=30", Bound("sqnr", ">=", 30.0)),
+    (" SNR > 25.5 ", Bound("snr", ">", 25.5)),
+    ("rel_err<=1e-2", Bound("rel_err", "<=", 0.01)),
+    ("token_agreement>=0.99", Bound("token_agreement", ">=", 0.99)),
+    ("max_abs_err < .5", Bound("max_abs_err", "<", 0.5)),
+])
+def test_parse_bound_valid(text, expected):
+    assert parse_bound(text) == expected
+
+
+@pytest.mark.parametrize("text", ["sqnr", "sqnr=>30", "loudness>=3", "sqnr>=abc", "", "30<=sqnr"])
+def test_parse_bound_invalid_lists_grammar_and_metrics(text):
+    with pytest.raises(ValueError) as info:
+        parse_bound(text)
+    message = str(info.value)
+    assert repr(text) in message and "<metric> <op> <number>" in message
+    assert all(metric in message for metric in METRICS)
+
+
+def test_bound_direction():
+    high, low = parse_bound("sqnr>=30"), parse_bound("rel_err<0.1")
+    assert high.met({"sqnr_db": 31}) and not high.met({"sqnr_db": 29}) and high.miss({"sqnr_db": 25}) == 5
+    assert low.met({"rel_err": 0.05}) and not low.met({"rel_err": 0.1}) and low.miss({"rel_err": 0.3}) == pytest.approx(0.2)
+    assert not high.met({"sqnr_db": math.nan}) and high.miss({}) == math.inf
+
+
+def test_worst_case_over_seeds():
+    worst = worst_case([{"sqnr_db": 40.0, "rel_err": 0.01}, {"sqnr_db": 35.0, "rel_err": 0.02}])
+    assert worst == {"sqnr_db": 35.0, "rel_err": 0.02}
+
+
+# -- group testing ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_minimal_sufficient_without_a_useful_prior(seed):
+    rng = random.Random(seed)
+    units = [f"m{i}" for i in range(64)]
+    rng.shuffle(units)
+    needed = set(rng.sample(units, 3))
+    calls = []
+
+    def suffices(keep):
+        calls.append(keep)
+        return needed <= keep
+
+    assert set(minimal_sufficient(units, suffices)) == needed
+    assert len(calls) <= 2 * 3 * math.log2(64 / 3) + 2 * 3  # adaptive group testing: ~2 k log2(n / k)
+
+
+def test_minimal_sufficient_with_a_good_prior_is_cheap():
+    units = [f"m{i}" for i in range(64)]
+    calls = []
+
+    def suffices(keep):
+        calls.append(keep)
+        return {"m0", "m1", "m2"} <= keep
+
+    assert minimal_sufficient(units, suffices) == ["m0", "m1", "m2"]
+    assert len(calls) <= 8
+
+
+# -- synthetic search ---------------------------------------------------------------------------
+
+
+def test_tune_finds_the_three_sensitive_modules(evaluator):
+    result = tune("synthetic", "sqnr>=30", evaluator=evaluator, objective="memory", dtypes=("bf16",),
+                  local_search=False)
+    assert result.met
+    assert sorted(result.keep_fp32) == sorted(f"{i}.fc2" for i in SENSITIVE)
+    assert result.evaluations <= 16  # baseline + 2 starts + ~7 group tests with the profile prior (limit: 40)
+    assert result.chosen.evaluation.quality["sqnr_db"] >= 30
+    assert result.policy.name == "tuned" and all(rule.reason for rule in result.policy.rules)
+    assert Policy.from_toml(result.to_toml()) == result.policy
+    assert [c.step for c in result.path[:2]] == ["baseline fp32", "all-bf16"]
+    html = render_tune_html(result)
+    assert html.startswith("<!doctype html>") and "data:image/png;base64," in html
+
+
+def test_frontier_is_not_dominated(evaluator):
+    result = tune("synthetic", "sqnr>=30", evaluator=evaluator, dtypes=("bf16",), budget=20)
+    assert result.frontier and result.evaluations <= 20
+
+    def vector(c):
+        return (c.evaluation.latency_s, c.evaluation.memory_bytes, -result.bound.score(c.evaluation.quality))
+
+    for f in result.frontier:
+        for other in result.path:
+            a, b = vector(other), vector(f)
+            assert not (all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b)))
+
+
+def test_store_cache_reused(evaluator, tmp_path):
+    kwargs = dict(evaluator=evaluator, objective="memory", dtypes=("bf16",), local_search=False)
+    with Store(tmp_path / "tune.db") as store:
+        first = tune("synthetic", "sqnr>=30", store=store, **kwargs)
+    with Store(tmp_path / "tune.db") as store:
+        second = tune("synthetic", "sqnr>=30", store=store, **kwargs)
+    assert first.evaluations > 0 and second.evaluations == 0
+    assert second.cached >= first.evaluations
+    assert second.keep_fp32 == first.keep_fp32
+
+
+def test_budget_too_small_names_the_number(evaluator):
+    with pytest.raises(ValueError, match=r"budget=3 .* at least 10 evaluations"):
+        tune("synthetic", "sqnr>=30", evaluator=evaluator, budget=3, dtypes=("bf16",))
+
+
+def test_unmeetable_bound_reports_closest(evaluator):
+    progress = []
+    result = tune("synthetic", "cosine>1.5", evaluator=evaluator, dtypes=("bf16",), budget=12,
+                  progress=lambda done, budget, best: progress.append((done, budget, best)))
+    assert not result.met and result.closest is not None
+    assert result.miss == pytest.approx(0.5)
+    assert progress and progress[-1][1] == 12 and progress[-1][2] is None
+
+
+# -- worker -------------------------------------------------------------------------------------
+
+
+def test_worker_evaluator_smoke():
+    with WorkerEvaluator("minilm", "test", seeds=(0,), repeat=1, timeout=300) as ev:
+        result = tune("minilm", "cosine>=0.99", evaluator=ev, dtypes=("bf16",), budget=12, local_search=False)
+    assert result.evaluations <= 12 and result.path[0].evaluation.quality["cosine"] == pytest.approx(1.0)
+    assert result.met
+
+
+def test_bound_on_a_metric_the_target_lacks(evaluator):
+    with pytest.raises(ValueError, match=r"psnr_db.*metrics available here: sqnr, cosine, rel_err, max_abs_err"):
+        tune("synthetic", "psnr>=30", evaluator=evaluator, dtypes=("bf16",))

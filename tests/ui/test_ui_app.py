@@ -1,0 +1,89 @@
+"""The UI's handlers, called directly (no browser)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+gr = pytest.importorskip("gradio")
+
+from mixprec.ui import app as ui_app  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tts_run():
+    return ui_app.run_comparison("tts", "test", "fast", False, [], lang="en")
+
+
+def test_run_tts_returns_audio_and_figures(tts_run):
+    assert tts_run["kind"] == "audio"
+    for key in ("fp32", "mixed"):
+        rate, wave = tts_run[key]
+        assert rate == 24000 and wave.ndim == 1 and wave.size > 0
+    fp32_bytes, mixed_bytes = tts_run["weight_bytes"]
+    assert mixed_bytes < fp32_bytes
+    assert all(s > 0 for s in tts_run["latency_s"])
+    assert tts_run["quality"]["snr_db"] > 20
+    figures = tts_run["figures"]
+    assert "fp32 reference" in figures and "fast" in figures and "SNR" in figures
+
+
+def test_run_reuses_session_cache(tts_run):
+    cache = tts_run["cache"]
+    again = ui_app.run_comparison("tts", "test", "none", False, ["bf16"], lang="he", cache=cache)
+    assert again["cache"][("tts", "test")] is cache[("tts", "test")]
+    assert "סוגים לפי רכיב" in again["figures"]
+
+
+def test_benchmark_listing_of_missing_store(tmp_path):
+    text, choices = ui_app.list_runs(str(tmp_path / "none.sqlite"), lang="ja")
+    assert choices == [] and "none.sqlite" in text
+    assert not (tmp_path / "none.sqlite").exists()
+    assert "先に" in ui_app.show_run(None, None, lang="ja")
+
+
+def test_build_app_in_every_language():
+    for lang in ("en", "zh", "ja", "he"):
+        assert isinstance(ui_app.build_app(lang), gr.Blocks)
+    with pytest.raises(ValueError):
+        ui_app.build_app("xx")
+
+
+def test_non_loopback_host_warns(monkeypatch):
+    calls = []
+    monkeypatch.setattr(gr.Blocks, "launch", lambda self, **kw: calls.append(kw))
+    with pytest.warns(UserWarning, match="0.0.0.0"):
+        ui_app.launch(host="0.0.0.0", port=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ui_app.launch(port=2)
+    assert calls[-1]["server_name"] == "127.0.0.1"
+
+
+def test_benchmark_listing_and_report(tmp_path):
+    from mixprec.bench.store import Store
+
+    path = tmp_path / "bench.sqlite"
+    with Store(path) as store:
+        run_id = store.start_run(pipeline="tts", size="test", machine={"cpu": "test"}, fingerprint="x",
+                                 versions={"torch": "2"}, notes=[])
+        for position, name in enumerate(("fp32", "fast")):
+            config_id = store.add_config(run_id, position=position, name=name, batch=1)
+            for index, seconds in enumerate((0.5, 0.4)):
+                store.add_sample(config_id, index, seconds)
+            store.finish_config(config_id, status="ok", metrics={"latency_s": 0.45, "sqnr_db": 40.0})
+        store.finish_run(run_id)
+    text, choices = ui_app.list_runs(str(path), lang="zh")
+    assert [value for _, value in choices] == [run_id]
+    assert "流水线" in text and "tts" in text
+    frame = ui_app.show_run(str(path), run_id, lang="zh")
+    assert frame.startswith('<iframe id="bench-report-frame" srcdoc="') and "fast" in frame
+
+
+def test_diagnose_table_and_rules(tts_run):
+    summary, table, toml_text, cache = ui_app.diagnose("tts", "test", "fast", lang="en", cache=tts_run["cache"])
+    assert "modules are risky" in summary
+    assert '<table id="diagnose-profile">' in table and "<th>Own SQNR (dB)</th>" in table
+    assert isinstance(toml_text, str)
+    assert ("tts", "test") in cache

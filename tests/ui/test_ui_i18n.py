@@ -1,0 +1,111 @@
+"""Locale files are complete, and the UI code shows no text that bypasses them."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("gradio")
+
+from mixprec.ui import i18n  # noqa: E402
+
+UI_DIR = Path(i18n.__file__).parent
+LOCALES = UI_DIR / "locales"
+#: Keyword arguments whose string value is shown to the user.
+VISIBLE_KEYWORDS = {"label", "info", "title", "placeholder"}
+#: Components whose first argument or ``value=`` is visible text.
+TEXT_COMPONENTS = {"Tab", "TabItem", "Button", "Markdown", "HTML", "Accordion"}
+
+
+def _load(lang: str) -> dict[str, str]:
+    return json.loads((LOCALES / f"{lang}.json").read_text("utf-8"))
+
+
+def test_locale_files_match_languages():
+    assert sorted(p.stem for p in LOCALES.glob("*.json")) == sorted(i18n.LANGUAGES)
+
+
+@pytest.mark.parametrize("lang", sorted(set(i18n.LANGUAGES) - {"en"}))
+def test_same_keys_as_english(lang):
+    en, other = _load("en"), _load(lang)
+    assert sorted(set(en) - set(other)) == [], "missing keys"
+    assert sorted(set(other) - set(en)) == [], "extra keys"
+
+
+@pytest.mark.parametrize("lang", sorted(i18n.LANGUAGES))
+def test_no_empty_strings_and_same_placeholders(lang):
+    import string
+
+    en, other = _load("en"), _load(lang)
+    for key, text in other.items():
+        assert isinstance(text, str) and text.strip(), key
+        fields = {f for _, f, _, _ in string.Formatter().parse(text) if f}
+        want = {f for _, f, _, _ in string.Formatter().parse(en[key]) if f}
+        assert fields == want, key
+
+
+@pytest.mark.parametrize("lang", ["zh", "ja", "he"])
+def test_translations_are_translated(lang):
+    en, other = _load("en"), _load(lang)
+    same = [k for k in en if en[k] == other[k] and k not in {"bench.col_id"}]
+    assert same == []
+
+
+def test_t_formats_and_direction():
+    assert i18n.t("bench.none", "en", path="x.sqlite") == "No runs found in x.sqlite."
+    assert i18n.direction("he") == "rtl"
+    assert {i18n.direction(code) for code in ("en", "zh", "ja")} == {"ltr"}
+    with pytest.raises(ValueError):
+        i18n.t("tab.run", "fr")
+
+
+def _is_text(node: ast.AST | None) -> bool:
+    """A literal that would reach the screen: a non-empty string or an f-string."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str) and bool(node.value.strip())
+    return isinstance(node, ast.JoinedStr)
+
+
+def visible_literals(source: str) -> list[str]:
+    """Places in ``source`` where a Gradio call (``gr.X(...)``) gets literal visible text."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if not (isinstance(func, ast.Attribute) and getattr(func.value, "id", "") == "gr"):
+            continue
+        name = func.attr
+        for kw in node.keywords:
+            visible = kw.arg in VISIBLE_KEYWORDS or (kw.arg == "value" and name in TEXT_COMPONENTS)
+            if visible and _is_text(kw.value):
+                found.append(f"line {node.lineno}: {name}({kw.arg}=...)")
+        if name in TEXT_COMPONENTS and node.args and _is_text(node.args[0]):
+            found.append(f"line {node.lineno}: {name}(<literal>)")
+    return found
+
+
+def used_keys(source: str) -> set[str]:
+    keys = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "t" and node.args:
+            if isinstance(node.args[0], ast.Constant):
+                keys.add(node.args[0].value)
+    return keys
+
+
+def test_checker_catches_literals():
+    bad = 'import gradio as gr\ngr.Button("Run")\ngr.Dropdown([], label="Pick")\ngr.Markdown(value=f"x{1}")\ngr.Tab("Run")\n'
+    assert len(visible_literals(bad)) == 4
+    good = 'gr.Button(t("run.button", lang))\ngr.Dropdown([], label=t("run.size_label", lang), value="fp32")\n'
+    assert visible_literals(good) == []
+
+
+@pytest.mark.parametrize("module", ["controls.py", "app.py"])
+def test_ui_code_has_no_visible_literals(module):
+    source = (UI_DIR / module).read_text("utf-8")
+    assert visible_literals(source) == []
+    assert used_keys(source) - set(_load("en")) == set(), "t() with a key no locale defines"
