@@ -22,7 +22,7 @@ from pathlib import Path
 
 import mixprec
 from mixprec import hardware, pipelines
-from mixprec.tune import WorkerEvaluator, parse_bound, render_tune_html, tune
+from mixprec._tune import WorkerEvaluator, parse_bound, render_tune_html, tune
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ from torch import nn
 from mixprec._search import minimal_sufficient, worst_case
 from mixprec.bench.store import Store
 from mixprec.policy import Policy
-from mixprec.tune import METRICS, Bound, InProcessEvaluator, WorkerEvaluator, parse_bound, render_tune_html, tune
+from mixprec._tune import METRICS, Bound, InProcessEvaluator, WorkerEvaluator, parse_bound, render_tune_html, tune
 
 N_BLOCKS = 64
 SENSITIVE = (7, 30, 51)
@@ -178,7 +178,7 @@ def test_budget_too_small_names_the_number(evaluator):
 def test_unmeetable_bound_reports_closest(evaluator):
     progress = []
     result = tune("synthetic", "cosine>1.5", evaluator=evaluator, dtypes=("bf16",), budget=12,
-                  progress=lambda done, budget, best: progress.append((done, budget, best)))
+                  progress=lambda p: progress.append((p.evaluations, p.budget, p.best)))
     assert not result.met and result.closest is not None
     assert result.miss == pytest.approx(0.5)
     assert progress and progress[-1][1] == 12 and progress[-1][2] is None

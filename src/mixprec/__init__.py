@@ -10,6 +10,7 @@ Example:
     ...     ...                             # TF32 / oneDNN fast paths inside only
     >>> with mixprec.apply(model, mixprec.preset("fast")):
     ...     ...                             # bf16 weights where the probe measured bf16 fast
+    >>> mixprec.tune("tts", "snr>=30").policy.save("tuned.toml")  # fastest policy meeting a bound
 """
 
 from mixprec import hardware, presets
@@ -20,6 +21,7 @@ from mixprec.backends import apply_settings as apply_numerics
 from mixprec.config import ConfigError, Resolved, resolve
 from mixprec._profile import Profile, profile
 from mixprec._guard import FallbackStore, Guard, NonFiniteError, OverflowReport, guard
+from mixprec._tune import Bound, TuneResult, parse_bound, tune
 from mixprec.policy import Policy, PolicyError, Rule
 from mixprec.presets import PRESETS, preset
 from mixprec.settings import MATMUL_LEVELS, NumericSettings
@@ -34,6 +36,10 @@ __all__ = [
     "guard",
     "Profile",
     "profile",
+    "Bound",
+    "TuneResult",
+    "parse_bound",
+    "tune",
     "Applied",
     "ApplyError",
     "PRESETS",

@@ -16,7 +16,6 @@ a :class:`Search`, which memoises and optionally stores every measurement.
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import hashlib
 import json
 import math
@@ -35,7 +34,7 @@ from mixprec.settings import MATMUL_LEVELS, NumericSettings
 
 __all__ = [
     "LOWER_IS_BETTER", "METRICS", "Session", "worst_case", "weight_units", "risk_order", "minimal_sufficient",
-    "Evaluation", "Candidate", "BudgetExhausted", "Config", "Search", "run_search", "improve_locally", "frontier",
+    "Evaluation", "Candidate", "BudgetExhausted", "Config", "Search", "TuneProgress", "run_search", "improve_locally", "frontier",
     "serve_tune",
 ]
 
@@ -305,6 +304,25 @@ class Config:
         return Policy(tuple(rules), numerics, name=name)
 
 
+@dataclass
+class TuneProgress:
+    """What a tune run's ``progress`` callback receives after each candidate.
+
+    Attributes:
+        evaluations: measured evaluations so far (cache hits are free).
+        budget: the evaluation budget (``None``: unlimited).
+        latest: the candidate just evaluated.
+        best: the best candidate meeting the bound so far, if any.
+        path: every candidate so far, in order (read-only).
+    """
+
+    evaluations: int
+    budget: int | None
+    latest: Candidate
+    best: Candidate | None
+    path: list[Candidate]
+
+
 class Search:
     """Measure configurations: memoised by canonical policy JSON, optionally stored, budgeted.
 
@@ -314,21 +332,21 @@ class Search:
         objective: ``latency`` or ``memory``.
         budget: most measured evaluations (``None``: unlimited).
         store: a :class:`mixprec.bench.store.Store` or ``None``.
-        progress: ``progress(evaluations_done, budget, best_latency)``.
+        progress: called with a :class:`TuneProgress` after each candidate.
         hw_key: the machine fingerprint, part of every store key.
+        should_stop: checked before each measurement; when true the search stops
+            (:class:`BudgetExhausted` with ``cancelled`` set).
     """
 
     def __init__(self, evaluator: Any, bound: Any, objective: str, budget: int | None, store: Any,
-                 progress: Callable[[int, int | None, float | None], None] | None, hw_key: str):
+                 progress: Callable[[TuneProgress], None] | None, hw_key: str,
+                 should_stop: Callable[[], bool] | None = None):
         self.evaluator, self.bound, self.objective, self.budget = evaluator, bound, objective, budget
-        self.store, self.progress, self.hw_key = store, progress, hw_key
+        self.store, self.progress, self.hw_key, self.should_stop = store, progress, hw_key, should_stop
         self.memo: dict[str, Evaluation] = {}
         self.path: list[Candidate] = []
         self.measured = self.cached = 0
-        if store is not None:
-            store._conn.execute("CREATE TABLE IF NOT EXISTS tune_evals (key TEXT PRIMARY KEY, pipeline TEXT, policy_json TEXT, "
-                                "latency REAL, memory REAL, quality_json TEXT, created TEXT)")
-            store._conn.commit()
+        self.cancelled = False
 
     def _key(self, canonical: str) -> str:
         raw = f"{self.evaluator.cache_key}|{self.hw_key}|{canonical}"
@@ -339,40 +357,41 @@ class Search:
             return self.memo[canonical]
         if self.store is None:
             return None
-        row = self.store._conn.execute("SELECT latency, memory, quality_json FROM tune_evals WHERE key = ?",
-                                       (self._key(canonical),)).fetchone()
+        row = self.store.get_tune_eval(self._key(canonical))
         if row is None:
             return None
-        return Evaluation(float(row[0]), float(row[1]), {k: float(v) for k, v in json.loads(row[2]).items()})
+        return Evaluation(float(row["latency"]), float(row["memory"]), {k: float(v) for k, v in row["quality"].items()})
 
-    def _save(self, canonical: str, ev: Evaluation) -> None:
+    def _save(self, canonical: str, policy: Policy, ev: Evaluation) -> None:
         self.memo[canonical] = ev
         if self.store is not None:
-            self.store._conn.execute(
-                "INSERT OR REPLACE INTO tune_evals VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (self._key(canonical), self.evaluator.cache_key, canonical, ev.latency_s, ev.memory_bytes,
-                 json.dumps(ev.quality), _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")))
-            self.store._conn.commit()
+            self.store.put_tune_eval(self._key(canonical), target=self.evaluator.cache_key, policy=policy.to_dict(),
+                                     latency=ev.latency_s, memory=ev.memory_bytes, quality=ev.quality)
 
     def evaluate(self, config: Config, step: str) -> Candidate:
-        policy = config.policy()
-        canonical = json.dumps(policy.to_dict(), sort_keys=True)
+        return self.evaluate_policy(config.policy(), step)
+
+    def evaluate_policy(self, policy: Policy, step: str) -> Candidate:
+        """Measure ``policy`` (or reuse an earlier measurement) and append it to the path."""
+        canonical = json.dumps(dataclasses.replace(policy, name="candidate").to_dict(), sort_keys=True)
         ev = self._lookup(canonical)
         cached = ev is not None
         if ev is None:
+            if self.should_stop is not None and self.should_stop():
+                self.cancelled = True
+                raise BudgetExhausted("cancelled")
             if self.budget is not None and self.measured >= self.budget:
                 raise BudgetExhausted
             ev = self.evaluator.evaluate(policy)
             self.measured += 1
-            self._save(canonical, ev)
+            self._save(canonical, policy, ev)
         else:
             self.cached += 1
             self.memo[canonical] = ev
         cand = Candidate(len(self.path), step, policy, ev, self.bound.met(ev.quality), self.bound.miss(ev.quality), cached)
         self.path.append(cand)
         if self.progress is not None:
-            best = self.best()
-            self.progress(self.measured, self.budget, best.evaluation.latency_s if best is not None else None)
+            self.progress(TuneProgress(self.measured, self.budget, cand, self.best(), self.path))
         return cand
 
     def cost(self, cand: Candidate) -> tuple[float, float]:
@@ -385,8 +404,8 @@ class Search:
 
 
 def run_search(search: Search, evaluator: Any, fast: list[str], notes: list[str], local_search: bool,
-               improvement: float) -> None:
-    """Baseline, all-16-bit start(s), keep-fp32 bisection if needed, then local search.
+               improvement: float, presets: Sequence[tuple[str, Policy]] = ()) -> None:
+    """Baseline, all-16-bit start(s), the presets, keep-fp32 bisection if needed, then local search.
 
     Every candidate lands on ``search.path``; remarks are appended to ``notes``.
     Raises :class:`BudgetExhausted` when the budget runs out.
@@ -402,6 +421,8 @@ def run_search(search: Search, evaluator: Any, fast: list[str], notes: list[str]
     start_cands = [(cfg, search.evaluate(cfg, f"all-{cfg.base}" + (f" compute {cfg.compute}" if cfg.compute else "")))
                    for cfg in starts]
     config, cand = min(start_cands, key=lambda p: (not p[1].met, p[1].miss, search.cost(p[1])))
+    for name, policy in presets:  # candidates too: the result is never worse than a measured preset
+        search.evaluate_policy(policy, f"preset {name}")
     if not baseline.met:
         notes.append("the fp32 baseline itself misses the bound: nothing to keep fp32 can meet it")
         return
@@ -511,6 +532,7 @@ def serve_tune(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - ru
     pipe = pipelines.get(job["pipeline"], size=job["size"], seed=0)
     batch = int(job.get("batch", 1))
     conn.send(("ready", {"output_kind": pipe.output_kind, "components": list(pipe.components),
+                         "sensitive": [str(h) for h in pipe.sensitive],
                          "units": weight_units(pipe.components), "pid": __import__("os").getpid()}))
     session: Session | None = None
     while True:

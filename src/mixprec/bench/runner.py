@@ -25,7 +25,7 @@ from mixprec.bench.store import Store
 from mixprec.bench.worker import Executor, LocalProcessExecutor, WorkerError, WorkerTimeout, job_for
 from mixprec.hardware import Hardware
 
-__all__ = ["BenchOptions", "run_bench", "machine_fingerprint"]
+__all__ = ["BenchOptions", "BenchCancelled", "run_bench", "machine_fingerprint"]
 
 LOAD_TIMEOUT_S = 600.0
 
@@ -58,6 +58,10 @@ class BenchOptions:
     device: str = "cpu"
     notes: list[str] = field(default_factory=list)
     command: str = ""
+
+
+class BenchCancelled(Exception):
+    """Raised between worker steps when ``should_stop()`` turns true; caught by :func:`run_bench`."""
 
 
 def machine_fingerprint(hw: Hardware) -> str:
@@ -123,15 +127,24 @@ def run_bench(
     *,
     executor: Executor | None = None,
     progress: Callable[[str, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> int:
     """Measure every configuration and batch size; returns the run id in ``store``.
 
-    ``progress(description, steps_done)`` is called after each worker step. On
-    ``KeyboardInterrupt`` what was measured is kept, metrics are computed from it, and
-    the run stays ``incomplete``.
+    ``progress(description, steps_done)`` is called after each worker step. When
+    ``should_stop()`` turns true (checked after each step) the workers are stopped, what
+    was measured is kept with metrics computed from it, and the run is stored as
+    ``cancelled``. On ``KeyboardInterrupt`` the same happens, the run stays
+    ``incomplete`` and the interrupt propagates.
     """
     executor = executor or LocalProcessExecutor()
-    step = progress or (lambda description, n: None)
+
+    def step(description: str, n: int) -> None:
+        if progress is not None:
+            progress(description, n)
+        if should_stop is not None and should_stop():
+            raise BenchCancelled(description)
+
     run_id = store.start_run(pipeline=options.pipeline, size=options.size, machine=hardware.to_dict(),
                              fingerprint=machine_fingerprint(hardware), versions=_versions(), notes=options.notes,
                              command=options.command)
@@ -139,6 +152,8 @@ def run_bench(
     try:
         for batch in options.batches:
             _run_batch(options, batch, hardware, store, run_id, executor, step)
+    except BenchCancelled:
+        status = "cancelled"
     except KeyboardInterrupt:
         status = "incomplete"
         raise

@@ -74,6 +74,31 @@ MIGRATIONS: tuple[str, ...] = (
         data_json TEXT NOT NULL
     );
     """,
+    # 3: autotuner measurements (reused across tune runs) and tune runs
+    """
+    CREATE TABLE tune_evals (
+        key TEXT PRIMARY KEY,
+        target TEXT NOT NULL,
+        policy_json TEXT NOT NULL,
+        latency REAL NOT NULL,
+        memory REAL NOT NULL,
+        quality_json TEXT NOT NULL,
+        created TEXT NOT NULL
+    );
+    CREATE TABLE tune_runs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        started TEXT NOT NULL,
+        pipeline TEXT NOT NULL,
+        bound TEXT NOT NULL,
+        objective TEXT NOT NULL,
+        met INTEGER NOT NULL,
+        evaluations INTEGER NOT NULL,
+        cached INTEGER NOT NULL,
+        wall_s REAL NOT NULL,
+        policy_toml TEXT NOT NULL,
+        result_json TEXT NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -213,6 +238,46 @@ class Store:
         with self._tx() as db:
             db.executemany("INSERT INTO profile_rows(run_id, config, module, data_json) VALUES (?, ?, ?, ?)",
                            [(run_id, config, r["module"], json.dumps(r)) for r in rows])
+
+    def put_tune_eval(self, key: str, *, target: str, policy: dict[str, Any], latency: float, memory: float,
+                      quality: dict[str, float]) -> None:
+        """Keep one autotuner measurement under ``key`` (target, seeds, machine and policy hashed)."""
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO tune_evals VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (key, target, json.dumps(policy, sort_keys=True), latency, memory, json.dumps(quality), _now()))
+
+    def get_tune_eval(self, key: str) -> dict[str, Any] | None:
+        """An earlier autotuner measurement: ``latency``, ``memory`` and ``quality``, or ``None``."""
+        row = self._conn.execute("SELECT latency, memory, quality_json FROM tune_evals WHERE key=?", (key,)).fetchone()
+        if row is None:
+            return None
+        return {"latency": row[0], "memory": row[1], "quality": json.loads(row[2])}
+
+    def add_tune_run(self, *, pipeline: str, bound: str, objective: str, met: bool, evaluations: int, cached: int,
+                     wall_s: float, policy_toml: str, result: dict[str, Any]) -> int:
+        """Keep a finished tune run (chosen policy, frontier and path in ``result``); returns its id."""
+        with self._tx() as db:
+            cur = db.execute("INSERT INTO tune_runs(started, pipeline, bound, objective, met, evaluations, cached, wall_s, "
+                             "policy_toml, result_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             (_now(), pipeline, bound, objective, int(met), evaluations, cached, wall_s, policy_toml,
+                              json.dumps(result)))
+            return int(cur.lastrowid)
+
+    def tune_runs(self, limit: int = 50) -> list[dict[str, Any]]:
+        """Recent tune runs, newest first (without their results)."""
+        rows = self._conn.execute("SELECT id, started, pipeline, bound, objective, met, evaluations, cached, wall_s "
+                                  "FROM tune_runs ORDER BY id DESC LIMIT ?", (limit,))
+        return [dict(r) for r in rows]
+
+    def load_tune_run(self, run_id: int) -> dict[str, Any]:
+        """One tune run with its ``policy_toml`` and ``result``."""
+        row = self._conn.execute("SELECT * FROM tune_runs WHERE id=?", (run_id,)).fetchone()
+        if row is None:
+            known = [r["id"] for r in self.tune_runs(10)]
+            raise StoreError(f"no tune run {run_id} in {self.path}; recent tune runs: {', '.join(map(str, known)) or 'none'}")
+        out = dict(row)
+        out["result"] = json.loads(out.pop("result_json"))
+        return out
 
     # -- reading -----------------------------------------------------------------------
     def runs(self, limit: int = 50) -> list[dict[str, Any]]:

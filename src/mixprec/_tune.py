@@ -9,8 +9,8 @@ measured end to end by an *evaluator*: :class:`InProcessEvaluator` (any module) 
 :class:`WorkerEvaluator` (a registered pipeline in one long-lived worker process).
 
 Example:
-    >>> from mixprec.tune import tune
-    >>> result = tune("tts", "snr>=30", budget=40)
+    >>> import mixprec
+    >>> result = mixprec.tune("tts", "snr>=30", budget=40)
     >>> result.policy.save("tuned.toml")
 """
 
@@ -24,14 +24,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
-from mixprec._search import (METRICS, BudgetExhausted, Candidate, Evaluation, Search, Session, frontier, run_search,
-                             weight_units)
+from mixprec._search import (METRICS, BudgetExhausted, Candidate, Evaluation, Search, Session, TuneProgress, frontier,
+                             run_search, weight_units)
 from mixprec.hardware import Hardware
 from mixprec.policy import Policy
+from mixprec.presets import PRESETS, preset
 
 __all__ = [
     "METRICS", "Bound", "parse_bound", "Evaluation", "Evaluator", "InProcessEvaluator", "WorkerEvaluator",
-    "Candidate", "TuneResult", "tune", "render_tune_html",
+    "Candidate", "TuneProgress", "TuneResult", "tune", "render_tune_html",
 ]
 
 _GRAMMAR = "'<metric> <op> <number>' with op one of >=, >, <=, <"
@@ -229,6 +230,10 @@ class WorkerEvaluator:
     def units(self) -> list[str]:
         return list(self.ready["units"])
 
+    def sensitive(self) -> list[str]:
+        """The pipeline's precision-sensitive module hints (for the presets)."""
+        return list(self.ready.get("sensitive", []))
+
     def close(self) -> None:
         """Stop the worker process."""
         self._worker.close()
@@ -286,6 +291,14 @@ class TuneResult:
         """The chosen policy as TOML."""
         return self.policy.to_toml()
 
+    def to_dict(self) -> dict[str, Any]:
+        """Everything as plain data (what the benchmark store keeps and ``--json`` prints)."""
+        return {"bound": str(self.bound), "objective": self.objective, "met": self.met, "miss": self.miss,
+                "chosen": self.chosen.index, "closest": self.closest.index if self.closest is not None else None,
+                "frontier": [c.index for c in self.frontier], "evaluations": self.evaluations, "cached": self.cached,
+                "wall_s": self.wall_s, "notes": list(self.notes), "policy": self.policy.to_dict(),
+                "path": [c.to_dict() for c in self.path]}
+
 
 def _needed(units: int) -> int:
     return 2 + math.ceil(math.log2(max(2, units))) + 1
@@ -300,7 +313,9 @@ def tune(
     seeds: Sequence[int] = (0, 1),
     evaluator: Evaluator | None = None,
     store: Any = None,
-    progress: Callable[[int, int | None, float | None], None] | None = None,
+    progress: Callable[[TuneProgress], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    presets: Sequence[str] | None = None,
     size: str = "default",
     repeat: int = 3,
     hardware: Hardware | None = None,
@@ -319,7 +334,12 @@ def tune(
         seeds: quality seeds (worst case over them) for the default evaluator.
         evaluator: how to measure; default ``WorkerEvaluator(pipeline, size, seeds, repeat)``.
         store: a :class:`mixprec.bench.store.Store` to reuse and keep measurements.
-        progress: ``progress(evaluations_done, budget, best_latency)`` after each step.
+        progress: called with a :class:`TuneProgress` after each candidate.
+        should_stop: checked before each measurement; when it returns true the
+            search stops and the result holds what was measured (a note says so).
+        presets: presets measured as candidates too, so the result is never worse
+            than a measured preset; default: every preset when ``pipeline`` is a
+            registered pipeline measured by the default evaluator, none otherwise.
         size: pipeline size for the default evaluator.
         repeat: timed runs per evaluation for the default evaluator.
         hardware: the probed device (default :func:`mixprec.hardware.probe`).
@@ -357,18 +377,45 @@ def tune(
         evaluator = WorkerEvaluator(str(getattr(pipeline, "name", pipeline)), size, seeds=seeds, repeat=repeat)
     try:
         units = evaluator.units()
-        if budget is not None and budget < _needed(len(units)):
+        names = list(PRESETS) if presets is None and owned else list(presets or ())
+        for name in names:
+            if name not in PRESETS:
+                raise ValueError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
+        hints = tuple(evaluator.sensitive()) if hasattr(evaluator, "sensitive") else ()
+        preset_policies = [(name, preset(name, hardware=hw, hints=hints)) for name in names]
+        needed = _needed(len(units)) + len(preset_policies)
+        if budget is not None and budget < needed:
             raise ValueError(f"budget={budget} is too small for one pass over {len(units)} modules: it needs at least "
-                             f"{_needed(len(units))} evaluations (baseline + all-16-bit + a bisection pass)")
-        search = Search(evaluator, bound, objective, budget, store, progress, machine_fingerprint(hw))
+                             f"{needed} evaluations (baseline + all-16-bit + {len(preset_policies)} presets + a bisection pass)")
+        search = Search(evaluator, bound, objective, budget, store, progress, machine_fingerprint(hw), should_stop)
         try:
-            run_search(search, evaluator, fast, notes, local_search, improvement)
+            run_search(search, evaluator, fast, notes, local_search, improvement, preset_policies)
         except BudgetExhausted:
-            notes.append(f"budget of {budget} evaluations exhausted")
+            notes.append("stopped on request; the result holds what was measured" if search.cancelled
+                         else f"budget of {budget} evaluations exhausted")
     finally:
         if owned:
             evaluator.close()
-    return _result(search, bound, objective, notes, time.perf_counter() - start)
+    if not search.path:
+        raise ValueError("the search was stopped before its first evaluation; nothing was measured")
+    result = _result(search, bound, objective, notes, time.perf_counter() - start)
+    if store is not None:
+        label = str(getattr(pipeline, "name", pipeline))
+        store.add_tune_run(pipeline=label, bound=str(bound), objective=objective, met=result.met,
+                           evaluations=result.evaluations, cached=result.cached, wall_s=result.wall_s,
+                           policy_toml=result.to_toml(), result=_jsonable(result.to_dict()))
+    return result
+
+
+def _jsonable(value: Any) -> Any:
+    """Infinities and NaN as strings, so the stored JSON is standard."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
 
 
 def _result(search: Search, bound: Bound, objective: str, notes: list[str], wall_s: float) -> TuneResult:
