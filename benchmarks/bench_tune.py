@@ -44,9 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     hw = hardware.probe()
     start = time.perf_counter()
 
-    def progress(done: int, budget: int | None, best: float | None) -> None:
-        best_text = f"{best * 1e3:.0f} ms" if best is not None else "none yet"
-        print(f"  evaluation {done}/{budget}: best meeting the bound {best_text}", file=sys.stderr, flush=True)
+    def progress(event) -> None:
+        best = event.best
+        best_text = f"{best.evaluation.latency_s * 1e3:.0f} ms" if best is not None else "none yet"
+        print(f"  evaluation {event.evaluations}/{event.budget} ({event.latest.step}): best meeting the bound {best_text}",
+              file=sys.stderr, flush=True)
 
     result = tune(args.pipeline, bound, objective=args.objective, budget=args.budget, size=args.size,
                   repeat=args.repeat, seeds=(0, 1), hardware=hw, progress=progress)

@@ -108,3 +108,31 @@ def test_run_bad_input_exits_2(in_tmp, args, needle):
     result = runner.invoke(app, ["run", "--size", "test", *args])
     assert result.exit_code == 2
     assert needle.lower() in result.output.lower()
+
+
+def test_tune_command_writes_a_loadable_policy_and_reuses_the_store(tmp_path):
+    db, out = tmp_path / "bench.sqlite", tmp_path / "tuned.toml"
+    args = ["tune", "--pipeline", "minilm", "--size", "test", "--bound", "cosine>=0.999", "--budget", "20",
+            "--repeat", "1", "--db", str(db)]
+    first = runner.invoke(app, [*args, "--out", str(out)])
+    assert first.exit_code == 0, first.output
+    assert "chosen: #" in first.output and "faster than fp32" in first.output
+    policy = mixprec.Policy.load(out)
+    assert policy.name == "tuned" and policy.rules
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and "0 measured evaluations" in again.output
+    unmet = runner.invoke(app, ["tune", "--pipeline", "minilm", "--size", "test", "--bound", "cosine>1.5", "--budget", "20",
+                                "--repeat", "1", "--db", str(db)])
+    assert unmet.exit_code == 1 and "misses it by 0.5" in unmet.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--bound", "snr=>30"], "'<metric> <op> <number>'"),
+    (["--bound", "snr>=30", "--objective", "speed"], "--objective 'speed'"),
+    (["--bound", "snr>=30", "--budget", "0"], "--budget '0'"),
+    (["--bound", "snr>=30", "--seeds", "x"], "--seeds 'x'"),
+    (["--bound", "snr>=30", "--pipeline", "ttts"], "did you mean 'tts'"),
+])
+def test_tune_command_rejects_bad_input(args, message):
+    result = runner.invoke(app, ["tune", *args])
+    assert result.exit_code == 2 and message.lower() in result.output.lower(), result.output

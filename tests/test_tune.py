@@ -197,3 +197,37 @@ def test_worker_evaluator_smoke():
 def test_bound_on_a_metric_the_target_lacks(evaluator):
     with pytest.raises(ValueError, match=r"psnr_db.*metrics available here: sqnr, cosine, rel_err, max_abs_err"):
         tune("synthetic", "psnr>=30", evaluator=evaluator, dtypes=("bf16",))
+
+
+def test_tune_with_local_search_keeps_exactly_the_sensitive_blocks_within_40(evaluator):
+    result = tune("synthetic", "sqnr>=30", evaluator=evaluator, objective="memory", dtypes=("bf16",), budget=40)
+    assert result.met and result.evaluations <= 40
+    assert sorted(result.keep_fp32) == sorted(f"{i}.fc2" for i in SENSITIVE)
+    assert any(c.step.startswith("local:") for c in result.path)
+
+
+def test_presets_are_candidates_and_never_beat_the_result(evaluator):
+    result = tune("synthetic", "sqnr>=30", evaluator=evaluator, dtypes=("bf16",), presets=("quality", "fast"),
+                  local_search=False)
+    steps = [c.step for c in result.path]
+    assert "preset quality" in steps and "preset fast" in steps
+    cost = (result.chosen.evaluation.latency_s, result.chosen.evaluation.memory_bytes)
+    for c in result.path:
+        if c.met:
+            assert cost <= (c.evaluation.latency_s, c.evaluation.memory_bytes)
+    with pytest.raises(ValueError, match="unknown preset 'turbo'; valid: quality, balanced, fast, memory"):
+        tune("synthetic", "sqnr>=30", evaluator=evaluator, dtypes=("bf16",), presets=("turbo",))
+
+
+def test_should_stop_keeps_what_was_measured(evaluator, tmp_path):
+    events = []
+    with Store(tmp_path / "tune.db") as store:
+        result = tune("synthetic", "sqnr>=30", evaluator=evaluator, dtypes=("bf16",), store=store,
+                      progress=events.append, should_stop=lambda: bool(events) and events[-1].evaluations >= 3)
+        runs = store.tune_runs()
+        stored = store.load_tune_run(runs[0]["id"])
+    assert result.evaluations == 3 and len(result.path) == len(events)
+    assert any("stopped on request" in note for note in result.notes)
+    assert events[-1].evaluations == 3 and events[-1].latest is result.path[-1]
+    assert len(runs) == 1 and runs[0]["evaluations"] == 3 and runs[0]["pipeline"] == "synthetic"
+    assert len(stored["result"]["path"]) == len(result.path) and Policy.from_toml(stored["policy_toml"]) == result.policy

@@ -594,6 +594,108 @@ def gate_cmd(
     console.print(f"gate passed: run {run_id} vs baseline {baseline}", highlight=False)
 
 
+@app.command("tune")
+def tune_cmd(
+    pipeline: Annotated[str, typer.Option("--pipeline", help="Registered pipeline to tune.")] = "tts",
+    bound: Annotated[str, typer.Option("--bound", help="Quality bound 'metric op number', e.g. 'snr>=30' or 'cosine>=0.999'.")] = "sqnr>=30",
+    objective: Annotated[str, typer.Option("--objective", help="latency (fastest) or memory (smallest weights).")] = "latency",
+    budget: Annotated[Optional[str], typer.Option("--budget", help="Most measured evaluations (cached ones are free).")] = None,
+    seeds: Annotated[str, typer.Option("--seeds", help="Number of seeds quality is measured on (worst case), or a comma-separated list.")] = "2",
+    repeat: Annotated[str, typer.Option("--repeat", help="Timed runs per evaluation (median).")] = "2",
+    size: SizeFlag = "default",
+    db: DbFlag = None,
+    out: Annotated[Optional[str], typer.Option("--out", help="Write the chosen policy as TOML here.")] = None,
+    html: Annotated[Optional[str], typer.Option("--html", help="Write the frontier and search path as HTML here.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Find the fastest (or smallest) policy that meets a quality bound, by measurement.
+
+    Exit status 1 when no candidate meets the bound (the closest one is shown).
+    """
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mixprec import pipelines
+    from mixprec._tune import render_tune_html
+
+    try:
+        parsed = mixprec.parse_bound(bound)
+        if pipeline not in pipelines.available():
+            pipelines.get(pipeline)  # raises the registry's error, which lists the pipelines
+        if objective not in ("latency", "memory"):
+            raise ValueError(f"--objective {objective!r}: expected latency or memory")
+        n_budget = _as_int(budget, "--budget") if budget is not None else None
+        if n_budget is not None and n_budget < 1:
+            raise ValueError(f"--budget {budget!r}: expected a positive number of evaluations")
+        seed_list = [_as_int(part, "--seeds") for part in seeds.split(",") if part.strip()]
+        if len(seed_list) == 1:
+            seed_list = list(range(seed_list[0]))
+        if not seed_list or any(v < 0 for v in seed_list):
+            raise ValueError(f"--seeds {seeds!r}: expected a count >= 1 (e.g. 2) or comma-separated seeds >= 0 (e.g. 0,1)")
+        n_repeat = _as_int(repeat, "--repeat")
+        if n_repeat < 1:
+            raise ValueError(f"--repeat {repeat!r}: expected at least 1")
+    except ValueError as exc:
+        _fail(exc)
+    store = _open_store(db)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=err_console, transient=False) as bar:
+        task = bar.add_task(f"{pipeline}: measuring the fp32 reference", total=n_budget)
+
+        def progress(event) -> None:
+            best = event.best
+            best_text = (f"best {best.evaluation.latency_s:.3f} s, {best.evaluation.memory_bytes / 2**20:.1f} MiB, "
+                         f"{parsed.key} {best.evaluation.quality.get(parsed.key, float('nan')):.4g}") if best else "none meets the bound yet"
+            left = f", {event.budget - event.evaluations} left" if event.budget is not None else ""
+            bar.update(task, completed=event.evaluations, description=f"{pipeline}: {event.latest.step[:40]} | {best_text}{left}")
+
+        try:
+            result = mixprec.tune(pipeline, parsed, objective=objective, budget=n_budget, seeds=seed_list, store=store,
+                                  progress=progress, size=size, repeat=n_repeat)
+        except ValueError as exc:
+            _fail(exc)
+    if out:
+        Path(out).write_text(result.to_toml(), encoding="utf-8")
+    if html:
+        Path(html).write_text(render_tune_html(result), encoding="utf-8")
+    if as_json:
+        from mixprec._tune import _jsonable
+
+        console.print_json(json.dumps(_jsonable(result.to_dict())))
+    else:
+        _print_tune(result, pipeline)
+        if out:
+            console.print(f"policy written to {out} (load it with mixprec.Policy.load, or MIXPREC_POLICY for mixprec.init)", highlight=False)
+        if html:
+            console.print(f"report written to {html}", highlight=False)
+    if not result.met:
+        err_console.print(f"[bold red]bound not met:[/] no candidate meets {parsed}; the closest "
+                          f"({result.closest.step}) misses it by {result.miss:.4g}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=1)
+
+
+def _print_tune(result, pipeline: str) -> None:
+    key = result.bound.key
+
+    def q(c) -> str:
+        v = c.evaluation.quality.get(key)
+        return "n/a" if v is None else ("exact" if v == float("inf") else f"{v:.6g}")
+
+    rows = [[c.index, c.step, f"{c.evaluation.latency_s:.4f}", f"{c.evaluation.memory_bytes / 2**20:.1f}", q(c),
+             "yes" if c.met else "no", "chosen" if c is result.chosen else ""] for c in result.frontier]
+    console.print(_table(f"tune {pipeline}: frontier of {len(result.path)} candidates ({result.bound}, {result.objective})",
+                         ["#", "step", "latency s", "weights MiB", key, "meets", ""], rows))
+    console.print(f"{result.evaluations} measured evaluations, {result.cached} reused from the store, {result.wall_s:.0f} s",
+                  highlight=False)
+    for note in result.notes:
+        console.print(f"  note: {note}", highlight=False, markup=False)
+    if result.met:
+        base = result.path[0].evaluation
+        chosen = result.chosen.evaluation
+        console.print(f"chosen: #{result.chosen.index} ({result.chosen.step}): {base.latency_s / chosen.latency_s:.2f}x "
+                      f"faster than fp32, weights {chosen.memory_bytes / base.memory_bytes:.0%} of fp32, {key} {q(result.chosen)}; "
+                      f"kept fp32: {', '.join(result.keep_fp32) or 'none'}", highlight=False, markup=False, soft_wrap=True)
+
+
 def _as_int(text: str, flag: str) -> int:
     try:
         return int(text.strip())
