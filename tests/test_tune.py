@@ -208,7 +208,7 @@ def test_tune_with_local_search_keeps_exactly_the_sensitive_blocks_within_40(eva
 
 def test_presets_are_candidates_and_never_beat_the_result(evaluator):
     result = tune("synthetic", "sqnr>=30", evaluator=evaluator, dtypes=("bf16",), presets=("quality", "fast"),
-                  local_search=False)
+                  local_search=False, final_rounds=0)
     steps = [c.step for c in result.path]
     assert "preset quality" in steps and "preset fast" in steps
     cost = (result.chosen.evaluation.latency_s, result.chosen.evaluation.memory_bytes)
@@ -231,3 +231,14 @@ def test_should_stop_keeps_what_was_measured(evaluator, tmp_path):
     assert events[-1].evaluations == 3 and events[-1].latest is result.path[-1]
     assert len(runs) == 1 and runs[0]["evaluations"] == 3 and runs[0]["pipeline"] == "synthetic"
     assert len(stored["result"]["path"]) == len(result.path) and Policy.from_toml(stored["policy_toml"]) == result.policy
+
+
+def test_final_check_retimes_finalists_side_by_side(evaluator):
+    result = tune("synthetic", "sqnr>=30", evaluator=evaluator, dtypes=("bf16",), presets=("quality", "fast"),
+                  local_search=False, final_rounds=2)
+    assert len(result.final) >= 2 and all(len(v) == 2 for v in result.final.values())
+    met_presets = [c for c in result.path if c.met and c.step.startswith("preset ")]
+    assert min(met_presets, key=lambda c: c.evaluation.latency_s).index in result.final
+    medians = {i: sorted(v)[0] + sorted(v)[1] for i, v in result.final.items()}
+    assert result.chosen.index == min(medians, key=medians.get)
+    assert any(note.startswith("final check:") for note in result.notes)

@@ -34,7 +34,8 @@ from mixprec.settings import MATMUL_LEVELS, NumericSettings
 
 __all__ = [
     "LOWER_IS_BETTER", "METRICS", "Session", "worst_case", "weight_units", "risk_order", "minimal_sufficient",
-    "Evaluation", "Candidate", "BudgetExhausted", "Config", "Search", "TuneProgress", "run_search", "improve_locally", "frontier",
+    "Evaluation", "Candidate", "BudgetExhausted", "Config", "Search", "TuneProgress", "run_search", "improve_locally",
+    "finalists", "retime", "frontier",
     "serve_tune",
 ]
 
@@ -137,6 +138,16 @@ class Session:
             memory = applied.weight_bytes()
         return {"latency_s": statistics.median(samples), "samples": samples, "memory_bytes": float(memory),
                 "quality": quality}
+
+    def time(self, policy: Policy, repeat: int = 1) -> list[float]:
+        """Seconds of ``repeat`` runs under ``policy`` on the first seed (no quality runs)."""
+        with apply(self.target, policy), torch.inference_mode():
+            samples = []
+            for _ in range(max(1, repeat)):
+                start = time.perf_counter()
+                self.run(self.inputs[self.seeds[0]])
+                samples.append(time.perf_counter() - start)
+        return samples
 
     def risk(self, policy: Policy) -> list[dict[str, Any]]:
         """Weight-owning modules under ``policy``, riskiest first (from :func:`mixprec.profile`)."""
@@ -504,6 +515,38 @@ def improve_locally(search: Search, evaluator: Any, config: Config, cand: Candid
             return
 
 
+def finalists(search: Search, limit: int = 3) -> list[Candidate]:
+    """The ``limit`` cheapest distinct candidates meeting the bound, plus the cheapest preset meeting it."""
+    seen: set[str] = set()
+    ranked = []
+    for cand in sorted((c for c in search.path if c.met), key=search.cost):
+        key = json.dumps(dataclasses.replace(cand.policy, name="candidate").to_dict(), sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            ranked.append(cand)
+    chosen = ranked[:limit]
+    preset = next((c for c in ranked if c.step.startswith("preset ")), None)
+    if preset is not None and preset not in chosen:
+        chosen.append(preset)
+    return chosen
+
+
+def retime(evaluator: Any, candidates: Sequence[Candidate], rounds: int) -> dict[int, list[float]]:
+    """Time ``candidates`` side by side: one untimed round, then ``rounds`` interleaved timed rounds.
+
+    Returns candidate index -> seconds per round. The search's own medians each come
+    from a different moment of a shared machine; interleaving puts the finalists
+    under the same load, so the smallest median here is the fairest winner.
+    """
+    samples: dict[int, list[float]] = {c.index: [] for c in candidates}
+    for round_index in range(rounds + 1):
+        for cand in candidates:
+            seconds = evaluator.time(cand.policy, 1)
+            if round_index > 0:
+                samples[cand.index] += seconds
+    return samples
+
+
 def dominates(a: Candidate, b: Candidate, bound: Any) -> bool:
     """``a`` is no worse in latency, memory and quality than ``b``, and better in one."""
     va = (a.evaluation.latency_s, a.evaluation.memory_bytes, -bound.score(a.evaluation.quality))
@@ -547,13 +590,7 @@ def serve_tune(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - ru
         elif command == "tune_eval":
             conn.send(("ok", session.evaluate(Policy.from_dict(payload["policy"]), int(payload.get("repeat", 3)))))
         elif command == "tune_time":
-            with apply(pipe, Policy.from_dict(payload["policy"])), torch.inference_mode():
-                samples = []
-                for _ in range(int(payload.get("repeat", 1))):
-                    start = time.perf_counter()
-                    pipe.run(session.inputs[session.seeds[0]])
-                    samples.append(time.perf_counter() - start)
-            conn.send(("ok", samples))
+            conn.send(("ok", session.time(Policy.from_dict(payload["policy"]), int(payload.get("repeat", 1)))))
         elif command == "tune_profile":
             conn.send(("ok", session.risk(Policy.from_dict(payload["policy"]))))
         elif command == "finish":

@@ -20,12 +20,13 @@ import dataclasses
 import hashlib
 import math
 import re
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
-from mixprec._search import (METRICS, BudgetExhausted, Candidate, Evaluation, Search, Session, TuneProgress, frontier,
-                             run_search, weight_units)
+from mixprec._search import (METRICS, BudgetExhausted, Candidate, Evaluation, Search, Session, TuneProgress, finalists,
+                             frontier, retime, run_search, weight_units)
 from mixprec.hardware import Hardware
 from mixprec.policy import Policy
 from mixprec.presets import PRESETS, preset
@@ -175,6 +176,10 @@ class InProcessEvaluator:
     def evaluate(self, policy: Policy) -> Evaluation:
         return _evaluation(self.session.evaluate(policy, self.repeat))
 
+    def time(self, policy: Policy, repeat: int = 1) -> list[float]:
+        """Seconds of ``repeat`` runs under ``policy`` on the first seed (no quality runs)."""
+        return self.session.time(policy, repeat)
+
     def risk(self, policy: Policy) -> list[dict[str, Any]]:
         return self.session.risk(policy)
 
@@ -266,6 +271,8 @@ class TuneResult:
         wall_s: seconds the search took.
         path: every evaluated candidate, in order.
         notes: remarks on the search (fallbacks, budget exhausted...).
+        final: candidate index -> seconds of the side-by-side re-timing of the
+            finalists (empty when there was none).
     """
 
     policy: Policy
@@ -281,6 +288,7 @@ class TuneResult:
     wall_s: float
     path: list[Candidate]
     notes: list[str] = field(default_factory=list)
+    final: dict[int, list[float]] = field(default_factory=dict)
 
     @property
     def keep_fp32(self) -> list[str]:
@@ -297,6 +305,7 @@ class TuneResult:
                 "chosen": self.chosen.index, "closest": self.closest.index if self.closest is not None else None,
                 "frontier": [c.index for c in self.frontier], "evaluations": self.evaluations, "cached": self.cached,
                 "wall_s": self.wall_s, "notes": list(self.notes), "policy": self.policy.to_dict(),
+                "final": {str(k): v for k, v in self.final.items()},
                 "path": [c.to_dict() for c in self.path]}
 
 
@@ -322,6 +331,7 @@ def tune(
     dtypes: Sequence[str] | None = None,
     local_search: bool = True,
     improvement: float = 0.03,
+    final_rounds: int = 3,
 ) -> TuneResult:
     """Find the fastest (or smallest) policy that meets ``bound``, by measurement.
 
@@ -346,6 +356,10 @@ def tune(
         dtypes: 16-bit storage types to try (default: those the probe measured fast).
         local_search: run the greedy local search after the bisection.
         improvement: relative latency gain a local move must show to be accepted.
+        final_rounds: for the latency objective, re-time the three fastest candidates
+            meeting the bound and the fastest preset meeting it side by side over this
+            many interleaved rounds and choose the smallest median (0: skip; needs an
+            evaluator with a ``time`` method).
 
     Returns:
         A :class:`TuneResult`.
@@ -393,12 +407,20 @@ def tune(
         except BudgetExhausted:
             notes.append("stopped on request; the result holds what was measured" if search.cancelled
                          else f"budget of {budget} evaluations exhausted")
+        final: dict[int, list[float]] = {}
+        if objective == "latency" and final_rounds > 0 and hasattr(evaluator, "time") and not search.cancelled:
+            contenders = finalists(search)
+            if len(contenders) > 1:
+                final = retime(evaluator, contenders, final_rounds)
+                medians = ", ".join(f"#{i} {statistics.median(v) * 1e3:.1f} ms" for i, v in final.items())
+                notes.append(f"final check: {len(contenders)} finalists re-timed side by side over {final_rounds} "
+                             f"interleaved rounds (median): {medians}")
     finally:
         if owned:
             evaluator.close()
     if not search.path:
         raise ValueError("the search was stopped before its first evaluation; nothing was measured")
-    result = _result(search, bound, objective, notes, time.perf_counter() - start)
+    result = _result(search, bound, objective, notes, time.perf_counter() - start, final)
     if store is not None:
         label = str(getattr(pipeline, "name", pipeline))
         store.add_tune_run(pipeline=label, bound=str(bound), objective=objective, met=result.met,
@@ -418,8 +440,11 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _result(search: Search, bound: Bound, objective: str, notes: list[str], wall_s: float) -> TuneResult:
+def _result(search: Search, bound: Bound, objective: str, notes: list[str], wall_s: float,
+            final: dict[int, list[float]]) -> TuneResult:
     best = search.best()
+    if best is not None and final:
+        best = search.path[min(final, key=lambda i: statistics.median(final[i]))]
     closest = None
     miss = None
     if best is None:
@@ -432,7 +457,7 @@ def _result(search: Search, bound: Bound, objective: str, notes: list[str], wall
     policy = Policy(rules, chosen.policy.numerics, name="tuned")
     return TuneResult(policy=policy, bound=bound, objective=objective, met=best is not None, chosen=chosen,
                       closest=closest, miss=miss, frontier=frontier(search.path, bound), evaluations=search.measured,
-                      cached=search.cached, wall_s=wall_s, path=list(search.path), notes=notes)
+                      cached=search.cached, wall_s=wall_s, path=list(search.path), notes=notes, final=final)
 
 
 # -- HTML -------------------------------------------------------------------------------------
