@@ -242,3 +242,39 @@ def test_final_check_retimes_finalists_side_by_side(evaluator):
     medians = {i: sorted(v)[0] + sorted(v)[1] for i, v in result.final.items()}
     assert result.chosen.index == min(medians, key=medians.get)
     assert any(note.startswith("final check:") for note in result.notes)
+
+
+def test_minimal_sufficient_gives_up_past_max_prefix():
+    units = [f"m{i}" for i in range(64)]
+    calls = []
+
+    def suffices(keep):
+        calls.append(keep)
+        return {"m40", "m50"} <= keep
+
+    assert minimal_sufficient(units, suffices, max_prefix=32) is None and len(calls) == 2
+    assert minimal_sufficient(units, suffices, max_prefix=60) == ["m40", "m50"]
+
+
+class TwoTowers(nn.Module):
+    """Two components; only ``b`` holds a precision-sensitive block."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = nn.Sequential(*[Block(32, False) for _ in range(8)])
+        self.b = nn.Sequential(*[Block(32, i == 5) for i in range(8)])
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+def test_component_pass_then_modules_inside_the_needed_component():
+    model = TwoTowers().eval()
+    components = {"a": model.a, "b": model.b}
+    ev = InProcessEvaluator(components, _inputs, model, seeds=(0, 1), repeat=1, name="two-towers")
+    result = tune("two-towers", "sqnr>=30", evaluator=ev, objective="memory", dtypes=("bf16",), local_search=False)
+    assert result.met and result.keep_fp32 == ["b.5.fc2"]
+    steps = [c.step for c in result.path]
+    assert any(s.startswith("bisect components") for s in steps) and "verify components b" in steps
+    assert any("components needed in fp32: b" in n for n in result.notes)

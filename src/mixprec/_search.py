@@ -170,7 +170,8 @@ def risk_order(rows: list[dict[str, Any]]) -> list[str]:
     return [r["module"] for r in rows]
 
 
-def minimal_sufficient(units: Sequence[str], suffices: Callable[[frozenset[str]], bool]) -> list[str]:
+def minimal_sufficient(units: Sequence[str], suffices: Callable[[frozenset[str]], bool], *,
+                       max_prefix: int | None = None) -> list[str] | None:
     """A minimal subset ``K`` of ``units`` with ``suffices(K)``, assuming ``suffices(units)``.
 
     ``suffices`` should be monotone (a superset of a sufficient set suffices). First a
@@ -182,17 +183,23 @@ def minimal_sufficient(units: Sequence[str], suffices: Callable[[frozenset[str]]
     Args:
         units: candidates, most likely needed first.
         suffices: whether keeping exactly this set fp32 meets the bound.
+        max_prefix: give up (return ``None``) when the shortest sufficient prefix is
+            longer than this: the needed set is then too large to be worth pruning.
 
     Returns:
-        The needed units, in ``units`` order.
+        The needed units, in ``units`` order (``None`` when ``max_prefix`` is exceeded).
     """
     units = list(units)
     if not units or suffices(frozenset()):
         return []
     # galloping: prefixes of 1, 2, 4, ... until one suffices (the full list is assumed to)
     low, high = 0, len(units)  # prefix of length `low` fails, `high` suffices
+    if max_prefix is not None and max_prefix < len(units):
+        if not suffices(frozenset(units[:max_prefix])):
+            return None
+        high = max_prefix
     size = 1
-    while size < len(units):
+    while size < high:
         if suffices(frozenset(units[:size])):
             high = size
             break
@@ -440,22 +447,71 @@ def run_search(search: Search, evaluator: Any, fast: list[str], notes: list[str]
     if not cand.met:
         # profile with native compute: a compute="fp32" start would show no 16-bit error at all
         order = risk_order(evaluator.risk(dataclasses.replace(config, compute=None).policy()))
-        remaining = [u for u in evaluator.units() if u not in set(order)]
-        order += remaining
+        order += [u for u in evaluator.units() if u not in set(order)]
+        scope = order
+        groups = [g for g in evaluator.groups() if g != "*"]
+        if len(groups) > 1:
+            config, cand, scope = _component_pass(search, config, cand, order, groups, notes)
+            if not cand.met:
+                return
+
+        base = dataclasses.replace(config, storage=())
 
         def suffices(keep: frozenset[str]) -> bool:
-            trial = dataclasses.replace(config, keep=tuple(u for u in order if u in keep))
+            trial = dataclasses.replace(base, keep=tuple(u for u in scope if u in keep))
             return search.evaluate(trial, f"bisect keep {len(keep)}").met
 
-        keep = minimal_sufficient(order, suffices)
-        config = dataclasses.replace(config, keep=tuple(keep))
-        cand = search.evaluate(config, f"verify keep {len(keep)}")
-        if not cand.met:
-            notes.append("the minimal keep-fp32 set found by bisection does not meet the bound on re-measurement "
-                         "(quality is not monotone here); the best measured candidate is used")
-            return
+        # keeping more than half of the modules a component needs buys little over the whole component
+        limit = len(scope) // 2 if len(scope) < len(order) else None
+        keep = minimal_sufficient(scope, suffices, max_prefix=limit)
+        if keep is None:
+            notes.append(f"the bound needs more than half of the {len(scope)} modules of "
+                         f"{', '.join(g for g, _ in config.storage)} in fp32: the whole component(s) stay fp32")
+        else:
+            trial_config = dataclasses.replace(base, keep=tuple(keep))
+            trial = search.evaluate(trial_config, f"verify keep {len(keep)}")
+            if trial.met:
+                config, cand = trial_config, trial
+            elif len(scope) == len(order):
+                notes.append("the minimal keep-fp32 set found by bisection does not meet the bound on re-measurement "
+                             "(quality is not monotone here); the best measured candidate is used")
+                return
     if local_search:
         improve_locally(search, evaluator, config, cand, fast, improvement)
+
+
+def _component_of(unit: str, groups: Sequence[str]) -> str | None:
+    return next((g for g in groups if unit == g or unit.startswith(g + ".")), None)
+
+
+def _component_pass(search: Search, config: Config, cand: Candidate, order: list[str], groups: list[str],
+                    notes: list[str]) -> tuple[Config, Candidate, list[str]]:
+    """Group testing over whole components first (riskiest first): few evaluations, and a fallback answer.
+
+    Returns the configuration with the needed components stored fp32 (when it meets the
+    bound), its candidate, and the modules of those components in risk order: the scope
+    of the module-level bisection that follows.
+    """
+    ranked = []
+    for unit in order:
+        group = _component_of(unit, groups)
+        if group is not None and group not in ranked:
+            ranked.append(group)
+    ranked += [g for g in groups if g not in ranked]
+
+    def with_fp32(keep: frozenset[str]) -> Config:
+        return dataclasses.replace(config, storage=tuple((g, "fp32") for g in ranked if g in keep))
+
+    needed = minimal_sufficient(ranked, lambda keep: search.evaluate(with_fp32(keep), f"bisect components {len(keep)}").met)
+    trial_config = with_fp32(frozenset(needed))
+    trial = search.evaluate(trial_config, f"verify components {', '.join(needed)}")
+    if not trial.met:
+        notes.append("keeping whole components fp32 does not meet the bound on re-measurement (quality is not "
+                     "monotone here); the best measured candidate is used")
+        return config, cand, order
+    scope = [u for u in order if _component_of(u, needed) is not None]
+    notes.append(f"components needed in fp32: {', '.join(needed)}; then searching their {len(scope)} modules")
+    return trial_config, trial, scope
 
 
 def _moves(groups: list[str], fast: list[str]) -> list[tuple[str, Callable[[Config], Config | None]]]:

@@ -496,6 +496,7 @@ def render_tune_html(result: TuneResult) -> str:
     ax.scatter([result.chosen.evaluation.latency_s * 1e3], [ys[result.chosen.index]], s=160, facecolors="none",
                edgecolors="#264653", linewidths=2, zorder=3, label="chosen")
     ax.axhline(bound.value, color="#e9c46a", linewidth=1, label=str(bound))
+    ax.ticklabel_format(axis="y", useOffset=False)
     ax.set_xlabel("latency (ms, median)")
     ax.set_ylabel(bound.key + (" (inf shown at top)" if len(finite) < len(ys) else ""))
     ax.legend(fontsize=7)
