@@ -29,3 +29,30 @@ def clean_env(monkeypatch):
         if name.startswith(("MIXPREC_", "MYAPP_", "ACE_STEP_")) and name != "MIXPREC_CACHE_DIR":
             monkeypatch.delenv(name)
     return monkeypatch
+
+
+@pytest.fixture
+def bf16_cpu(tmp_path, monkeypatch):
+    """This machine as a CPU whose probe measured bf16 fast (as on avx512_bf16 or AMX parts).
+
+    Presets follow the measured probe, so a test of what a preset does with 16-bit
+    types would otherwise depend on the machine running it. This measures the real
+    probe into a private cache, then rewrites the cached bf16 entry as fast; every
+    later ``probe()`` (benchmark workers included, through ``MIXPREC_CACHE_DIR``)
+    reads that description.
+    """
+    import dataclasses
+    import json
+
+    from mixprec import hardware
+
+    cache = tmp_path / "bf16-cpu-cache"
+    monkeypatch.setenv("MIXPREC_CACHE_DIR", str(cache))
+    real = hardware.probe("cpu")
+    (path,) = cache.glob("probe-*.json")
+    fp32 = real.dtypes["fp32"].gflops or 100.0
+    bf16 = dataclasses.replace(real.dtypes["bf16"], supported=True, gflops=round(2.5 * fp32, 2), ratio=2.5, klass="fast")
+    simulated = dataclasses.replace(real, dtypes={**real.dtypes, "bf16": bf16})
+    path.write_text(json.dumps(simulated.to_dict(), indent=2))
+    assert hardware.probe("cpu").dtypes["bf16"].klass == "fast"
+    return simulated

@@ -149,3 +149,30 @@ def test_no_global_setting_leaks():
     model(torch.randn(1, 8))
     applied.revert()
     assert (backends.snapshot(), torch.get_default_dtype()) == before
+
+
+class SelfCasting(nn.Module):
+    """Casts its input to its parameters' dtype, as many real models do (``x.to(self.dtype)``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(8, 16, batch_first=True)
+        self.conv = nn.Conv1d(16, 4, 3, padding=1)
+
+    def forward(self, x):
+        out, _ = self.lstm(x.to(self.lstm.weight_ih_l0.dtype))
+        return self.conv(out.transpose(1, 2)).float()
+
+
+def test_fp32_compute_accepts_inputs_cast_to_the_storage_dtype():
+    torch.manual_seed(0)
+    model = SelfCasting()
+    x = torch.randn(2, 5, 8)
+    ref = model(x)
+    with torch.no_grad():
+        applied = mixprec.apply(model, Policy((Rule("*", storage="bf16", compute="fp32"),)))
+        assert model.lstm.weight_ih_l0.dtype == torch.bfloat16
+        out = model(x)  # the LSTM and the conv get bf16 input with fp32 compute
+    assert out.dtype == torch.float32
+    assert (out - ref).abs().max() < 0.05
+    applied.revert()

@@ -143,7 +143,7 @@ def test_policy_file_setting(tmp_path, clean_env):
         mixprec.resolve(search_dir=tmp_path, environ={"MIXPREC_POLICY": str(path)})
 
 
-def test_cli_presets_and_explain():
+def test_cli_presets_and_explain(bf16_cpu):
     runner = CliRunner()
     result = runner.invoke(app, ["presets", "--json"])
     assert result.exit_code == 0, result.output

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mixprec._search import minimal_sufficient, worst_case
+from mixprec._search import minimal_sufficient, pick_final, worst_case
 from mixprec.bench.store import Store
 from mixprec.policy import Policy
 from mixprec._tune import METRICS, Bound, InProcessEvaluator, WorkerEvaluator, parse_bound, render_tune_html, tune
@@ -239,9 +239,21 @@ def test_final_check_retimes_finalists_side_by_side(evaluator):
     assert len(result.final) >= 2 and all(len(v) == 2 for v in result.final.values())
     met_presets = [c for c in result.path if c.met and c.step.startswith("preset ")]
     assert min(met_presets, key=lambda c: c.evaluation.latency_s).index in result.final
-    medians = {i: sorted(v)[0] + sorted(v)[1] for i, v in result.final.items()}
-    assert result.chosen.index == min(medians, key=medians.get)
+    presets = [i for i in result.final if result.path[i].step.startswith("preset ")]
+    assert result.chosen.index == pick_final(result.final, presets)[0]
     assert any(note.startswith("final check:") for note in result.notes)
+    assert any(" kept: " in note or " chosen: faster than " in note for note in result.notes)
+
+
+@pytest.mark.parametrize("final, presets, winner", [
+    ({1: [1.0, 1.0, 1.0], 2: [0.9, 1.1, 0.9]}, [1], 1),       # faster median, not every round: the preset stays
+    ({1: [1.0, 1.0, 1.0], 2: [0.9, 0.95, 0.99]}, [1], 2),     # faster in every round
+    ({1: [1.0, 1.0, 1.0], 2: [0.9, 0.9, 0.9], 3: [0.8, 0.8, 0.95]}, [1], 3),  # the faster of two clear winners
+    ({1: [1.0, 1.0], 4: [1.2, 1.2], 2: [0.99, 0.99]}, [1, 4], 2),  # incumbent: the faster preset
+    ({2: [0.5, 0.6, 0.7], 3: [0.6, 0.5, 0.55]}, [], 3),        # no preset: the smallest median
+])
+def test_pick_final_prefers_the_preset_unless_beaten_in_every_round(final, presets, winner):
+    assert pick_final(final, presets)[0] == winner
 
 
 def test_minimal_sufficient_gives_up_past_max_prefix():

@@ -126,7 +126,13 @@ class EntryBoundary(Boundary):
 
 
 class Fp32Compute:
-    """fp16/bf16 storage, fp32 compute: upcast own weights for the duration of a forward."""
+    """fp16/bf16 storage, fp32 compute: upcast own weights for the duration of a forward.
+
+    Floating inputs are upcast too (losslessly): code that casts its input to the
+    parameters' storage dtype (``x.to(self.dtype)``, common in real models) would
+    otherwise hand a 16-bit tensor to fp32 weights, which many kernels (RNNs,
+    convolutions) refuse.
+    """
 
     def __init__(self, module: nn.Module):
         self.module = module
@@ -139,6 +145,7 @@ class Fp32Compute:
                 saved.append((t, t.data))
                 t.data = t.data.float()
         self.stash.append(saved)
+        return cast_floats(args, torch.float32)
 
     def post(self, module, args, output):
         for t, data in self.stash.pop() if self.stash else []:

@@ -35,7 +35,7 @@ from mixprec.settings import MATMUL_LEVELS, NumericSettings
 __all__ = [
     "LOWER_IS_BETTER", "METRICS", "Session", "worst_case", "weight_units", "risk_order", "minimal_sufficient",
     "Evaluation", "Candidate", "BudgetExhausted", "Config", "Search", "TuneProgress", "run_search", "improve_locally",
-    "finalists", "retime", "frontier",
+    "finalists", "retime", "pick_final", "frontier",
     "serve_tune",
 ]
 
@@ -601,6 +601,38 @@ def retime(evaluator: Any, candidates: Sequence[Candidate], rounds: int) -> dict
             if round_index > 0:
                 samples[cand.index] += seconds
     return samples
+
+
+def pick_final(final: dict[int, list[float]], presets: Sequence[int] = ()) -> tuple[int, str]:
+    """The winner of the side-by-side re-timing, and why.
+
+    The incumbent is the preset with the smallest median when a preset is among the
+    finalists (else the smallest median overall). Another finalist replaces it only
+    when it was faster in every interleaved round: a paired comparison under the same
+    load, so a difference within the machine's noise never turns a preset into a
+    different, untested-in-the-field policy.
+
+    Args:
+        final: candidate index -> seconds per round (same rounds, same order).
+        presets: the indices in ``final`` that are presets.
+
+    Example:
+        >>> pick_final({1: [1.0, 1.0, 1.0], 2: [0.9, 1.1, 0.9]}, presets=[1])
+        (1, '#1 kept: no finalist was faster in every round')
+    """
+    if not final:
+        raise ValueError("no finalists to choose from")
+    median = {i: statistics.median(v) for i, v in final.items()}
+    pool = [i for i in final if i in presets] or list(final)
+    incumbent = min(pool, key=median.get)
+    rounds = final[incumbent]
+    clearly = [i for i in final if i != incumbent and len(final[i]) == len(rounds) and rounds
+               and all(a < b for a, b in zip(final[i], rounds))]
+    if not clearly:
+        return incumbent, f"#{incumbent} kept: no finalist was faster in every round"
+    winner = min(clearly, key=median.get)
+    return winner, (f"#{winner} chosen: faster than #{incumbent} in all {len(rounds)} rounds "
+                    f"({median[winner] * 1e3:.1f} vs {median[incumbent] * 1e3:.1f} ms median)")
 
 
 def dominates(a: Candidate, b: Candidate, bound: Any) -> bool:

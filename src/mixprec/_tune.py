@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 from mixprec._search import (METRICS, BudgetExhausted, Candidate, Evaluation, Search, Session, TuneProgress, finalists,
-                             frontier, retime, run_search, weight_units)
+                             frontier, pick_final, retime, run_search, weight_units)
 from mixprec.hardware import Hardware
 from mixprec.policy import Policy
 from mixprec.presets import PRESETS, preset
@@ -444,7 +444,10 @@ def _result(search: Search, bound: Bound, objective: str, notes: list[str], wall
             final: dict[int, list[float]]) -> TuneResult:
     best = search.best()
     if best is not None and final:
-        best = search.path[min(final, key=lambda i: statistics.median(final[i]))]
+        presets = [i for i in final if search.path[i].step.startswith("preset ")]
+        index, why = pick_final(final, presets)
+        best = search.path[index]
+        notes.append(why)
     closest = None
     miss = None
     if best is None:

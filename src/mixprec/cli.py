@@ -703,6 +703,27 @@ def _as_int(text: str, flag: str) -> int:
         raise ValueError(f"{flag} {text!r}: expected an integer") from None
 
 
+@app.command("ui")
+def ui_cmd(
+    host: Annotated[str, typer.Option("--host", help="Interface to bind; anything but loopback exposes the UI to the network (warned).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port.")] = 7860,
+    lang: Annotated[str, typer.Option("--lang", help="Initial language: en, zh, ja or he.")] = "en",
+) -> None:
+    """Serve the web UI: run, benchmark, diagnose and tune in the browser (needs pip install 'mixprec\\[ui]')."""
+    from rich.markup import escape
+
+    try:
+        from mixprec.ui.app import launch
+        from mixprec.ui.i18n import check_language
+    except ImportError as exc:
+        _fail(ImportError(escape(str(exc))))
+    try:
+        check_language(lang)
+    except ValueError as exc:
+        _fail(ValueError(f"--lang: {exc}"))
+    launch(host=host, port=port, lang=lang)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     app(args=argv if argv is not None else sys.argv[1:], prog_name="mixprec")

@@ -16,17 +16,17 @@ from mixprec.bench.worker import LocalProcessExecutor
 from mixprec.cli import app
 
 
-def test_cli_bench_end_to_end(tmp_path):
+def test_cli_bench_end_to_end(tmp_path, bf16_cpu):
     db, html = tmp_path / "b.sqlite", tmp_path / "report.html"
     result = CliRunner().invoke(app, [
-        "bench", "--pipeline", "tts", "--size", "test", "--configs", "fp32,fast,autocast-bf16", "--repeat", "2",
+        "bench", "--pipeline", "tts", "--size", "test", "--configs", "fp32,fast,naive-bf16", "--repeat", "2",
         "--warmup", "1", "--db", str(db), "--html", str(html), "--json", str(tmp_path / "r.json"), "--csv", str(tmp_path / "r.csv"),
     ])
     assert result.exit_code == 0, result.output
     run = Store(db).load_run(1)
     assert run["status"] == "complete"
     by_name = {c["name"]: c for c in run["configs"]}
-    assert set(by_name) == {"fp32", "fast", "autocast-bf16"}
+    assert set(by_name) == {"fp32", "fast", "naive-bf16"}
     for config in run["configs"]:
         assert config["status"] == "ok" and len(config["samples"]) == 2
         m = config["metrics"]
@@ -45,7 +45,7 @@ def test_cli_bench_end_to_end(tmp_path):
     csv_lines = (tmp_path / "r.csv").read_text().strip().splitlines()
     assert len(csv_lines) == 4 and csv_lines[0].startswith("run_id,")
     page = html.read_text()
-    assert "data:image/png;base64," in page and "autocast-bf16" in page
+    assert "data:image/png;base64," in page and "naive-bf16" in page
     with sqlite3.connect(db) as con:
         assert con.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 6
 

@@ -11,8 +11,8 @@ gr = pytest.importorskip("gradio")
 from mixprec.ui import app as ui_app  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def tts_run():
+@pytest.fixture
+def tts_run(bf16_cpu):
     return ui_app.run_comparison("tts", "test", "fast", False, [], lang="en")
 
 

@@ -47,7 +47,7 @@ def _choose(page, elem_id: str, option: str) -> None:
     page.get_by_role("option", name=option, exact=True).click()
 
 
-def test_browser_run_and_languages(sync_playwright, tmp_path, clean_env):
+def test_browser_run_and_languages(sync_playwright, tmp_path, clean_env, bf16_cpu):
     from playwright.sync_api import expect
 
     expect.set_options(timeout=WAIT_MS)
@@ -106,3 +106,75 @@ def test_browser_run_and_languages(sync_playwright, tmp_path, clean_env):
         demo.close()
         mixprec.restore(before)
         expect.set_options(timeout=5_000)  # Playwright's default, for other tests
+
+
+def _fill(page, elem_id: str, text: str) -> None:
+    page.locator(f"#{elem_id} input, #{elem_id} textarea").first.fill(text)
+
+
+def test_browser_benchmark_cancel_and_tune(sync_playwright, tmp_path, clean_env):
+    """Live progress, Cancel, a second session that is left alone, and a search whose plot grows."""
+    from playwright.sync_api import expect
+
+    from mixprec.bench.store import Store
+
+    expect.set_options(timeout=WAIT_MS)
+    db = str(tmp_path / "bench.sqlite")
+    port = _free_port()
+    demo = build_app("en")
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+            try:
+                page, other = (browser.new_context().new_page() for _ in range(2))
+                for p in (page, other):
+                    p.set_default_timeout(WAIT_MS)
+                    p.goto(f"http://127.0.0.1:{port}/")
+                    p.get_by_role("tab", name=t("tab.benchmark", "en")).click()
+
+                status = page.locator("#bench-status")
+                for name in ("fp32", "fast"):
+                    page.locator("#bench-configs").get_by_label(name).uncheck()
+                page.locator("#bench-run-button").click()
+                expect(status).to_contain_text(t("bench.error_configs", "en").replace("**", ""))
+                page.locator("#bench-configs").get_by_label("fast").check()
+                _fill(page, "bench-repeat", "500")
+                _fill(page, "bench-warmup", "0")
+                _fill(page, "bench-path", db)
+                page.locator("#bench-run-button").click()
+                expect(status.locator("progress")).to_be_visible()
+                expect(status).to_contain_text(": run ")  # measuring
+
+                other.locator("#bench-cancel").click()  # the other session has nothing to cancel
+                expect(other.locator("#bench-status")).to_contain_text(t("job.idle", "en"))
+
+                page.locator("#bench-cancel").click()
+                expect(status).to_contain_text("Cancelled.")
+                expect(page.locator("#bench-plot img")).to_be_visible()
+                expect(page.locator("#bench-table")).to_contain_text("fast")
+                expect(page.locator("#bench-runs")).to_contain_text("cancelled")
+                with Store(db) as store:
+                    run = store.load_run(store.runs()[0]["id"])
+                assert run["status"] == "cancelled" and run["configs"][0]["samples"]
+
+                page.get_by_role("tab", name=t("tab.tune", "en")).click()
+                tune_status = page.locator("#tune-status")
+                _fill(page, "tune-bound", "snr=>30")
+                page.locator("#tune-start").click()
+                expect(tune_status).to_contain_text("The quality bound is not valid")
+                expect(tune_status).to_contain_text("'<metric> <op> <number>'")
+                _fill(page, "tune-bound", "cosine>=0.999")
+                _fill(page, "tune-budget", "16")
+                _fill(page, "tune-path", db)
+                page.locator("#tune-start").click()
+                expect(page.locator("#tune-plot img")).to_be_visible()
+                expect(page.locator("#tune-summary")).to_contain_text("Bound cosine>=0.999 met.")
+                expect(page.locator("#tune-policy")).to_contain_text('name = "tuned"')
+                expect(tune_status).to_contain_text("Finished")
+                page.screenshot(path=str(tmp_path / "ui-tune-en.png"), full_page=True)
+            finally:
+                browser.close()
+    finally:
+        demo.close()
+        expect.set_options(timeout=5_000)

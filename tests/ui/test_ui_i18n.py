@@ -104,8 +104,29 @@ def test_checker_catches_literals():
     assert visible_literals(good) == []
 
 
-@pytest.mark.parametrize("module", ["controls.py", "app.py"])
+#: Every module of the UI, and the public re-export module.
+UI_MODULES = sorted(UI_DIR.glob("*.py")) + [UI_DIR.parent / "gradio.py"]
+
+
+def test_every_ui_module_is_checked():
+    names = {p.name for p in UI_MODULES}
+    assert {"app.py", "controls.py", "bench_tab.py", "tune_tab.py", "forms.py", "jobs.py", "gradio.py"} <= names
+
+
+@pytest.mark.parametrize("module", UI_MODULES, ids=lambda p: p.name)
 def test_ui_code_has_no_visible_literals(module):
-    source = (UI_DIR / module).read_text("utf-8")
+    source = module.read_text("utf-8")
     assert visible_literals(source) == []
     assert used_keys(source) - set(_load("en")) == set(), "t() with a key no locale defines"
+
+
+def test_keys_built_from_names_exist():
+    """Keys the tabs build at run time (table headers, statuses, objectives) are in every locale."""
+    from mixprec.ui import bench_tab, tune_tab
+
+    built = {f"bench.tcol_{c}" for c in bench_tab.TABLE_COLUMNS}
+    built |= {f"bench.status_{s}" for s in ("ok", "failed", "timeout", "running", "complete", "cancelled", "incomplete")}
+    built |= {f"tune.objective_{o}" for o in tune_tab.OBJECTIVES}
+    built |= {f"tune.col_{c}" for c in ("index", "step", "latency", "weights", "meets")}
+    for lang in i18n.LANGUAGES:
+        assert built - set(_load(lang)) == set(), lang

@@ -1,6 +1,7 @@
-"""Web UI and embeddable Gradio controls for mixprec (needs the ``gradio`` package).
+"""Web UI and embeddable Gradio controls for mixprec (needs ``pip install 'mixprec[ui]'``).
 
-Importing :mod:`mixprec` never imports Gradio; only this package does.
+Importing :mod:`mixprec` never imports Gradio; only this package does, and it
+raises an ``ImportError`` naming the install command when Gradio is missing.
 
 Example:
     >>> import gradio as gr
@@ -8,6 +9,14 @@ Example:
     >>> with gr.Blocks() as demo:
     ...     controls = precision_controls("ACE_STEP")
 """
+
+# The one place the optional dependency is detected.
+try:
+    import gradio
+except ImportError as exc:
+    raise ImportError(f"the mixprec web UI needs gradio, which cannot be imported ({exc}); "
+                      "install it with: pip install 'mixprec[ui]'") from exc
+del gradio
 
 from mixprec.ui.app import build_app, launch
 from mixprec.ui.controls import PrecisionControls, build_policy, initialize_service, precision_controls

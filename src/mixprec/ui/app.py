@@ -1,8 +1,10 @@
-"""The mixprec web UI: run, benchmark browser and diagnosis, in four languages.
+"""The mixprec web UI: run, benchmark, diagnose and tune, in four languages.
 
 ``build_app`` returns the ``gr.Blocks``; ``launch`` serves it (on 127.0.0.1 by
-default). Per-session data (loaded pipelines) lives in ``gr.State``, so two
-browser sessions never share or corrupt each other's state.
+default). Per-session data (loaded pipelines, the running benchmark or search and
+its cancel flag) lives in ``gr.State``, so two browser sessions never share or
+corrupt each other's state. The Benchmark and Tune tabs live in
+:mod:`mixprec.ui.bench_tab` and :mod:`mixprec.ui.tune_tab`.
 
 Example:
     >>> from mixprec.ui.app import launch
@@ -17,20 +19,20 @@ import json
 import math
 import time
 import warnings
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import gradio as gr
 
 import mixprec
 from mixprec import pipelines
+from mixprec.ui.bench_tab import build_bench_tab, list_runs, show_run
 from mixprec.ui.controls import DTYPES, NO_PRESET, build_policy, defaults_message, matmul_info, precision_controls, preset_choices
+from mixprec.ui.forms import SIZES, error_text, markdown_table
 from mixprec.ui.i18n import DEFAULT_LANGUAGE, LANGUAGES, check_language, direction, t
+from mixprec.ui.tune_tab import build_tune_tab
 
 __all__ = ["MAX_COMPONENTS", "SIZES", "build_app", "diagnose", "launch", "list_runs", "run_comparison", "show_run"]
 
-#: Pipeline sizes offered; "test" is the quick default.
-SIZES: tuple[str, ...] = ("test", "default")
 #: Storage-type selectors reserved for a pipeline's components.
 MAX_COMPONENTS = 8
 _MIB = 1024 * 1024
@@ -73,15 +75,6 @@ def _quality_text(q: dict[str, Any], kind: str, lang: str) -> str:
     if extra and q.get(extra) is not None:
         parts.insert(0, f"{extra.split('_')[0].upper()} {_db(q[extra])}")
     return " · ".join(parts)
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    def cell(v: Any) -> str:
-        return str(v).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(map(cell, headers)) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(map(cell, row)) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def run_comparison(
@@ -140,7 +133,7 @@ def run_comparison(
             [label, f"{mixed_s:.3f}", f"{mixed_bytes / _MIB:.2f}", _quality_text(q, kind, lang)]]
     summary = t("run.speedup", lang, speedup=f"{fp32_s / max(mixed_s, 1e-9):.2f}",
                 ratio=f"{100 * mixed_bytes / max(fp32_bytes, 1):.0f}")
-    return {"kind": kind, "fp32": _media(ref, kind), "mixed": _media(out, kind), "figures": _table(headers, rows) + "\n\n" + summary,
+    return {"kind": kind, "fp32": _media(ref, kind), "mixed": _media(out, kind), "figures": markdown_table(headers, rows) + "\n\n" + summary,
             "latency_s": (fp32_s, mixed_s), "weight_bytes": (fp32_bytes, mixed_bytes), "quality": q, "cache": cache}
 
 
@@ -151,47 +144,6 @@ def _media(out: Any, kind: str) -> Any:
     if kind == "image":
         return out.output[0].detach().float().clamp(0, 1).permute(1, 2, 0).cpu().numpy()
     return None
-
-
-def list_runs(path: str | None, *, lang: str = DEFAULT_LANGUAGE) -> tuple[str, list[tuple[str, int]]]:
-    """The runs in a benchmark store, as a Markdown table and dropdown choices.
-
-    Args:
-        path: the SQLite file; empty or ``None`` for the default location.
-        lang: language of the table.
-    """
-    from mixprec.bench.store import Store, StoreError, default_db_path
-
-    where = (path or "").strip() or str(default_db_path())
-    if not Path(where).is_file():
-        return t("bench.none", lang, path=where), []
-    try:
-        with Store(where) as store:
-            runs = store.runs()
-    except (StoreError, OSError, ValueError) as exc:
-        return t("bench.error", lang, message=str(exc)), []
-    if not runs:
-        return t("bench.none", lang, path=where), []
-    cols = ("id", "started", "status", "pipeline", "size", "configs")
-    table = _table([t(f"bench.col_{c}", lang) for c in cols], [[r[c] for c in cols] for r in runs])
-    choices = [(f"#{r['id']} {r['pipeline']} ({r['size']}) {r['started']}", int(r["id"])) for r in runs]
-    return t("bench.found", lang, count=len(runs), path=where) + "\n\n" + table, choices
-
-
-def show_run(path: str | None, run_id: int | None, *, lang: str = DEFAULT_LANGUAGE) -> str:
-    """The HTML report of one stored run, embedded in an iframe."""
-    from mixprec.bench.report import render_html
-    from mixprec.bench.store import Store, StoreError, default_db_path
-
-    if run_id is None:
-        return html.escape(t("bench.pick_first", lang))
-    where = (path or "").strip() or str(default_db_path())
-    try:
-        with Store(where) as store:
-            page = render_html([store.load_run(int(run_id))])
-    except (StoreError, OSError, ValueError) as exc:
-        return html.escape(t("bench.error", lang, message=str(exc)))
-    return f'<iframe id="bench-report-frame" srcdoc="{html.escape(page, quote=True)}" style="width:100%;height:900px;border:0"></iframe>'
 
 
 def diagnose(name: str, size: str, preset: str, *, lang: str = DEFAULT_LANGUAGE,
@@ -224,10 +176,6 @@ def diagnose(name: str, size: str, preset: str, *, lang: str = DEFAULT_LANGUAGE,
     table = (f'<div style="max-height:520px;overflow:auto"><table id="diagnose-profile"><thead><tr>{head}</tr></thead>'
              f"<tbody>{''.join(body)}</tbody></table></div>")
     return t("diag.summary", lang, risky=len(risky), total=len(rows)), table, prof.suggestions_toml(), cache
-
-
-def _error(key: str, lang: str, exc: BaseException) -> str:
-    return t(key, lang, message=f"{type(exc).__name__}: {exc}")
 
 
 def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blocks:
@@ -284,14 +232,7 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
                                       label="run.mixed_output")
                 figures = gr.Markdown(t("run.figures_empty", lang), elem_id="run-figures")
             with reg(gr.Tab(t("tab.benchmark", lang), id="benchmark", elem_id="tab-benchmark"), label="tab.benchmark"):
-                bench_path = reg(gr.Textbox(value="", label=t("bench.path_label", lang), info=t("bench.path_info", lang),
-                                            elem_id="bench-path"), label="bench.path_label", info="bench.path_info")
-                load_button = reg(gr.Button(t("bench.load_button", lang), elem_id="bench-load"), value="bench.load_button")
-                runs_md = gr.Markdown(elem_id="bench-runs")
-                run_pick = reg(gr.Dropdown([], value=None, label=t("bench.run_label", lang), info=t("bench.run_info", lang),
-                                           elem_id="bench-run"), label="bench.run_label", info="bench.run_info")
-                show_button = reg(gr.Button(t("bench.show_button", lang), elem_id="bench-show"), value="bench.show_button")
-                report = gr.HTML(elem_id="bench-report")
+                build_bench_tab(lang, reg, language)
             with reg(gr.Tab(t("tab.diagnose", lang), id="diagnose", elem_id="tab-diagnose"), label="tab.diagnose"):
                 with gr.Row():
                     diag_pipe = reg(gr.Dropdown(names, value=first, label=t("run.pipeline_label", lang),
@@ -308,6 +249,8 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
                 diag_table = gr.HTML(elem_id="diagnose-table")
                 diag_toml = reg(gr.Code(language=None, label=t("diag.suggest_label", lang), elem_id="diag-toml"),
                                 label="diag.suggest_label")
+            with reg(gr.Tab(t("tab.tune", lang), id="tune", elem_id="tab-tune"), label="tab.tune"):
+                build_tune_tab(lang, reg, language)
 
         def slot_updates(name: str, size: str, lg: str, state: Cache) -> tuple[list[Any], Cache]:
             try:
@@ -341,7 +284,7 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
                 result = run_comparison(name, size, preset, upcast, values, lang=lg, cache=state)
             except (ValueError, RuntimeError, OSError, ImportError) as exc:
                 hidden = gr.update(visible=False)
-                return [hidden] * 4 + [_error("run.error", lg, exc), state]
+                return [hidden] * 4 + [error_text("run.error", lg, exc), state]
             audio, image = result["kind"] == "audio", result["kind"] == "image"
             return [gr.update(value=result["fp32"] if audio else None, visible=audio),
                     gr.update(value=result["mixed"] if audio else None, visible=audio),
@@ -349,15 +292,11 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
                     gr.update(value=result["mixed"] if image else None, visible=image),
                     result["figures"], result["cache"]]
 
-        def on_load_runs(lg: str, path: str) -> tuple[str, Any]:
-            text, choices = list_runs(path, lang=lg)
-            return text, gr.update(choices=choices, value=choices[0][1] if choices else None)
-
         def on_diagnose(lg: str, name: str, size: str, preset: str, state: Cache) -> list[Any]:
             try:
                 return list(diagnose(name, size, preset, lang=lg, cache=state))
             except (ValueError, RuntimeError, OSError, ImportError) as exc:
-                return [_error("diag.error", lg, exc), "", "", state]
+                return [error_text("diag.error", lg, exc), "", "", state]
 
         dir_js = _DIR_JS.format(rtl=json.dumps([code for code in LANGUAGES if direction(code) == "rtl"]))
         language.change(None, inputs=language, js=dir_js)
@@ -369,9 +308,6 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
         demo.load(on_pipeline, inputs=[run_pipe, run_size, language, cache], outputs=[*slots, cache])
         run_button.click(on_run, inputs=[language, run_pipe, run_size, controls.preset, controls.upcast_attention, *slots, cache],
                          outputs=[fp32_audio, mixed_audio, fp32_image, mixed_image, figures, cache])
-        load_button.click(on_load_runs, inputs=[language, bench_path], outputs=[runs_md, run_pick])
-        show_button.click(lambda lg, path, run_id: show_run(path, run_id, lang=lg), inputs=[language, bench_path, run_pick],
-                          outputs=report)
         diag_button.click(on_diagnose, inputs=[language, diag_pipe, diag_size, diag_preset, cache],
                           outputs=[diag_summary, diag_table, diag_toml, cache])
     return demo

@@ -1,0 +1,282 @@
+"""The Benchmark tab: run ``mixprec bench`` from the browser, and browse the stored runs.
+
+:func:`bench_run` is the Run button's handler: it checks the typed values, runs
+:func:`mixprec.bench.runner.run_bench` in a background thread and yields the
+progress, then the table, the plot and the refreshed list of runs. A Cancel stops
+the run after its current step; what was measured is kept and the run is stored as
+``cancelled``.
+
+Example:
+    >>> from mixprec.ui.jobs import Job
+    >>> for status, *_ in bench_run("en", "minilm", "test", ["fp32", "fast"], 3, 1, "cpu", "b.sqlite", Job()):
+    ...     pass  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import gradio as gr
+import torch
+
+from mixprec import hardware, pipelines
+from mixprec.bench.configs import BUILTIN
+from mixprec.ui.forms import SIZES, check_choice, check_whole, error_text, markdown_table, png_html, status_html
+from mixprec.ui.i18n import DEFAULT_LANGUAGE, messages, t
+from mixprec.ui.jobs import Job
+
+__all__ = ["CONFIGS", "DEFAULT_CONFIGS", "MAX_RUNS", "TABLE_COLUMNS", "bench_cancel", "bench_run", "build_bench_tab",
+           "devices", "list_runs", "results_table", "show_run"]
+
+#: Configurations offered (those of ``mixprec bench --configs``).
+CONFIGS: tuple[str, ...] = tuple(BUILTIN)
+#: Checked at start: the reference and one preset, so a first run is quick.
+DEFAULT_CONFIGS: tuple[str, ...] = ("fp32", "fast")
+#: Upper bound of the timed and warm-up runs typed into the tab.
+MAX_RUNS = 1000
+#: Columns of the table under the Run button (the full report has every metric).
+TABLE_COLUMNS: tuple[str, ...] = ("config", "status", "latency", "ci", "speedup", "peak_mem", "weights", "snr", "psnr",
+                                  "sqnr", "cosine", "token_agreement", "nonfinite", "fallbacks", "error")
+
+#: One output list: status, results table, plot, runs listing, run dropdown.
+Outputs = list[Any]
+
+
+def devices() -> list[str]:
+    """Devices a benchmark can run on here."""
+    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+
+
+def _where(path: str | None) -> str:
+    from mixprec.bench.store import default_db_path
+
+    return (path or "").strip() or str(default_db_path())
+
+
+def _status(value: Any, lang: str) -> str:
+    """A run or configuration status in ``lang`` (unknown ones as they are)."""
+    return messages(lang).get(f"bench.status_{value}", str(value))
+
+
+def results_table(run: dict[str, Any], lang: str) -> str:
+    """The run's headline columns as a Markdown table with translated headers."""
+    from mixprec.bench.report import render_table_rows
+
+    rows = render_table_rows(run)
+    if not rows:
+        return ""
+    keys = [k for k in TABLE_COLUMNS if k in rows[0]]
+    if "snr" in keys or "psnr" in keys:
+        keys = [k for k in keys if k != "sqnr"]
+    if not any(r.get("error") for r in rows):
+        keys = [k for k in keys if k != "error"]
+    body = [[_status(r[k], lang) if k == "status" else r[k] for k in keys] for r in rows]
+    return markdown_table([t(f"bench.tcol_{k}", lang) for k in keys], body)
+
+
+def list_runs(path: str | None, *, lang: str = DEFAULT_LANGUAGE) -> tuple[str, list[tuple[str, int]]]:
+    """The runs in a benchmark store, as a Markdown table and dropdown choices.
+
+    Args:
+        path: the SQLite file; empty or ``None`` for the default location.
+        lang: language of the table.
+    """
+    from mixprec.bench.store import Store, StoreError
+
+    where = _where(path)
+    if not Path(where).is_file():
+        return t("bench.none", lang, path=where), []
+    try:
+        with Store(where) as store:
+            runs = store.runs()
+    except (StoreError, OSError, ValueError) as exc:
+        return t("bench.error", lang, message=str(exc)), []
+    if not runs:
+        return t("bench.none", lang, path=where), []
+    cols = ("id", "started", "status", "pipeline", "size", "configs")
+    rows = [[_status(r[c], lang) if c == "status" else r[c] for c in cols] for r in runs]
+    table = markdown_table([t(f"bench.col_{c}", lang) for c in cols], rows)
+    choices = [(f"#{r['id']} {r['pipeline']} ({r['size']}) {r['started']}", int(r["id"])) for r in runs]
+    return t("bench.found", lang, count=len(runs), path=where) + "\n\n" + table, choices
+
+
+def show_run(path: str | None, run_id: int | None, *, lang: str = DEFAULT_LANGUAGE) -> str:
+    """The HTML report of one stored run, embedded in an iframe."""
+    from mixprec.bench.report import render_html
+    from mixprec.bench.store import Store, StoreError
+
+    if run_id is None:
+        return html.escape(t("bench.pick_first", lang))
+    try:
+        with Store(_where(path)) as store:
+            page = render_html([store.load_run(int(run_id))])
+    except (StoreError, OSError, ValueError) as exc:
+        return html.escape(t("bench.error", lang, message=str(exc)))
+    return f'<iframe id="bench-report-frame" srcdoc="{html.escape(page, quote=True)}" style="width:100%;height:900px;border:0"></iframe>'
+
+
+def _check(lang: str, pipeline: str, size: str, configs: Sequence[str] | None, repeat: Any, warmup: Any,
+           device: str) -> tuple[tuple[int, int] | None, str | None]:
+    """``((repeat, warmup), None)`` or ``(None, the first inline message)``."""
+    problem = (check_choice(pipeline, pipelines.available(), "run.pipeline_label", lang)
+               or check_choice(size, SIZES, "run.size_label", lang)
+               or check_choice(device, devices(), "bench.device_label", lang))
+    if problem:
+        return None, problem
+    if not configs:
+        return None, t("bench.error_configs", lang)
+    for name in configs:
+        if problem := check_choice(name, CONFIGS, "bench.configs_label", lang):
+            return None, problem
+    n_repeat, problem = check_whole(repeat, "bench.repeat_label", lang, low=1, high=MAX_RUNS)
+    if problem:
+        return None, problem
+    n_warmup, problem = check_whole(warmup, "bench.warmup_label", lang, low=0, high=MAX_RUNS)
+    if problem:
+        return None, problem
+    return (n_repeat, n_warmup), None
+
+
+def bench_run(lang: str, pipeline: str, size: str, configs: Sequence[str] | None, repeat: Any, warmup: Any,
+              device: str, path: str | None, job: Job) -> Iterator[Outputs]:
+    """The Run button: benchmark ``configs`` and stream the progress, then the results.
+
+    Yields:
+        ``[status HTML, table Markdown, plot HTML, runs Markdown, run dropdown update]``;
+        values that did not change are ``gr.update()``. Invalid input yields one
+        inline message and starts nothing.
+    """
+    from mixprec.bench.configs import parse_configs
+    from mixprec.bench.runner import BenchOptions, run_bench
+    from mixprec.bench.store import Store
+
+    keep = gr.update()
+
+    def out(status: str, table: Any = keep, plot: Any = keep, runs: Any = keep, pick: Any = keep) -> Outputs:
+        return [status, table, plot, runs, pick]
+
+    checked, problem = _check(lang, pipeline, size, configs, repeat, warmup, device)
+    if checked is None:
+        yield out(status_html(problem or ""))
+        return
+    n_repeat, n_warmup = checked
+    if job.running:
+        yield out(status_html(t("job.busy", lang)))
+        return
+    where = _where(path)
+    try:
+        hw = hardware.probe(device)
+        specs, notes = parse_configs(",".join(configs or ()), hw)
+    except (ValueError, RuntimeError) as exc:
+        yield out(status_html(error_text("bench.failed", lang, exc)))
+        return
+    command = (f"mixprec bench --pipeline {pipeline} --size {size} --configs {','.join(s.name for s in specs)} "
+               f"--repeat {n_repeat} --warmup {n_warmup} --device {device} --db {where}")
+    options = BenchOptions(pipeline=pipeline, configs=specs, repeat=n_repeat, warmup=n_warmup, size=size,
+                           device=device, notes=notes, command=command)
+    total = len(specs) * (n_warmup + n_repeat) + (0 if n_warmup else 1)
+
+    def target(report: Callable[[Any], None]) -> int:
+        done = 0
+
+        def progress(description: str, n: int) -> None:
+            nonlocal done
+            done += n
+            report((description, done))
+
+        with Store(where) as store:
+            return run_bench(options, hw, store, progress=progress, should_stop=job.should_stop)
+
+    yield out(status_html(t("bench.starting", lang, count=len(specs)), 0.0), "", "")
+    for kind, value in job.stream(target):
+        if kind == "progress":
+            step, done = value
+            yield out(status_html(t("bench.progress", lang, done=done, total=total, step=step), done / total))
+        elif kind == "error":
+            yield out(status_html(error_text("bench.failed", lang, value)))
+        else:
+            yield _finished(lang, where, value)
+
+
+def _finished(lang: str, where: str, run_id: int) -> Outputs:
+    from mixprec.bench.report import main_plot_png
+    from mixprec.bench.store import Store, StoreError
+
+    try:
+        with Store(where) as store:
+            run = store.load_run(run_id)
+    except (StoreError, OSError) as exc:
+        return [status_html(error_text("bench.failed", lang, exc))] + [gr.update()] * 4
+    key = "bench.cancelled" if run["status"] == "cancelled" else "bench.finished"
+    plot = png_html(main_plot_png(run), t("bench.plot_alt", lang), "bench-plot-img")
+    text, choices = list_runs(where, lang=lang)
+    return [status_html(t(key, lang, run_id=run_id, path=where), 1.0), results_table(run, lang), plot, text,
+            gr.update(choices=choices, value=run_id)]
+
+
+def bench_cancel(lang: str, job: Job) -> str:
+    """The Cancel button: stop this session's benchmark after its current step."""
+    return status_html(t("job.cancelling" if job.cancel() else "job.idle", lang))
+
+
+def build_bench_tab(lang: str, reg: Callable[..., Any], language: gr.components.Component) -> None:
+    """Create the tab's components in the enclosing ``gr.Tab`` and wire them.
+
+    Args:
+        lang: initial language.
+        reg: registers a component's translated properties (``reg(component, label="key")``).
+        language: the component holding the current language code.
+    """
+    names = pipelines.available()
+    first = "minilm" if "minilm" in names else names[0]
+    job = gr.State(Job, delete_callback=lambda j: j.cancel())
+    reg(gr.Markdown(t("bench.run_heading", lang)), value="bench.run_heading")
+    with gr.Row():
+        pipe = reg(gr.Dropdown(names, value=first, label=t("run.pipeline_label", lang), info=t("run.pipeline_info", lang),
+                               elem_id="bench-pipeline"), label="run.pipeline_label", info="run.pipeline_info")
+        size = reg(gr.Radio(list(SIZES), value=SIZES[0], label=t("run.size_label", lang), info=t("run.size_info", lang),
+                            elem_id="bench-size"), label="run.size_label", info="run.size_info")
+        device = reg(gr.Dropdown(devices(), value="cpu", label=t("bench.device_label", lang),
+                                 info=t("bench.device_info", lang), elem_id="bench-device"),
+                     label="bench.device_label", info="bench.device_info")
+    configs = reg(gr.CheckboxGroup(list(CONFIGS), value=list(DEFAULT_CONFIGS), label=t("bench.configs_label", lang),
+                                   info=t("bench.configs_info", lang), elem_id="bench-configs"),
+                  label="bench.configs_label", info="bench.configs_info")
+    with gr.Row():
+        repeat = reg(gr.Number(3, precision=0, minimum=1, maximum=MAX_RUNS, label=t("bench.repeat_label", lang),
+                               info=t("bench.repeat_info", lang), elem_id="bench-repeat"),
+                     label="bench.repeat_label", info="bench.repeat_info")
+        warmup = reg(gr.Number(1, precision=0, minimum=0, maximum=MAX_RUNS, label=t("bench.warmup_label", lang),
+                               info=t("bench.warmup_info", lang), elem_id="bench-warmup"),
+                     label="bench.warmup_label", info="bench.warmup_info")
+    path = reg(gr.Textbox(value="", label=t("bench.path_label", lang), info=t("bench.path_info", lang),
+                          elem_id="bench-path"), label="bench.path_label", info="bench.path_info")
+    with gr.Row():
+        run_button = reg(gr.Button(t("bench.run_button", lang), variant="primary", elem_id="bench-run-button"),
+                         value="bench.run_button")
+        cancel_button = reg(gr.Button(t("job.cancel_button", lang), variant="stop", elem_id="bench-cancel"),
+                            value="job.cancel_button")
+    status = gr.HTML(elem_id="bench-status")
+    table = gr.Markdown(elem_id="bench-table")
+    plot = gr.HTML(elem_id="bench-plot")
+
+    reg(gr.Markdown(t("bench.browse_heading", lang)), value="bench.browse_heading")
+    load_button = reg(gr.Button(t("bench.load_button", lang), elem_id="bench-load"), value="bench.load_button")
+    runs_md = gr.Markdown(elem_id="bench-runs")
+    run_pick = reg(gr.Dropdown([], value=None, label=t("bench.run_label", lang), info=t("bench.run_info", lang),
+                               elem_id="bench-run"), label="bench.run_label", info="bench.run_info")
+    show_button = reg(gr.Button(t("bench.show_button", lang), elem_id="bench-show"), value="bench.show_button")
+    report = gr.HTML(elem_id="bench-report")
+
+    def on_load_runs(lg: str, where: str) -> tuple[str, Any]:
+        text, choices = list_runs(where, lang=lg)
+        return text, gr.update(choices=choices, value=choices[0][1] if choices else None)
+
+    run_button.click(bench_run, inputs=[language, pipe, size, configs, repeat, warmup, device, path, job],
+                     outputs=[status, table, plot, runs_md, run_pick], show_progress="hidden")
+    cancel_button.click(bench_cancel, inputs=[language, job], outputs=status, show_progress="hidden")
+    load_button.click(on_load_runs, inputs=[language, path], outputs=[runs_md, run_pick])
+    show_button.click(lambda lg, where, run_id: show_run(where, run_id, lang=lg), inputs=[language, path, run_pick],
+                      outputs=report)

@@ -1,0 +1,241 @@
+"""The Tune tab: search for the fastest (or smallest) policy meeting a quality bound.
+
+:func:`tune_run` is the Start button's handler: it checks the typed values (a bad
+bound shows the grammar inline and starts nothing), runs :func:`mixprec.tune` in a
+background thread and yields a progress line and a growing plot of the candidates
+(latency against the bound's metric), then the result, the frontier and the chosen
+policy as TOML. A Cancel stops the search before its next measurement; the result
+holds what was measured.
+
+Example:
+    >>> from mixprec.ui.jobs import Job
+    >>> for status, plot, summary, toml_text in tune_run("en", "minilm", "test", "cosine>=0.99", "latency", 16, "t.sqlite", Job()):
+    ...     pass  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import math
+from typing import Any, Callable, Iterator, Sequence
+
+import gradio as gr
+
+import mixprec
+from mixprec import pipelines
+from mixprec.ui.forms import SIZES, check_choice, check_whole, error_text, markdown_table, png_html, status_html
+from mixprec.ui.i18n import t
+from mixprec.ui.jobs import Job
+
+__all__ = ["MAX_BUDGET", "OBJECTIVES", "build_tune_tab", "objective_choices", "tune_cancel", "tune_plot_png", "tune_run"]
+
+#: What the search minimises.
+OBJECTIVES: tuple[str, ...] = ("latency", "memory")
+#: Upper bound of the evaluation budget typed into the tab.
+MAX_BUDGET = 10_000
+_MIB = 1024 * 1024
+_MET, _MISSED, _BEST, _BOUND = "#2a9d8f", "#e76f51", "#264653", "#e9c46a"
+
+#: One output list: status, plot, result Markdown, policy TOML.
+Outputs = list[Any]
+
+
+def objective_choices(lang: str) -> list[tuple[str, str]]:
+    """``(label, value)`` choices of the objective radio."""
+    return [(t(f"tune.objective_{name}", lang), name) for name in OBJECTIVES]
+
+
+def _value(candidate: Any, key: str) -> float:
+    return candidate.evaluation.quality.get(key, math.nan)
+
+
+def _shown(value: float, lang: str) -> str:
+    if math.isinf(value):
+        return t("run.exact", lang)
+    return "—" if math.isnan(value) else f"{value:.6g}"
+
+
+def tune_plot_png(path: Sequence[Any], bound: mixprec.Bound, best: Any = None) -> bytes:
+    """Candidates as points (latency in ms against the bound's metric), as PNG bytes.
+
+    Green meets the bound, red misses it, the ring marks ``best``, the dashed line
+    is the bound. An infinite value (output identical to fp32) is drawn above the
+    highest finite one. The image holds numbers only; the tab's caption explains it
+    in the chosen language.
+    """
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    finite = [v for v in (_value(c, bound.key) for c in path) if math.isfinite(v)]
+    top = max(finite + [bound.value])
+    cap = top + max(abs(top) * 0.1, 1e-3)
+    points = []
+    for c in path:
+        v = _value(c, bound.key)
+        if not math.isnan(v):
+            points.append((c, c.evaluation.latency_s * 1e3, cap if math.isinf(v) else v))
+    fig = Figure(figsize=(7, 4.2), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    if points:
+        ax.plot([x for _, x, _ in points], [y for _, _, y in points], color="#cccccc", linewidth=0.8, zorder=1)
+        ax.scatter([x for _, x, _ in points], [y for _, _, y in points], s=28, zorder=2,
+                   c=[_MET if c.met else _MISSED for c, _, _ in points])
+        for c, x, y in points:
+            ax.annotate(str(c.index), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            if best is not None and c.index == best.index:
+                ax.scatter([x], [y], s=220, facecolors="none", edgecolors=_BEST, linewidths=2, zorder=3)
+    ax.axhline(bound.value, color=_BOUND, linewidth=1.2, linestyle="--", zorder=0)
+    ax.ticklabel_format(axis="y", useOffset=False)
+    ax.set_xlabel("ms")
+    ax.set_ylabel(bound.key)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    fig.clear()
+    return buffer.getvalue()
+
+
+def _plot(path: Sequence[Any], bound: mixprec.Bound, best: Any, lang: str) -> str:
+    return (png_html(tune_plot_png(path, bound, best), t("tune.plot_alt", lang, metric=bound.key), "tune-plot-img")
+            + f"<p>{html.escape(t('tune.plot_caption', lang, metric=bound.key, bound=bound))}</p>")
+
+
+def _best_text(best: Any, bound: mixprec.Bound, lang: str) -> str:
+    if best is None:
+        return t("tune.best_none", lang)
+    ev = best.evaluation
+    return t("tune.best", lang, index=best.index, step=best.step, latency=f"{ev.latency_s * 1e3:.2f}",
+             weights=f"{ev.memory_bytes / _MIB:.2f}", metric=bound.key, value=_shown(_value(best, bound.key), lang))
+
+
+def _progress(event: Any, bound: mixprec.Bound, lang: str) -> str:
+    best = _best_text(event.best, bound, lang)
+    budget = "∞" if event.budget is None else event.budget
+    text = t("tune.progress", lang, done=event.evaluations, budget=budget, best=best)
+    return status_html(text, None if event.budget is None else event.evaluations / event.budget)
+
+
+def _summary(result: mixprec.TuneResult, cancelled: bool, lang: str) -> str:
+    key = result.bound.key
+    if result.met:
+        base, chosen = result.path[0].evaluation, result.chosen.evaluation
+        head = t("tune.met", lang, bound=result.bound, index=result.chosen.index, step=result.chosen.step,
+                 speedup=f"{base.latency_s / max(chosen.latency_s, 1e-12):.2f}",
+                 ratio=f"{100 * chosen.memory_bytes / max(base.memory_bytes, 1):.0f}", metric=key,
+                 value=_shown(_value(result.chosen, key), lang))
+    else:
+        head = t("tune.unmet", lang, bound=result.bound, index=result.chosen.index, step=result.chosen.step,
+                 miss=f"{result.miss:.4g}")
+    lines = [head, "", t("tune.stats", lang, evaluations=result.evaluations, cached=result.cached,
+                         seconds=f"{result.wall_s:.0f}")]
+    if cancelled:
+        lines += ["", t("tune.cancelled", lang)]
+    headers = [t(f"tune.col_{c}", lang) for c in ("index", "step", "latency", "weights")] + [key, t("tune.col_meets", lang)]
+    rows = [[c.index, c.step, f"{c.evaluation.latency_s * 1e3:.2f}", f"{c.evaluation.memory_bytes / _MIB:.2f}",
+             _shown(_value(c, key), lang), t("diag.yes" if c.met else "diag.no", lang)] for c in result.frontier]
+    return "\n".join(lines + ["", t("tune.frontier_heading", lang), "", markdown_table(headers, rows)])
+
+
+def _check(lang: str, pipeline: str, size: str, bound: str, objective: str,
+           budget: Any) -> tuple[tuple[mixprec.Bound, int] | None, str | None]:
+    problem = (check_choice(pipeline, pipelines.available(), "run.pipeline_label", lang)
+               or check_choice(size, SIZES, "run.size_label", lang)
+               or check_choice(objective, OBJECTIVES, "tune.objective_label", lang))
+    if problem:
+        return None, problem
+    try:
+        parsed = mixprec.parse_bound(bound or "")
+    except ValueError as exc:
+        return None, t("tune.error_bound", lang, message=str(exc))
+    n_budget, problem = check_whole(budget, "tune.budget_label", lang, low=1, high=MAX_BUDGET)
+    if problem:
+        return None, problem
+    return (parsed, n_budget), None
+
+
+def tune_run(lang: str, pipeline: str, size: str, bound: str, objective: str, budget: Any, path: str | None, job: Job,
+             *, seeds: Sequence[int] = (0, 1), repeat: int = 1) -> Iterator[Outputs]:
+    """The Start button: tune ``pipeline`` for ``bound`` and stream the search.
+
+    Yields:
+        ``[status HTML, plot HTML, result Markdown, policy TOML]``; values that did
+        not change are ``gr.update()``. Invalid input yields one inline message and
+        starts nothing.
+    """
+    from mixprec.bench.store import Store, default_db_path
+
+    keep = gr.update()
+    checked, problem = _check(lang, pipeline, size, bound, objective, budget)
+    if checked is None:
+        yield [status_html(problem or ""), keep, keep, keep]
+        return
+    parsed, n_budget = checked
+    if job.running:
+        yield [status_html(t("job.busy", lang)), keep, keep, keep]
+        return
+    where = (path or "").strip() or str(default_db_path())
+
+    def target(report: Callable[[Any], None]) -> mixprec.TuneResult:
+        def progress(event: Any) -> None:
+            report(dataclasses.replace(event, path=list(event.path)))
+
+        with Store(where) as store:
+            return mixprec.tune(pipeline, parsed, objective=objective, budget=n_budget, size=size, seeds=tuple(seeds),
+                                repeat=repeat, store=store, progress=progress, should_stop=job.should_stop)
+
+    yield [status_html(t("tune.starting", lang), 0.0), "", "", ""]
+    for kind, value in job.stream(target):
+        if kind == "progress":
+            yield [_progress(value, parsed, lang), _plot(value.path, parsed, value.best, lang), keep, keep]
+        elif kind == "error":
+            text = t("tune.cancelled_empty", lang) if job.should_stop() else error_text("tune.failed", lang, value)
+            yield [status_html(text), keep, keep, keep]
+        else:
+            cancelled = job.should_stop()
+            done = t("tune.done_cancelled" if cancelled else "tune.done", lang, evaluations=value.evaluations)
+            yield [status_html(done, 1.0), _plot(value.path, parsed, value.chosen, lang), _summary(value, cancelled, lang),
+                   value.to_toml()]
+
+
+def tune_cancel(lang: str, job: Job) -> str:
+    """The Cancel button: stop this session's search before its next measurement."""
+    return status_html(t("job.cancelling" if job.cancel() else "job.idle", lang))
+
+
+def build_tune_tab(lang: str, reg: Callable[..., Any], language: gr.components.Component) -> None:
+    """Create the tab's components in the enclosing ``gr.Tab`` and wire them (see :func:`build_bench_tab`)."""
+    names = pipelines.available()
+    first = "minilm" if "minilm" in names else names[0]
+    job = gr.State(Job, delete_callback=lambda j: j.cancel())
+    with gr.Row():
+        pipe = reg(gr.Dropdown(names, value=first, label=t("run.pipeline_label", lang), info=t("run.pipeline_info", lang),
+                               elem_id="tune-pipeline"), label="run.pipeline_label", info="run.pipeline_info")
+        size = reg(gr.Radio(list(SIZES), value=SIZES[0], label=t("run.size_label", lang), info=t("run.size_info", lang),
+                            elem_id="tune-size"), label="run.size_label", info="run.size_info")
+    with gr.Row():
+        bound = reg(gr.Textbox(value="cosine>=0.999", label=t("tune.bound_label", lang), info=t("tune.bound_info", lang),
+                               elem_id="tune-bound"), label="tune.bound_label", info="tune.bound_info")
+        objective = reg(gr.Radio(objective_choices(lang), value=OBJECTIVES[0], label=t("tune.objective_label", lang),
+                                 info=t("tune.objective_info", lang), elem_id="tune-objective"),
+                        label="tune.objective_label", info="tune.objective_info", choices=objective_choices)
+        budget = reg(gr.Number(20, precision=0, minimum=1, maximum=MAX_BUDGET, label=t("tune.budget_label", lang),
+                               info=t("tune.budget_info", lang), elem_id="tune-budget"),
+                     label="tune.budget_label", info="tune.budget_info")
+    path = reg(gr.Textbox(value="", label=t("bench.path_label", lang), info=t("bench.path_info", lang),
+                          elem_id="tune-path"), label="bench.path_label", info="bench.path_info")
+    with gr.Row():
+        start = reg(gr.Button(t("tune.start_button", lang), variant="primary", elem_id="tune-start"),
+                    value="tune.start_button")
+        cancel = reg(gr.Button(t("job.cancel_button", lang), variant="stop", elem_id="tune-cancel"),
+                     value="job.cancel_button")
+    status = gr.HTML(elem_id="tune-status")
+    plot = gr.HTML(elem_id="tune-plot")
+    summary = gr.Markdown(elem_id="tune-summary")
+    toml_text = reg(gr.Code(language=None, label=t("tune.policy_label", lang), elem_id="tune-policy"),
+                    label="tune.policy_label")
+    start.click(tune_run, inputs=[language, pipe, size, bound, objective, budget, path, job],
+                outputs=[status, plot, summary, toml_text], show_progress="hidden")
+    cancel.click(tune_cancel, inputs=[language, job], outputs=status, show_progress="hidden")

@@ -1,0 +1,116 @@
+"""The Benchmark tab's handlers, called directly: real workers, real pipelines (test size), a real store."""
+
+from __future__ import annotations
+
+import pytest
+
+gr = pytest.importorskip("gradio")
+
+from mixprec.bench.store import Store  # noqa: E402
+from mixprec.ui.bench_tab import bench_cancel, bench_run, list_runs, results_table  # noqa: E402
+from mixprec.ui.i18n import t  # noqa: E402
+from mixprec.ui.jobs import Job  # noqa: E402
+
+UNCHANGED = {"__type__": "update"}
+
+
+def test_run_streams_progress_then_results_and_other_sessions_are_untouched(tmp_path):
+    db = tmp_path / "bench.sqlite"
+    mine, other = Job(), Job()
+    outputs, other_said = [], []
+    for out in bench_run("en", "minilm", "test", ["fast"], 2, 0, "cpu", str(db), mine):
+        outputs.append(out)
+        if mine.running and not other_said:
+            other_said.append(bench_cancel("en", other))  # another session's Cancel, while this one runs
+    assert other_said and all(t("job.idle", "en") in said for said in other_said)
+    assert not mine.should_stop() and not other.should_stop()
+
+    progress = [out[0] for out in outputs[1:-1]]
+    assert progress and all("<progress" in status for status in progress)
+    assert all(out[3] == UNCHANGED for out in outputs[:-1])  # the runs list changes only at the end
+    assert "Step 5 of 5" in progress[-1]  # fp32 added first: reference + 2 timed runs each
+
+    status, table, plot, runs, pick = outputs[-1]
+    assert "<strong>Finished.</strong>" in status
+    assert table.startswith("| Configuration | Status | Latency (median) |") and "| fast | ok |" in table
+    assert plot.startswith('<img id="bench-plot-img"') and "data:image/png;base64," in plot
+    run_id = pick["value"]
+    assert "| complete | minilm | test | 2 |" in runs and [value for _, value in pick["choices"]] == [run_id]
+    with Store(db) as store:
+        run = store.load_run(run_id)
+    assert run["status"] == "complete" and "--configs fp32,fast" in run["command"]
+    assert [(c["name"], c["status"], len(c["samples"])) for c in run["configs"]] == [("fp32", "ok", 2), ("fast", "ok", 2)]
+    assert "| 正常 |" in results_table(run, "zh") and "| 延迟（中位数） |" in results_table(run, "zh")
+
+
+def test_cancel_keeps_what_was_measured(tmp_path):
+    db = tmp_path / "bench.sqlite"
+    job = Job()
+    said, outputs = None, []
+    for out in bench_run("he", "minilm", "test", ["fp32", "fast"], 500, 0, "cpu", str(db), job):
+        outputs.append(out)
+        if said is None and ": run " in out[0]:  # the first timed run was measured
+            said = bench_cancel("he", job)
+    assert said is not None and t("job.cancelling", "he") in said
+    assert t("job.idle", "he") in bench_cancel("he", job)  # the run is over
+
+    status, table, _plot, _runs, pick = outputs[-1]
+    assert "בוטל" in status and f"#{pick['value']}" in status
+    with Store(db) as store:
+        run = store.load_run(pick["value"])
+    assert run["status"] == "cancelled"
+    counts = {c["name"]: len(c["samples"]) for c in run["configs"]}
+    assert 1 <= sum(counts.values()) < 100 and counts["fp32"] >= 1
+    fp32 = run["configs"][0]
+    assert fp32["metrics"]["latency_median"] > 0 and fp32["metrics"]["weight_bytes"] > 0  # measured, then kept
+    assert "fp32" in table and "fast" in table
+    text, choices = list_runs(str(db), lang="en")
+    assert "cancelled" in text and choices[0][1] == run["id"]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ((["fast"], 3, 1), "**Not started.** Timed runs must be a whole number from 1 to 1000"),
+        (([], 3, 1), "Choose at least one configuration"),
+        ((None, 3, 1), "Choose at least one configuration"),
+        ((["fast", "turbo"], 3, 1), '"turbo" is not a valid value for Configurations; choose one of: fp32, matmul-high'),
+        ((["fast"], 0, 1), 'got "0"'),
+        ((["fast"], 1.5, 1), 'got "1.5"'),
+        ((["fast"], "abc", 1), 'got "abc"'),
+        ((["fast"], None, 1), 'got ""'),
+        ((["fast"], 3, -1), "Warm-up runs must be a whole number from 0 to 1000"),
+    ],
+)
+def test_invalid_input_shows_a_message_and_starts_nothing(tmp_path, args, expected):
+    configs, repeat, warmup = args
+    if expected.startswith("**Not started.** Timed"):
+        repeat = 1001
+    db = tmp_path / "bench.sqlite"
+    job = Job()
+    outputs = list(bench_run("en", "minilm", "test", configs, repeat, warmup, "cpu", str(db), job))
+    assert len(outputs) == 1
+    status, *rest = outputs[0]
+    assert expected.replace("**Not started.**", "<strong>Not started.</strong>") in status.replace("&quot;", '"')
+    assert rest == [UNCHANGED] * 4
+    assert not db.exists() and not job.running
+
+
+def test_invalid_choices_are_named_in_the_session_language(tmp_path):
+    db = str(tmp_path / "bench.sqlite")
+    [[status, *_]] = bench_run("ja", "ttx", "test", ["fast"], 3, 1, "cpu", db, Job())
+    assert "ttx" in status and "パイプライン" in status and "tts" in status
+    [[status, *_]] = bench_run("zh", "minilm", "huge", ["fast"], 3, 1, "cpu", db, Job())
+    assert "huge" in status and "test, default" in status and "未启动" in status
+    [[status, *_]] = bench_run("en", "minilm", "test", ["fast"], 3, 1, "tpu", db, Job())
+    assert '"tpu" is not a valid value for Device' in status.replace("&quot;", '"')
+
+
+def test_a_file_that_is_not_a_database_is_reported_and_left_alone(tmp_path):
+    text_file = tmp_path / "notes.sqlite"
+    text_file.write_text("hello")
+    job = Job()
+    outputs = list(bench_run("en", "minilm", "test", ["fast"], 1, 0, "cpu", str(text_file), job))
+    status = outputs[-1][0]
+    assert "<strong>The benchmark failed:</strong> StoreError" in status and "not a SQLite database" in status
+    assert text_file.read_text() == "hello" and not job.running

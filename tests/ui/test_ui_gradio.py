@@ -1,0 +1,33 @@
+"""``mixprec.gradio``: the public home of the embeddable precision controls."""
+
+from __future__ import annotations
+
+import pytest
+
+gr = pytest.importorskip("gradio")
+
+import mixprec  # noqa: E402
+import mixprec.gradio  # noqa: E402
+from mixprec.ui import controls  # noqa: E402
+
+
+def test_reexports_the_controls():
+    assert sorted(mixprec.gradio.__all__) == ["PrecisionControls", "build_policy", "initialize_service", "precision_controls"]
+    for name in mixprec.gradio.__all__:
+        assert getattr(mixprec.gradio, name) is getattr(controls, name)
+
+
+def test_precision_controls_in_your_own_blocks(clean_env):
+    clean_env.setenv("ACE_STEP_FLOAT32_MATMUL_PRECISION", "medium")
+    with gr.Blocks() as demo:
+        gr.Markdown("my app")
+        placed = mixprec.gradio.precision_controls(app="ACE_STEP")
+    assert isinstance(placed, mixprec.gradio.PrecisionControls)
+    assert placed.matmul.value == "medium" and "env ACE_STEP_FLOAT32_MATMUL_PRECISION" in placed.status.value
+    assert {placed.button._id, placed.status._id} <= set(demo.blocks)
+    before = mixprec.snapshot()
+    try:
+        message = mixprec.gradio.initialize_service("ACE_STEP", matmul="ultra")
+        assert "ultra" in message and mixprec.snapshot() == before  # invalid: nothing applied
+    finally:
+        mixprec.restore(before)
