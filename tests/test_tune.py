@@ -290,3 +290,20 @@ def test_component_pass_then_modules_inside_the_needed_component():
     steps = [c.step for c in result.path]
     assert any(s.startswith("bisect components") for s in steps) and "verify components b" in steps
     assert any("components needed in fp32: b" in n for n in result.notes)
+
+
+def test_no_fast_16bit_type_latency_search_stays_fp32(evaluator):
+    result = tune("synthetic", "sqnr>=30", evaluator=evaluator, dtypes=(), budget=20, final_rounds=0)
+    steps = [c.step for c in result.path]
+    assert not any(step.startswith("all-") for step in steps)
+    assert any(step.startswith("local: matmul") for step in steps)
+    assert not any("upcast_attention" in step for step in steps)
+    assert all(rule.storage in (None, "fp32") for rule in result.policy.rules)
+    assert any("cannot win on latency" in note for note in result.notes)
+
+
+def test_no_fast_16bit_type_memory_search_stores_16bit_with_fp32_compute(evaluator):
+    result = tune("synthetic", "sqnr>=30", evaluator=evaluator, objective="memory", dtypes=(), budget=40)
+    assert {"all-bf16 compute fp32", "all-fp16 compute fp32"} <= {c.step for c in result.path}
+    assert result.met and result.policy.rules[0].storage in ("bf16", "fp16") and result.policy.rules[0].compute == "fp32"
+    assert result.chosen.evaluation.memory_bytes < result.path[0].evaluation.memory_bytes / 1.9

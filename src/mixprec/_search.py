@@ -433,12 +433,18 @@ def run_search(search: Search, evaluator: Any, fast: list[str], notes: list[str]
         available = ", ".join(k for k, v in METRICS.items() if v in baseline.evaluation.quality)
         raise ValueError(f"bound {search.bound} reads {search.bound.key!r}, which this target does not produce; "
                          f"metrics available here: {available}")
-    starts = [Config(fast[0])]
-    if search.objective == "memory":
-        starts = [Config(d) for d in fast] + [Config("fp16", compute="fp32")]
+    if fast:
+        starts = [Config(fast[0])]
+        if search.objective == "memory":
+            starts = [Config(d) for d in fast] + [Config("fp16", compute="fp32")]
+    elif search.objective == "memory":
+        starts = [Config(d, compute="fp32") for d in ("bf16", "fp16")]  # 16-bit storage only: compute stays fp32
+    else:
+        starts = []  # 16-bit compute is emulated here: it cannot win on latency
     start_cands = [(cfg, search.evaluate(cfg, f"all-{cfg.base}" + (f" compute {cfg.compute}" if cfg.compute else "")))
                    for cfg in starts]
-    config, cand = min(start_cands, key=lambda p: (not p[1].met, p[1].miss, search.cost(p[1])))
+    config, cand = min(start_cands, key=lambda p: (not p[1].met, p[1].miss, search.cost(p[1])),
+                       default=(Config("fp32"), baseline))
     for name, policy in presets:  # candidates too: the result is never worse than a measured preset
         search.evaluate_policy(policy, f"preset {name}")
     if not baseline.met:
@@ -539,7 +545,8 @@ def _moves(groups: list[str], fast: list[str]) -> list[tuple[str, Callable[[Conf
     moves += [(f"local: matmul {level}", matmul_move(level)) for level in MATMUL_LEVELS]  # global: first
     for group in groups:
         moves += [(f"local: {group} storage {dtype}", storage_move(group, dtype)) for dtype in [*fast, "fp32"]]
-        moves.append((f"local: {group} toggle upcast_attention", upcast_move(group)))
+        if fast:  # with no 16-bit compute, attention scores are fp32 already
+            moves.append((f"local: {group} toggle upcast_attention", upcast_move(group)))
     return moves
 
 

@@ -384,8 +384,9 @@ def tune(
         if d not in ("bf16", "fp16"):
             raise ValueError(f"unknown 16-bit dtype {d!r}; valid: bf16, fp16")
     if not fast:
-        fast = ["bf16"]
-        notes.append(f"no 16-bit type measured fast on {hw.name}: trying bf16 anyway")
+        notes.append(f"no 16-bit type measured fast on {hw.name}: "
+                     + ("16-bit storage with fp32 compute only" if objective == "memory"
+                        else "16-bit compute cannot win on latency here, so the search covers fp32 settings and the presets"))
     owned = evaluator is None
     if owned:
         evaluator = WorkerEvaluator(str(getattr(pipeline, "name", pipeline)), size, seeds=seeds, repeat=repeat)

@@ -211,3 +211,13 @@ def test_to_json(run):
 def test_save_html(run, tmp_path):
     path = report.save_html([run], tmp_path / "report.html")
     assert path.read_text(encoding="utf-8") == report.render_html([run])
+
+
+def test_table_rows_show_the_exception_line_and_exports_keep_the_traceback():
+    error = ("RuntimeError: could not create a primitive descriptor for the LSTM forward propagation primitive.\n"
+             "Traceback (most recent call last):\n  File \"worker.py\", line 80, in main\n    out = pipe.run(x)\n")
+    run = {"id": 1, "pipeline": "tts", "size": "test", "status": "complete", "configs": [_failed("autocast-bf16", "failed", error)]}
+    (row,) = report.render_table_rows(run)
+    assert row["error"] == "RuntimeError: could not create a primitive descriptor for the LSTM forward propagation primitive."
+    assert "Traceback" not in report.render_html([run])
+    assert "Traceback (most recent call last)" in json.loads(report.to_json([run]))[0]["error"]

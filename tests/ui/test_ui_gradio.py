@@ -31,3 +31,38 @@ def test_precision_controls_in_your_own_blocks(clean_env):
         assert "ultra" in message and mixprec.snapshot() == before  # invalid: nothing applied
     finally:
         mixprec.restore(before)
+
+
+def test_initialize_hands_the_policy_to_the_app_and_undoes_a_failed_load(clean_env):
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    loaded = {}
+
+    def load(policy):
+        loaded["applied"] = mixprec.apply(model, policy)
+        return "model loaded"
+
+    before = mixprec.snapshot()
+    try:
+        message = mixprec.gradio.initialize_service("ACE_STEP", matmul="high", preset="memory", on_initialize=load)
+        assert "Applied." in message and message.endswith("model loaded")
+        assert model[0].weight.dtype in (torch.bfloat16, torch.float16)
+        assert mixprec.describe()["float32_matmul_precision"] == "high"
+        loaded["applied"].revert()
+
+        mixprec.restore(before)
+        calls = []
+        message = mixprec.gradio.initialize_service("ACE_STEP", matmul="medium", on_initialize=calls.append)
+        assert calls == [None]  # nothing chosen: everything stays fp32
+
+        mixprec.restore(before)
+
+        def broken(policy):
+            raise OSError("weights not found: model.safetensors")
+
+        message = mixprec.gradio.initialize_service("ACE_STEP", matmul="medium", on_initialize=broken)
+        assert "Not applied." in message and "weights not found" in message
+        assert mixprec.snapshot() == before  # the numeric settings were put back
+    finally:
+        mixprec.restore(before)

@@ -208,6 +208,11 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def _error_summary(value: Any) -> str:
+    """The exception line of a stored error; its traceback stays in the store and the JSON/CSV export."""
+    return _text(value).split("\nTraceback (most recent call last):", 1)[0].strip()
+
+
 def _latency(config: Mapping[str, Any]) -> dict[str, Any] | None:
     """Median and CI from the stored metrics, else computed from the raw samples."""
     metrics = _metrics(config)
@@ -305,7 +310,7 @@ def render_table_rows(run: Mapping[str, Any]) -> list[dict[str, str]]:
         }
         for key, _, metric, fmt in metric_columns:
             row[key] = fmt(metrics.get(metric))
-        row["error"] = _text(config.get("error"))
+        row["error"] = _error_summary(config.get("error"))
         rows.append(row)
     return rows
 

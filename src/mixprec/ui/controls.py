@@ -15,7 +15,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import gradio as gr
 
@@ -124,24 +124,30 @@ def initialize_service(
     upcast_attention: bool = False,
     dtypes: Mapping[str, str] | None = None,
     lang: str = "en",
+    on_initialize: Callable[[mixprec.Policy | None], Any] | None = None,
 ) -> str:
-    """Validate the choices, then apply them with :func:`mixprec.init`.
+    """Validate the choices, apply them with :func:`mixprec.init`, then hand the policy to the app.
 
     Everything is validated before anything is applied: on an invalid value the
-    returned message explains it and torch's flags stay as they were.
+    returned message explains it and torch's flags stay as they were. When
+    ``on_initialize`` raises, the numeric settings are restored too, so a failed
+    initialization changes nothing.
 
     Args:
         app: the application's env-var prefix, passed to :func:`mixprec.init`.
         matmul: float32 matmul precision (one of :data:`mixprec.MATMUL_LEVELS`).
         preset, upcast_attention, dtypes: the model policy (see :func:`build_policy`).
         lang: language of the returned message.
+        on_initialize: the app's model loading: called with the chosen policy
+            (``None``: everything fp32) after the numeric settings are applied; a
+            returned string is shown under the status.
 
     Returns:
         Markdown: what was applied and from where, or the inline error.
     """
     check_language(lang)
     try:
-        build_policy(preset=preset, upcast_attention=upcast_attention, dtypes=dtypes)
+        policy = build_policy(preset=preset, upcast_attention=upcast_attention, dtypes=dtypes)
     except ValueError as exc:
         return t("controls.error_config", lang, message=str(exc))
     if matmul not in mixprec.MATMUL_LEVELS:
@@ -151,11 +157,20 @@ def initialize_service(
         resolved = mixprec.init(app, matmul=matmul)
     except mixprec.ConfigError as exc:
         return t("controls.error_config", lang, message=str(exc))
+    loaded = None
+    if on_initialize is not None:
+        try:
+            loaded = on_initialize(policy)
+        except Exception as exc:  # the app's own loading failed: undo the settings, show why
+            mixprec.restore(resolved.previous)
+            return t("controls.error_config", lang, message=f"{type(exc).__name__}: {exc}")
     state = mixprec.describe()
     backends = ", ".join(f"`{name}`: {value}" for name, value in state["backends"].items())
     lines = [t("controls.status_applied", lang), ""]
     lines += [f"- {line}" for line in resolved.log_lines()]
     lines += ["", t("controls.status_backends", lang, backends=backends)]
+    if isinstance(loaded, str) and loaded:
+        lines += ["", loaded]
     return "\n".join(lines)
 
 
@@ -183,6 +198,7 @@ class PrecisionControls:
     status: gr.Markdown
     heading: gr.Markdown | None = None
     dtypes: dict[str, gr.Dropdown] = field(default_factory=dict)
+    on_initialize: Callable[[mixprec.Policy | None], Any] | None = None
 
     @property
     def inputs(self) -> list[gr.components.Component]:
@@ -193,17 +209,18 @@ class PrecisionControls:
                    *dtypes: str) -> str:
         """Apply the chosen values (see :func:`initialize_service`); returns the status Markdown."""
         return initialize_service(self.app, matmul=matmul, preset=preset, upcast_attention=upcast_attention,
-                                  dtypes=dict(zip(self.dtypes, dtypes)), lang=self.lang)
+                                  dtypes=dict(zip(self.dtypes, dtypes)), lang=self.lang, on_initialize=self.on_initialize)
 
     def initialize_in(self, lang: str, matmul: str, preset: str | None = NO_PRESET, upcast_attention: bool = False,
                       *dtypes: str) -> str:
         """Like :meth:`initialize`, with the message language given first."""
         return initialize_service(self.app, matmul=matmul, preset=preset, upcast_attention=upcast_attention,
-                                  dtypes=dict(zip(self.dtypes, dtypes)), lang=lang)
+                                  dtypes=dict(zip(self.dtypes, dtypes)), lang=lang, on_initialize=self.on_initialize)
 
 
 def precision_controls(
-    app: str | None = None, *, pipeline: Any = None, lang: str = "en", language: gr.components.Component | None = None
+    app: str | None = None, *, pipeline: Any = None, lang: str = "en", language: gr.components.Component | None = None,
+    on_initialize: Callable[[mixprec.Policy | None], Any] | None = None,
 ) -> PrecisionControls:
     """Create the precision controls in the enclosing ``gr.Blocks`` and wire the button.
 
@@ -215,6 +232,9 @@ def precision_controls(
         lang: a code of :data:`mixprec.ui.i18n.LANGUAGES`.
         language: a component holding the language code; when given, the
             handler writes its messages in that component's current language.
+        on_initialize: called by "Initialize service" with the chosen policy once
+            the numeric settings are applied: load and :func:`mixprec.apply` your
+            models there. If it raises, the settings are restored and the error shown.
 
     Returns:
         The created components; ``initialize`` is wired to the button.
@@ -239,7 +259,7 @@ def precision_controls(
     button = gr.Button(t("controls.init_button", lang), variant="primary", elem_id="initialize")
     status = gr.Markdown(defaults_message(app, lang), elem_id="init-status")
     controls = PrecisionControls(app=app, lang=lang, matmul=matmul, preset=preset, upcast_attention=upcast,
-                                 button=button, status=status, heading=heading, dtypes=dtypes)
+                                 button=button, status=status, heading=heading, dtypes=dtypes, on_initialize=on_initialize)
     if language is None:
         button.click(controls.initialize, inputs=controls.inputs, outputs=status)
     else:
