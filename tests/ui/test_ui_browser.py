@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -41,6 +42,27 @@ def sync_playwright():
     return start
 
 
+@contextlib.contextmanager
+def _served(sync_playwright):
+    """The English app on a free loopback port and a headless Chromium; both closed on exit."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=WAIT_MS)
+    port = _free_port()
+    demo = build_app("en")
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+            try:
+                yield browser, f"http://127.0.0.1:{port}/"
+            finally:
+                browser.close()
+    finally:
+        demo.close()
+        expect.set_options(timeout=5_000)  # Playwright's default, for other tests
+
+
 def _choose(page, elem_id: str, option: str) -> None:
     """Pick ``option`` (its shown text) in the Gradio dropdown ``elem_id``."""
     page.locator(f"#{elem_id} input").click()
@@ -50,62 +72,52 @@ def _choose(page, elem_id: str, option: str) -> None:
 def test_browser_run_and_languages(sync_playwright, tmp_path, clean_env, bf16_cpu):
     from playwright.sync_api import expect
 
-    expect.set_options(timeout=WAIT_MS)
     before = mixprec.snapshot()
-    port = _free_port()
-    demo = build_app("en")
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
     try:
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-            try:
-                page = browser.new_page(viewport={"width": 1280, "height": 1500})
-                page.set_default_timeout(WAIT_MS)
-                page.goto(f"http://127.0.0.1:{port}/")
-                expect(page.locator("#initialize")).to_be_visible()
+        with _served(sync_playwright) as (browser, url):
+            page = browser.new_page(viewport={"width": 1280, "height": 1500})
+            page.set_default_timeout(WAIT_MS)
+            page.goto(url)
+            expect(page.locator("#initialize")).to_be_visible()
 
-                _choose(page, "matmul-precision", "high")
-                page.locator("#initialize").click()
-                status = page.locator("#init-status")
-                expect(status).to_contain_text("Applied.")
+            _choose(page, "matmul-precision", "high")
+            page.locator("#initialize").click()
+            status = page.locator("#init-status")
+            expect(status).to_contain_text("Applied.")
+            expect(status).to_contain_text("float32 matmul precision = high (from argument")
+            assert mixprec.describe()["float32_matmul_precision"] == "high"
+
+            expect(page.locator("#dtype-0")).to_contain_text(t("controls.dtype_label", "en", component="ve"))  # tts components loaded
+            _choose(page, "preset", "fast")
+            page.locator("#run-button").click()
+            figures = page.locator("#run-figures")
+            expect(figures).to_contain_text("fp32 reference")
+            expect(figures).to_contain_text("SNR")
+            text = figures.inner_text()
+            assert "fast" in text and "Speed-up" in text
+            expect(page.locator("#run-mixed-audio")).to_be_visible()
+            expect(page.locator("#run-fp32-audio")).to_be_visible()
+
+            shot = tmp_path / "ui-run-en.png"
+            page.screenshot(path=str(shot), full_page=True)
+            if UPDATE_SCREENSHOTS:
+                DOCS_SCREENSHOT.parent.mkdir(exist_ok=True)
+                shutil.copyfile(shot, DOCS_SCREENSHOT)
+
+            for lang in ("zh", "ja", "he"):
+                _choose(page, "language", LANGUAGES[lang])
+                expect(page.locator("#run-button")).to_have_text(t("run.button", lang))
+                expect(page.get_by_role("tab", name=t("tab.diagnose", lang))).to_be_visible()
+                want = "rtl" if lang == "he" else "ltr"
+                expect(page.locator("#tab-run")).to_contain_text(t("controls.heading", lang).lstrip("# "))
                 expect(status).to_contain_text("float32 matmul precision = high (from argument")
-                assert mixprec.describe()["float32_matmul_precision"] == "high"
-
-                expect(page.locator("#dtype-0")).to_contain_text(t("controls.dtype_label", "en", component="ve"))  # tts components loaded
-                _choose(page, "preset", "fast")
-                page.locator("#run-button").click()
-                figures = page.locator("#run-figures")
-                expect(figures).to_contain_text("fp32 reference")
-                expect(figures).to_contain_text("SNR")
-                text = figures.inner_text()
-                assert "fast" in text and "Speed-up" in text
-                expect(page.locator("#run-mixed-audio")).to_be_visible()
-                expect(page.locator("#run-fp32-audio")).to_be_visible()
-
-                shot = tmp_path / "ui-run-en.png"
-                page.screenshot(path=str(shot), full_page=True)
-                if UPDATE_SCREENSHOTS:
-                    DOCS_SCREENSHOT.parent.mkdir(exist_ok=True)
-                    shutil.copyfile(shot, DOCS_SCREENSHOT)
-
-                for lang in ("zh", "ja", "he"):
-                    _choose(page, "language", LANGUAGES[lang])
-                    expect(page.locator("#run-button")).to_have_text(t("run.button", lang))
-                    expect(page.get_by_role("tab", name=t("tab.diagnose", lang))).to_be_visible()
-                    want = "rtl" if lang == "he" else "ltr"
-                    expect(page.locator("#tab-run")).to_contain_text(t("controls.heading", lang).lstrip("# "))
-                    expect(status).to_contain_text("float32 matmul precision = high (from argument")
-                    expect(page.locator("html")).to_have_attribute("dir", want)
-                    expect(page.locator("#mixprec-header")).to_have_attribute("dir", want)
-                    page.screenshot(path=str(tmp_path / f"ui-run-{lang}.png"), full_page=True)
-                assert page.locator('[dir="rtl"]').count() >= 2
-                assert all((tmp_path / f"ui-run-{lang}.png").stat().st_size > 10_000 for lang in LANGUAGES)
-            finally:
-                browser.close()
+                expect(page.locator("html")).to_have_attribute("dir", want)
+                expect(page.locator("#mixprec-header")).to_have_attribute("dir", want)
+                page.screenshot(path=str(tmp_path / f"ui-run-{lang}.png"), full_page=True)
+            assert page.locator('[dir="rtl"]').count() >= 2
+            assert all((tmp_path / f"ui-run-{lang}.png").stat().st_size > 10_000 for lang in LANGUAGES)
     finally:
-        demo.close()
         mixprec.restore(before)
-        expect.set_options(timeout=5_000)  # Playwright's default, for other tests
 
 
 def _fill(page, elem_id: str, text: str) -> None:
@@ -118,63 +130,51 @@ def test_browser_benchmark_cancel_and_tune(sync_playwright, tmp_path, clean_env)
 
     from mixprec.bench.store import Store
 
-    expect.set_options(timeout=WAIT_MS)
     db = str(tmp_path / "bench.sqlite")
-    port = _free_port()
-    demo = build_app("en")
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
-    try:
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-            try:
-                page, other = (browser.new_context().new_page() for _ in range(2))
-                for p in (page, other):
-                    p.set_default_timeout(WAIT_MS)
-                    p.goto(f"http://127.0.0.1:{port}/")
-                    p.get_by_role("tab", name=t("tab.benchmark", "en")).click()
+    with _served(sync_playwright) as (browser, url):
+        page, other = (browser.new_context().new_page() for _ in range(2))
+        for p in (page, other):
+            p.set_default_timeout(WAIT_MS)
+            p.goto(url)
+            p.get_by_role("tab", name=t("tab.benchmark", "en")).click()
 
-                status = page.locator("#bench-status")
-                for name in ("fp32", "fast"):
-                    page.locator("#bench-configs").get_by_label(name).uncheck()
-                page.locator("#bench-run-button").click()
-                expect(status).to_contain_text(t("bench.error_configs", "en").replace("**", ""))
-                page.locator("#bench-configs").get_by_label("fast").check()
-                _fill(page, "bench-repeat", "500")
-                _fill(page, "bench-warmup", "0")
-                _fill(page, "bench-path", db)
-                page.locator("#bench-run-button").click()
-                expect(status.locator("progress")).to_be_visible()
-                expect(status).to_contain_text(": run ")  # measuring
+        status = page.locator("#bench-status")
+        for name in ("fp32", "fast"):
+            page.locator("#bench-configs").get_by_label(name).uncheck()
+        page.locator("#bench-run-button").click()
+        expect(status).to_contain_text(t("bench.error_configs", "en").replace("**", ""))
+        page.locator("#bench-configs").get_by_label("fast").check()
+        _fill(page, "bench-repeat", "500")
+        _fill(page, "bench-warmup", "0")
+        _fill(page, "bench-path", db)
+        page.locator("#bench-run-button").click()
+        expect(status.locator("progress")).to_be_visible()
+        expect(status).to_contain_text(": run ")  # measuring
 
-                other.locator("#bench-cancel").click()  # the other session has nothing to cancel
-                expect(other.locator("#bench-status")).to_contain_text(t("job.idle", "en"))
+        other.locator("#bench-cancel").click()  # the other session has nothing to cancel
+        expect(other.locator("#bench-status")).to_contain_text(t("job.idle", "en"))
 
-                page.locator("#bench-cancel").click()
-                expect(status).to_contain_text("Cancelled.")
-                expect(page.locator("#bench-plot img")).to_be_visible()
-                expect(page.locator("#bench-table")).to_contain_text("fast")
-                expect(page.locator("#bench-runs")).to_contain_text("cancelled")
-                with Store(db) as store:
-                    run = store.load_run(store.runs()[0]["id"])
-                assert run["status"] == "cancelled" and run["configs"][0]["samples"]
+        page.locator("#bench-cancel").click()
+        expect(status).to_contain_text("Cancelled.")
+        expect(page.locator("#bench-plot img")).to_be_visible()
+        expect(page.locator("#bench-table")).to_contain_text("fast")
+        expect(page.locator("#bench-runs")).to_contain_text("cancelled")
+        with Store(db) as store:
+            run = store.load_run(store.runs()[0]["id"])
+        assert run["status"] == "cancelled" and run["configs"][0]["samples"]
 
-                page.get_by_role("tab", name=t("tab.tune", "en")).click()
-                tune_status = page.locator("#tune-status")
-                _fill(page, "tune-bound", "snr=>30")
-                page.locator("#tune-start").click()
-                expect(tune_status).to_contain_text("The quality bound is not valid")
-                expect(tune_status).to_contain_text("'<metric> <op> <number>'")
-                _fill(page, "tune-bound", "cosine>=0.999")
-                _fill(page, "tune-budget", "16")
-                _fill(page, "tune-path", db)
-                page.locator("#tune-start").click()
-                expect(page.locator("#tune-plot img")).to_be_visible()
-                expect(page.locator("#tune-summary")).to_contain_text("Bound cosine>=0.999 met.")
-                expect(page.locator("#tune-policy")).to_contain_text('name = "tuned"')
-                expect(tune_status).to_contain_text("Finished")
-                page.screenshot(path=str(tmp_path / "ui-tune-en.png"), full_page=True)
-            finally:
-                browser.close()
-    finally:
-        demo.close()
-        expect.set_options(timeout=5_000)
+        page.get_by_role("tab", name=t("tab.tune", "en")).click()
+        tune_status = page.locator("#tune-status")
+        _fill(page, "tune-bound", "snr=>30")
+        page.locator("#tune-start").click()
+        expect(tune_status).to_contain_text("The quality bound is not valid")
+        expect(tune_status).to_contain_text("'<metric> <op> <number>'")
+        _fill(page, "tune-bound", "cosine>=0.999")
+        _fill(page, "tune-budget", "16")
+        _fill(page, "tune-path", db)
+        page.locator("#tune-start").click()
+        expect(page.locator("#tune-plot img")).to_be_visible()
+        expect(page.locator("#tune-summary")).to_contain_text("Bound cosine>=0.999 met.")
+        expect(page.locator("#tune-policy")).to_contain_text('name = "tuned"')
+        expect(tune_status).to_contain_text("Finished")
+        page.screenshot(path=str(tmp_path / "ui-tune-en.png"), full_page=True)

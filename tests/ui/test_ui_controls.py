@@ -9,6 +9,7 @@ gr = pytest.importorskip("gradio")
 import torch  # noqa: E402
 
 import mixprec  # noqa: E402
+from mixprec.ui import controls  # noqa: E402
 from mixprec.ui.controls import build_policy, initialize_service, precision_controls  # noqa: E402
 
 
@@ -89,3 +90,10 @@ def test_build_policy():
     assert build_policy(preset="fast").name == "fast"
     with pytest.raises(ValueError):
         build_policy(preset="turbo")
+
+
+def test_matmul_info_names_where_the_default_comes_from(clean_env):
+    assert "Built-in default" in controls.matmul_info("ACE_STEP", "en")
+    clean_env.setenv("ACE_STEP_FLOAT32_MATMUL_PRECISION", "high")
+    assert "env ACE_STEP_FLOAT32_MATMUL_PRECISION" in controls.matmul_info("ACE_STEP", "en")
+    assert "ACE_STEP_FLOAT32_MATMUL_PRECISION" in controls.matmul_info("ACE_STEP", "he")

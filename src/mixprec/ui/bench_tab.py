@@ -26,6 +26,7 @@ from mixprec.bench.configs import BUILTIN
 from mixprec.ui.forms import SIZES, check_choice, check_whole, error_text, markdown_table, png_html, status_html
 from mixprec.ui.i18n import DEFAULT_LANGUAGE, messages, t
 from mixprec.ui.jobs import Job
+from mixprec.ui.widgets import pipeline_pickers, start_cancel, store_path
 
 __all__ = ["CONFIGS", "DEFAULT_CONFIGS", "MAX_RUNS", "TABLE_COLUMNS", "bench_cancel", "bench_run", "build_bench_tab",
            "devices", "list_runs", "results_table", "show_run"]
@@ -229,15 +230,10 @@ def build_bench_tab(lang: str, reg: Callable[..., Any], language: gr.components.
         reg: registers a component's translated properties (``reg(component, label="key")``).
         language: the component holding the current language code.
     """
-    names = pipelines.available()
-    first = "minilm" if "minilm" in names else names[0]
     job = gr.State(Job, delete_callback=lambda j: j.cancel())
     reg(gr.Markdown(t("bench.run_heading", lang)), value="bench.run_heading")
     with gr.Row():
-        pipe = reg(gr.Dropdown(names, value=first, label=t("run.pipeline_label", lang), info=t("run.pipeline_info", lang),
-                               elem_id="bench-pipeline"), label="run.pipeline_label", info="run.pipeline_info")
-        size = reg(gr.Radio(list(SIZES), value=SIZES[0], label=t("run.size_label", lang), info=t("run.size_info", lang),
-                            elem_id="bench-size"), label="run.size_label", info="run.size_info")
+        pipe, size = pipeline_pickers(reg, lang, "bench")
         device = reg(gr.Dropdown(devices(), value="cpu", label=t("bench.device_label", lang),
                                  info=t("bench.device_info", lang), elem_id="bench-device"),
                      label="bench.device_label", info="bench.device_info")
@@ -251,14 +247,9 @@ def build_bench_tab(lang: str, reg: Callable[..., Any], language: gr.components.
         warmup = reg(gr.Number(1, precision=0, minimum=0, maximum=MAX_RUNS, label=t("bench.warmup_label", lang),
                                info=t("bench.warmup_info", lang), elem_id="bench-warmup"),
                      label="bench.warmup_label", info="bench.warmup_info")
-    path = reg(gr.Textbox(value="", label=t("bench.path_label", lang), info=t("bench.path_info", lang),
-                          elem_id="bench-path"), label="bench.path_label", info="bench.path_info")
-    with gr.Row():
-        run_button = reg(gr.Button(t("bench.run_button", lang), variant="primary", elem_id="bench-run-button"),
-                         value="bench.run_button")
-        cancel_button = reg(gr.Button(t("job.cancel_button", lang), variant="stop", elem_id="bench-cancel"),
-                            value="job.cancel_button")
-    status = gr.HTML(elem_id="bench-status")
+    path = store_path(reg, lang, "bench")
+    run_button, cancel_button, status = start_cancel(reg, lang, "bench", start_key="bench.run_button",
+                                                     start_id="bench-run-button")
     table = gr.Markdown(elem_id="bench-table")
     plot = gr.HTML(elem_id="bench-plot")
 

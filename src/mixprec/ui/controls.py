@@ -58,7 +58,10 @@ def default_matmul(app: str | None) -> tuple[str, str, str | None]:
 
 def matmul_info(app: str | None, lang: str) -> str:
     """The matmul dropdown's info text, naming the source of its default."""
-    return t("controls.matmul_info", lang, source=default_matmul(app)[1])
+    source = default_matmul(app)[1]
+    if source == "default":
+        return t("controls.matmul_info_builtin", lang)
+    return t("controls.matmul_info", lang, source=source)
 
 
 def defaults_message(app: str | None, lang: str) -> str:

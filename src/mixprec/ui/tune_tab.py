@@ -27,6 +27,7 @@ from mixprec import pipelines
 from mixprec.ui.forms import SIZES, check_choice, check_whole, error_text, markdown_table, png_html, status_html
 from mixprec.ui.i18n import t
 from mixprec.ui.jobs import Job
+from mixprec.ui.widgets import pipeline_pickers, start_cancel, store_path
 
 __all__ = ["MAX_BUDGET", "OBJECTIVES", "build_tune_tab", "objective_choices", "tune_cancel", "tune_plot_png", "tune_run"]
 
@@ -207,14 +208,9 @@ def tune_cancel(lang: str, job: Job) -> str:
 
 def build_tune_tab(lang: str, reg: Callable[..., Any], language: gr.components.Component) -> None:
     """Create the tab's components in the enclosing ``gr.Tab`` and wire them (see :func:`build_bench_tab`)."""
-    names = pipelines.available()
-    first = "minilm" if "minilm" in names else names[0]
     job = gr.State(Job, delete_callback=lambda j: j.cancel())
     with gr.Row():
-        pipe = reg(gr.Dropdown(names, value=first, label=t("run.pipeline_label", lang), info=t("run.pipeline_info", lang),
-                               elem_id="tune-pipeline"), label="run.pipeline_label", info="run.pipeline_info")
-        size = reg(gr.Radio(list(SIZES), value=SIZES[0], label=t("run.size_label", lang), info=t("run.size_info", lang),
-                            elem_id="tune-size"), label="run.size_label", info="run.size_info")
+        pipe, size = pipeline_pickers(reg, lang, "tune")
     with gr.Row():
         bound = reg(gr.Textbox(value="cosine>=0.999", label=t("tune.bound_label", lang), info=t("tune.bound_info", lang),
                                elem_id="tune-bound"), label="tune.bound_label", info="tune.bound_info")
@@ -224,14 +220,8 @@ def build_tune_tab(lang: str, reg: Callable[..., Any], language: gr.components.C
         budget = reg(gr.Number(20, precision=0, minimum=1, maximum=MAX_BUDGET, label=t("tune.budget_label", lang),
                                info=t("tune.budget_info", lang), elem_id="tune-budget"),
                      label="tune.budget_label", info="tune.budget_info")
-    path = reg(gr.Textbox(value="", label=t("bench.path_label", lang), info=t("bench.path_info", lang),
-                          elem_id="tune-path"), label="bench.path_label", info="bench.path_info")
-    with gr.Row():
-        start = reg(gr.Button(t("tune.start_button", lang), variant="primary", elem_id="tune-start"),
-                    value="tune.start_button")
-        cancel = reg(gr.Button(t("job.cancel_button", lang), variant="stop", elem_id="tune-cancel"),
-                     value="job.cancel_button")
-    status = gr.HTML(elem_id="tune-status")
+    path = store_path(reg, lang, "tune")
+    start, cancel, status = start_cancel(reg, lang, "tune", start_key="tune.start_button", start_id="tune-start")
     plot = gr.HTML(elem_id="tune-plot")
     summary = gr.Markdown(elem_id="tune-summary")
     toml_text = reg(gr.Code(language=None, label=t("tune.policy_label", lang), elem_id="tune-policy"),

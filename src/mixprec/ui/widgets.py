@@ -1,0 +1,46 @@
+"""Component groups the Benchmark and Tune tabs share: pipeline pickers, store path, Start/Cancel.
+
+Each helper creates its components in the enclosing Gradio layout, registers their
+translated properties through ``reg`` (so the language selector relabels them) and
+gives them ``elem_id`` values under the tab's ``prefix`` (``bench-size``, ``tune-path``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import gradio as gr
+
+from mixprec import pipelines
+from mixprec.ui.forms import SIZES
+from mixprec.ui.i18n import t
+
+__all__ = ["pipeline_pickers", "start_cancel", "store_path"]
+
+Reg = Callable[..., Any]
+
+
+def pipeline_pickers(reg: Reg, lang: str, prefix: str, *, prefer: str = "minilm") -> tuple[gr.Dropdown, gr.Radio]:
+    """The pipeline dropdown (``prefer`` first when registered) and the size radio."""
+    names = pipelines.available()
+    first = prefer if prefer in names else names[0]
+    pipe = reg(gr.Dropdown(names, value=first, label=t("run.pipeline_label", lang), info=t("run.pipeline_info", lang),
+                           elem_id=f"{prefix}-pipeline"), label="run.pipeline_label", info="run.pipeline_info")
+    size = reg(gr.Radio(list(SIZES), value=SIZES[0], label=t("run.size_label", lang), info=t("run.size_info", lang),
+                        elem_id=f"{prefix}-size"), label="run.size_label", info="run.size_info")
+    return pipe, size
+
+
+def store_path(reg: Reg, lang: str, prefix: str) -> gr.Textbox:
+    """The benchmark-store path box (empty: the default store)."""
+    return reg(gr.Textbox(value="", label=t("bench.path_label", lang), info=t("bench.path_info", lang),
+                          elem_id=f"{prefix}-path"), label="bench.path_label", info="bench.path_info")
+
+
+def start_cancel(reg: Reg, lang: str, prefix: str, *, start_key: str, start_id: str) -> tuple[gr.Button, gr.Button, gr.HTML]:
+    """The Start and Cancel buttons in one row, and the status line (progress bar) under them."""
+    with gr.Row():
+        start = reg(gr.Button(t(start_key, lang), variant="primary", elem_id=start_id), value=start_key)
+        cancel = reg(gr.Button(t("job.cancel_button", lang), variant="stop", elem_id=f"{prefix}-cancel"),
+                     value="job.cancel_button")
+    return start, cancel, gr.HTML(elem_id=f"{prefix}-status")
