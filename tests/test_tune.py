@@ -240,7 +240,7 @@ def test_final_check_retimes_finalists_side_by_side(evaluator):
     met_presets = [c for c in result.path if c.met and c.step.startswith("preset ")]
     assert min(met_presets, key=lambda c: c.evaluation.latency_s).index in result.final
     presets = [i for i in result.final if result.path[i].step.startswith("preset ")]
-    assert result.chosen.index == pick_final(result.final, presets)[0]
+    assert result.chosen.index == pick_final(result.final, presets, margin=0.03)[0]
     assert any(note.startswith("final check:") for note in result.notes)
     assert any(" kept: " in note or " chosen: faster than " in note for note in result.notes)
 
@@ -254,6 +254,14 @@ def test_final_check_retimes_finalists_side_by_side(evaluator):
 ])
 def test_pick_final_prefers_the_preset_unless_beaten_in_every_round(final, presets, winner):
     assert pick_final(final, presets)[0] == winner
+
+
+def test_pick_final_margin():
+    final = {1: [1.0, 1.0, 1.0], 2: [0.98, 0.99, 0.97]}
+    assert pick_final(final, [1])[0] == 2
+    index, why = pick_final(final, [1], margin=0.03)  # 2% faster: within the margin
+    assert index == 1 and "more than 3%" in why
+    assert pick_final({1: [1.0, 1.0, 1.0], 2: [0.9, 0.9, 0.9]}, [1], margin=0.03)[0] == 2
 
 
 def test_minimal_sufficient_gives_up_past_max_prefix():

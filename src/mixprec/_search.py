@@ -610,18 +610,19 @@ def retime(evaluator: Any, candidates: Sequence[Candidate], rounds: int) -> dict
     return samples
 
 
-def pick_final(final: dict[int, list[float]], presets: Sequence[int] = ()) -> tuple[int, str]:
+def pick_final(final: dict[int, list[float]], presets: Sequence[int] = (), *, margin: float = 0.0) -> tuple[int, str]:
     """The winner of the side-by-side re-timing, and why.
 
     The incumbent is the preset with the smallest median when a preset is among the
     finalists (else the smallest median overall). Another finalist replaces it only
-    when it was faster in every interleaved round: a paired comparison under the same
-    load, so a difference within the machine's noise never turns a preset into a
-    different, untested-in-the-field policy.
+    when it was faster in every interleaved round (a paired comparison under the same
+    load) and its median is lower by more than ``margin`` (a fraction), so a
+    difference within the machine's noise never turns a preset into another policy.
 
     Args:
         final: candidate index -> seconds per round (same rounds, same order).
         presets: the indices in ``final`` that are presets.
+        margin: the relative median gain a challenger must show.
 
     Example:
         >>> pick_final({1: [1.0, 1.0, 1.0], 2: [0.9, 1.1, 0.9]}, presets=[1])
@@ -634,9 +635,10 @@ def pick_final(final: dict[int, list[float]], presets: Sequence[int] = ()) -> tu
     incumbent = min(pool, key=median.get)
     rounds = final[incumbent]
     clearly = [i for i in final if i != incumbent and len(final[i]) == len(rounds) and rounds
-               and all(a < b for a, b in zip(final[i], rounds))]
+               and all(a < b for a, b in zip(final[i], rounds)) and median[i] < median[incumbent] * (1 - margin)]
     if not clearly:
-        return incumbent, f"#{incumbent} kept: no finalist was faster in every round"
+        return incumbent, (f"#{incumbent} kept: no finalist was faster in every round"
+                           + (f" and by more than {margin:.0%}" if margin else ""))
     winner = min(clearly, key=median.get)
     return winner, (f"#{winner} chosen: faster than #{incumbent} in all {len(rounds)} rounds "
                     f"({median[winner] * 1e3:.1f} vs {median[incumbent] * 1e3:.1f} ms median)")

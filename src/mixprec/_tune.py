@@ -355,10 +355,12 @@ def tune(
         hardware: the probed device (default :func:`mixprec.hardware.probe`).
         dtypes: 16-bit storage types to try (default: those the probe measured fast).
         local_search: run the greedy local search after the bisection.
-        improvement: relative latency gain a local move must show to be accepted.
+        improvement: relative latency gain a local move must show to be accepted,
+            and a finalist must show over the fastest preset to replace it.
         final_rounds: for the latency objective, re-time the three fastest candidates
             meeting the bound and the fastest preset meeting it side by side over this
-            many interleaved rounds and choose the smallest median (0: skip; needs an
+            many interleaved rounds; the preset stays the answer unless a finalist is
+            faster in every round and by more than ``improvement`` (0: skip; needs an
             evaluator with a ``time`` method).
 
     Returns:
@@ -421,7 +423,7 @@ def tune(
             evaluator.close()
     if not search.path:
         raise ValueError("the search was stopped before its first evaluation; nothing was measured")
-    result = _result(search, bound, objective, notes, time.perf_counter() - start, final)
+    result = _result(search, bound, objective, notes, time.perf_counter() - start, final, improvement)
     if store is not None:
         label = str(getattr(pipeline, "name", pipeline))
         store.add_tune_run(pipeline=label, bound=str(bound), objective=objective, met=result.met,
@@ -442,11 +444,11 @@ def _jsonable(value: Any) -> Any:
 
 
 def _result(search: Search, bound: Bound, objective: str, notes: list[str], wall_s: float,
-            final: dict[int, list[float]]) -> TuneResult:
+            final: dict[int, list[float]], margin: float = 0.0) -> TuneResult:
     best = search.best()
     if best is not None and final:
         presets = [i for i in final if search.path[i].step.startswith("preset ")]
-        index, why = pick_final(final, presets)
+        index, why = pick_final(final, presets, margin=margin)
         best = search.path[index]
         notes.append(why)
     closest = None

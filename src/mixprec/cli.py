@@ -680,8 +680,11 @@ def _print_tune(result, pipeline: str) -> None:
         v = c.evaluation.quality.get(key)
         return "n/a" if v is None else ("exact" if v == float("inf") else f"{v:.6g}")
 
+    shown = list(result.frontier)
+    if result.chosen not in shown:  # chosen by the side-by-side re-timing, not by its search timing
+        shown = sorted([*shown, result.chosen], key=lambda c: c.index)
     rows = [[c.index, c.step, f"{c.evaluation.latency_s:.4f}", f"{c.evaluation.memory_bytes / 2**20:.1f}", q(c),
-             "yes" if c.met else "no", "chosen" if c is result.chosen else ""] for c in result.frontier]
+             "yes" if c.met else "no", "chosen" if c is result.chosen else ""] for c in shown]
     console.print(_table(f"tune {pipeline}: frontier of {len(result.path)} candidates ({result.bound}, {result.objective})",
                          ["#", "step", "latency s", "weights MiB", key, "meets", ""], rows))
     console.print(f"{result.evaluations} measured evaluations, {result.cached} reused from the store, {result.wall_s:.0f} s",
@@ -692,7 +695,7 @@ def _print_tune(result, pipeline: str) -> None:
         base = result.path[0].evaluation
         chosen = result.chosen.evaluation
         console.print(f"chosen: #{result.chosen.index} ({result.chosen.step}): {base.latency_s / chosen.latency_s:.2f}x "
-                      f"faster than fp32, weights {chosen.memory_bytes / base.memory_bytes:.0%} of fp32, {key} {q(result.chosen)}; "
+                      f"the speed of fp32, weights {chosen.memory_bytes / base.memory_bytes:.0%} of fp32, {key} {q(result.chosen)}; "
                       f"kept fp32: {', '.join(result.keep_fp32) or 'none'}", highlight=False, markup=False, soft_wrap=True)
 
 
