@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 # The main job: the hardware, then speed / memory / quality of every precision
-# configuration on the tts and diffusion reference pipelines (about 5 minutes on 2 cores).
+# configuration on the tts and diffusion reference pipelines (4 to 7 minutes on 2 cores).
 demo: $(STAMP)
 	$(BIN)/mixprec env
 	HF_HUB_OFFLINE=1 $(BIN)/mixprec bench --pipeline tts,diffusion --repeat 2 --warmup 1 --html report.html

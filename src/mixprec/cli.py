@@ -7,6 +7,7 @@ rich tables, ``--json`` gives machines the same data.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 from pathlib import Path
@@ -30,7 +31,10 @@ app = typer.Typer(
 config_app = typer.Typer(help="Inspect the layered configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
-console = Console()
+#: Width when stdout is a pipe or a file (logs, CI) and COLUMNS is unset: rich's 80 columns
+#: would wrap the benchmark tables cell by cell; a terminal keeps its own width.
+PIPE_WIDTH = 180
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else PIPE_WIDTH)
 err_console = Console(stderr=True)
 
 # Flags shared by every command that resolves configuration.
