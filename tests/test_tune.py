@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 import random
 import warnings
 
@@ -239,10 +240,17 @@ def test_final_check_retimes_finalists_side_by_side(evaluator):
     assert len(result.final) >= 2 and all(len(v) == 2 for v in result.final.values())
     met_presets = [c for c in result.path if c.met and c.step.startswith("preset ")]
     assert min(met_presets, key=lambda c: c.evaluation.latency_s).index in result.final
-    presets = [i for i in result.final if result.path[i].step.startswith("preset ")]
+    presets = [i for i in result.final if i == 0 or result.path[i].step.startswith("preset ")]
     assert result.chosen.index == pick_final(result.final, presets, margin=0.03)[0]
     assert any(note.startswith("final check:") for note in result.notes)
     assert any(" kept: " in note or " chosen: faster than " in note for note in result.notes)
+    assert 0 in result.final  # the fp32 baseline is re-timed with the finalists
+    medians = {i: statistics.median(v) for i, v in result.final.items()}
+    assert result.speedup == pytest.approx(medians[0] / medians[result.chosen.index])
+    page = render_tune_html(result)
+    assert "Final check: the finalists re-timed side by side" in page and "<th>round 2 ms</th>" in page
+    assert page.count("<tr class=chosen>") == 2  # in the re-timing table and on the path
+    assert f"Chosen: #{result.chosen.index} (" in page
 
 
 @pytest.mark.parametrize("final, presets, winner", [

@@ -579,7 +579,11 @@ def improve_locally(search: Search, evaluator: Any, config: Config, cand: Candid
 
 
 def finalists(search: Search, limit: int = 3) -> list[Candidate]:
-    """The ``limit`` cheapest distinct candidates meeting the bound, plus the cheapest preset meeting it."""
+    """The ``limit`` cheapest distinct candidates meeting the bound, plus the cheapest preset meeting it.
+
+    The fp32 baseline (the path's first candidate) is added when it meets the bound, so
+    the result's speed relative to fp32 comes from the same side-by-side rounds.
+    """
     seen: set[str] = set()
     ranked = []
     for cand in sorted((c for c in search.path if c.met), key=search.cost):
@@ -591,6 +595,9 @@ def finalists(search: Search, limit: int = 3) -> list[Candidate]:
     preset = next((c for c in ranked if c.step.startswith("preset ")), None)
     if preset is not None and preset not in chosen:
         chosen.append(preset)
+    baseline = search.path[0] if search.path else None
+    if baseline is not None and baseline.met and baseline not in chosen:
+        chosen.append(baseline)
     return chosen
 
 
@@ -613,8 +620,8 @@ def retime(evaluator: Any, candidates: Sequence[Candidate], rounds: int) -> dict
 def pick_final(final: dict[int, list[float]], presets: Sequence[int] = (), *, margin: float = 0.0) -> tuple[int, str]:
     """The winner of the side-by-side re-timing, and why.
 
-    The incumbent is the preset with the smallest median when a preset is among the
-    finalists (else the smallest median overall). Another finalist replaces it only
+    The incumbent is the preset (or the fp32 baseline: any index in ``presets``) with
+    the smallest median when one is among the finalists (else the smallest median overall). Another finalist replaces it only
     when it was faster in every interleaved round (a paired comparison under the same
     load) and its median is lower by more than ``margin`` (a fraction), so a
     difference within the machine's noise never turns a preset into another policy.

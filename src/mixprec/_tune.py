@@ -291,6 +291,17 @@ class TuneResult:
     final: dict[int, list[float]] = field(default_factory=dict)
 
     @property
+    def speedup(self) -> float:
+        """The chosen policy's speed relative to fp32 (the baseline, path[0]).
+
+        From the side-by-side re-timing when both were re-timed, else from the search's medians.
+        """
+        chosen = self.chosen.index
+        if 0 in self.final and chosen in self.final:
+            return statistics.median(self.final[0]) / max(statistics.median(self.final[chosen]), 1e-12)
+        return self.path[0].evaluation.latency_s / max(self.chosen.evaluation.latency_s, 1e-12)
+
+    @property
     def keep_fp32(self) -> list[str]:
         """Modules the chosen policy pins to fp32."""
         return [r.match for r in self.policy.rules if r.keep_fp32]
@@ -447,8 +458,9 @@ def _result(search: Search, bound: Bound, objective: str, notes: list[str], wall
             final: dict[int, list[float]], margin: float = 0.0) -> TuneResult:
     best = search.best()
     if best is not None and final:
-        presets = [i for i in final if search.path[i].step.startswith("preset ")]
-        index, why = pick_final(final, presets, margin=margin)
+        # the presets and the fp32 baseline are the known answers: another policy must clearly beat them
+        known = [i for i in final if i == 0 or search.path[i].step.startswith("preset ")]
+        index, why = pick_final(final, known, margin=margin)
         best = search.path[index]
         notes.append(why)
     closest = None
@@ -510,21 +522,40 @@ def render_tune_html(result: TuneResult) -> str:
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     image = base64.b64encode(buf.getvalue()).decode("ascii")
     esc = html.escape
+
+    def shown(c: Candidate) -> str:
+        v = c.evaluation.quality.get(bound.key, math.nan)
+        return "exact" if math.isinf(v) and v > 0 else f"{v:.6g}"
+
+    on_front = {c.index for c in front}
     rows = "".join(
-        f"<tr><td>{c.index}</td><td>{esc(c.step)}</td><td>{c.evaluation.latency_s * 1e3:.2f}</td>"
-        f"<td>{c.evaluation.memory_bytes / 1e6:.2f}</td><td>{esc(f'{y(c):.4g}')}</td><td>{'yes' if c.met else 'no'}</td>"
-        f"<td>{'cache' if c.cached else 'measured'}</td></tr>" for c in result.path)
+        f"<tr{' class=chosen' if c is result.chosen else ''}><td>{c.index}</td><td>{esc(c.step)}</td>"
+        f"<td>{c.evaluation.latency_s * 1e3:.2f}</td><td>{c.evaluation.memory_bytes / 2**20:.1f}</td>"
+        f"<td>{esc(shown(c))}</td><td>{'yes' if c.met else 'no'}</td><td>{'yes' if c.index in on_front else ''}</td>"
+        f"<td>{'store' if c.cached else 'measured'}</td></tr>" for c in result.path)
+    final = ""
+    if result.final:
+        n = max(len(v) for v in result.final.values())
+        heads = "".join(f"<th>round {k + 1} ms</th>" for k in range(n))
+        final_rows = "".join(
+            f"<tr{' class=chosen' if i == result.chosen.index else ''}><td>{i}</td><td>{esc(result.path[i].step)}</td>"
+            + "".join(f"<td>{v * 1e3:.1f}</td>" for v in seconds)
+            + f"<td>{statistics.median(seconds) * 1e3:.1f}</td></tr>"
+            for i, seconds in result.final.items())
+        final = ("<h2>Final check: the finalists re-timed side by side</h2>"
+                 f"<table><tr><th>#</th><th>step</th>{heads}<th>median ms</th></tr>{final_rows}</table>")
     status = "met" if result.met else f"not met (closest misses by {result.miss:.4g})"
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>mixprec tune</title>"
         "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:right}"
-        "td:nth-child(2){text-align:left}pre{background:#f4f4f4;padding:1em}</style></head><body>"
+        "td:nth-child(2),th:nth-child(2){text-align:left}tr.chosen{font-weight:bold;background:#e8f4f2}"
+        "pre{background:#f4f4f4;padding:1em}</style></head><body>"
         f"<h1>mixprec tune: {esc(str(bound))} ({esc(result.objective)})</h1>"
-        f"<p>Bound {esc(status)}; {result.evaluations} measured evaluations, {result.cached} cached, "
-        f"{result.wall_s:.1f} s.</p>"
+        f"<p>Bound {esc(status)}; {result.evaluations} measured evaluations, {result.cached} reused from the store, "
+        f"{result.wall_s:.1f} s. Chosen: #{result.chosen.index} ({esc(result.chosen.step)}).</p>"
         + "".join(f"<p>{esc(n)}</p>" for n in result.notes)
         + f"<img alt='candidates' src='data:image/png;base64,{image}'>"
-        f"<h2>Chosen policy</h2><pre>{esc(result.to_toml())}</pre>"
-        "<h2>Path</h2><table><tr><th>#</th><th>step</th><th>latency ms</th><th>weights MB</th>"
-        f"<th>{esc(bound.key)}</th><th>meets</th><th>source</th></tr>{rows}</table></body></html>"
+        f"<h2>Chosen policy</h2><pre>{esc(result.to_toml())}</pre>{final}"
+        "<h2>Path</h2><table><tr><th>#</th><th>step</th><th>latency ms</th><th>weights MiB</th>"
+        f"<th>{esc(bound.key)}</th><th>meets</th><th>frontier</th><th>source</th></tr>{rows}</table></body></html>"
     )

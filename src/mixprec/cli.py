@@ -698,7 +698,7 @@ def _print_tune(result, pipeline: str) -> None:
     if result.met:
         base = result.path[0].evaluation
         chosen = result.chosen.evaluation
-        console.print(f"chosen: #{result.chosen.index} ({result.chosen.step}): {base.latency_s / chosen.latency_s:.2f}x "
+        console.print(f"chosen: #{result.chosen.index} ({result.chosen.step}): {result.speedup:.2f}x "
                       f"the speed of fp32, weights {chosen.memory_bytes / base.memory_bytes:.0%} of fp32, {key} {q(result.chosen)}; "
                       f"kept fp32: {', '.join(result.keep_fp32) or 'none'}", highlight=False, markup=False, soft_wrap=True)
 

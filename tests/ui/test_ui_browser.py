@@ -19,7 +19,7 @@ from mixprec.ui.i18n import LANGUAGES, t  # noqa: E402
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--no-first-run", "--disable-quic", "--disable-sync"]
-DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "ui-run.png"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 WAIT_MS = 120_000
 #: Read at import: the ``clean_env`` fixture removes MIXPREC_* variables before the test runs.
 UPDATE_SCREENSHOTS = os.environ.get("MIXPREC_UPDATE_SCREENSHOTS") == "1"
@@ -101,8 +101,7 @@ def test_browser_run_and_languages(sync_playwright, tmp_path, clean_env, bf16_cp
             shot = tmp_path / "ui-run-en.png"
             page.screenshot(path=str(shot), full_page=True)
             if UPDATE_SCREENSHOTS:
-                DOCS_SCREENSHOT.parent.mkdir(exist_ok=True)
-                shutil.copyfile(shot, DOCS_SCREENSHOT)
+                shutil.copyfile(shot, DOCS / "ui-run.png")
 
             for lang in ("zh", "ja", "he"):
                 _choose(page, "language", LANGUAGES[lang])
@@ -178,3 +177,5 @@ def test_browser_benchmark_cancel_and_tune(sync_playwright, tmp_path, clean_env)
         expect(page.locator("#tune-policy")).to_contain_text('name = "tuned"')
         expect(tune_status).to_contain_text("Finished")
         page.screenshot(path=str(tmp_path / "ui-tune-en.png"), full_page=True)
+        if UPDATE_SCREENSHOTS:
+            shutil.copyfile(tmp_path / "ui-tune-en.png", DOCS / "ui-tune.png")

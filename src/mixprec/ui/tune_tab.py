@@ -124,7 +124,7 @@ def _summary(result: mixprec.TuneResult, cancelled: bool, lang: str) -> str:
     if result.met:
         base, chosen = result.path[0].evaluation, result.chosen.evaluation
         head = t("tune.met", lang, bound=result.bound, index=result.chosen.index, step=result.chosen.step,
-                 speedup=f"{base.latency_s / max(chosen.latency_s, 1e-12):.2f}",
+                 speedup=f"{result.speedup:.2f}",
                  ratio=f"{100 * chosen.memory_bytes / max(base.memory_bytes, 1):.0f}", metric=key,
                  value=_shown(_value(result.chosen, key), lang))
     else:
