@@ -98,6 +98,8 @@ def test_browser_run_and_languages(sync_playwright, tmp_path, clean_env, bf16_cp
             expect(page.locator("#run-mixed-audio")).to_be_visible()
             expect(page.locator("#run-fp32-audio")).to_be_visible()
 
+            if UPDATE_SCREENSHOTS:
+                page.wait_for_timeout(2_000)  # the players draw their waveforms after they become visible
             shot = tmp_path / "ui-run-en.png"
             page.screenshot(path=str(shot), full_page=True)
             if UPDATE_SCREENSHOTS:
