@@ -24,16 +24,21 @@ def own_tensors(module: nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
 
 
 def cast_floats(obj: Any, dtype: torch.dtype, *, min_ndim: int = 0) -> Any:
-    """Cast floating tensors inside ``obj`` (tensors, tuples, lists, dicts) to ``dtype``."""
+    """Cast floating tensors inside ``obj`` (tensors, tuples, lists, dicts) to ``dtype``.
+
+    A tuple or list in which nothing needs casting comes back as the same object.
+    """
     if isinstance(obj, torch.Tensor):
         if obj.is_floating_point() and obj.dtype != dtype and obj.dim() >= min_ndim:
             return obj.to(dtype)
         return obj
-    if isinstance(obj, tuple):
+    if isinstance(obj, (tuple, list)):
         items = [cast_floats(o, dtype, min_ndim=min_ndim) for o in obj]
+        if all(new is old for new, old in zip(items, obj)):
+            return obj  # nothing to cast: no new container on every call
+        if isinstance(obj, list):
+            return items
         return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-    if isinstance(obj, list):
-        return [cast_floats(o, dtype, min_ndim=min_ndim) for o in obj]
     if isinstance(obj, dict):
         # In place for dict subclasses such as transformers' ModelOutput.
         for key in list(obj.keys()):
@@ -145,7 +150,8 @@ class Fp32Compute:
                 saved.append((t, t.data))
                 t.data = t.data.float()
         self.stash.append(saved)
-        return cast_floats(args, torch.float32)
+        cast = cast_floats(args, torch.float32)
+        return None if cast is args else cast
 
     def post(self, module, args, output):
         for t, data in self.stash.pop() if self.stash else []:

@@ -617,28 +617,29 @@ def retime(evaluator: Any, candidates: Sequence[Candidate], rounds: int) -> dict
     return samples
 
 
-def pick_final(final: dict[int, list[float]], presets: Sequence[int] = (), *, margin: float = 0.0) -> tuple[int, str]:
+def pick_final(final: dict[int, list[float]], known: Sequence[int] = (), *, margin: float = 0.0) -> tuple[int, str]:
     """The winner of the side-by-side re-timing, and why.
 
-    The incumbent is the preset (or the fp32 baseline: any index in ``presets``) with
-    the smallest median when one is among the finalists (else the smallest median overall). Another finalist replaces it only
-    when it was faster in every interleaved round (a paired comparison under the same
-    load) and its median is lower by more than ``margin`` (a fraction), so a
-    difference within the machine's noise never turns a preset into another policy.
+    The incumbent is the fastest (by median) of the ``known`` answers among the
+    finalists (the presets and the fp32 baseline), else the fastest finalist. Another
+    finalist replaces it only when it was faster in every interleaved round (a paired
+    comparison under the same load) and its median is lower by more than ``margin``
+    (a fraction), so a difference within the machine's noise never replaces a known
+    setting with another policy.
 
     Args:
         final: candidate index -> seconds per round (same rounds, same order).
-        presets: the indices in ``final`` that are presets.
+        known: the indices in ``final`` that are presets or the fp32 baseline.
         margin: the relative median gain a challenger must show.
 
     Example:
-        >>> pick_final({1: [1.0, 1.0, 1.0], 2: [0.9, 1.1, 0.9]}, presets=[1])
+        >>> pick_final({1: [1.0, 1.0, 1.0], 2: [0.9, 1.1, 0.9]}, known=[1])
         (1, '#1 kept: no finalist was faster in every round')
     """
     if not final:
         raise ValueError("no finalists to choose from")
     median = {i: statistics.median(v) for i, v in final.items()}
-    pool = [i for i in final if i in presets] or list(final)
+    pool = [i for i in final if i in known] or list(final)
     incumbent = min(pool, key=median.get)
     rounds = final[incumbent]
     clearly = [i for i in final if i != incumbent and len(final[i]) == len(rounds) and rounds

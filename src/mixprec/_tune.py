@@ -481,46 +481,71 @@ def _result(search: Search, bound: Bound, objective: str, notes: list[str], wall
 # -- HTML -------------------------------------------------------------------------------------
 
 
-def render_tune_html(result: TuneResult) -> str:
-    """A self-contained HTML page: candidates (latency vs quality), frontier, path, chosen policy."""
-    import base64
-    import html
+#: Plot colours: meets the bound, misses it, the chosen / best ring, the bound line.
+_MET, _MISSED, _BEST, _BOUND = "#2a9d8f", "#e76f51", "#264653", "#e9c46a"
+
+
+def tune_plot_png(path: Sequence[Candidate], bound: Bound, best: Candidate | None = None, *,
+                  frontier: Sequence[Candidate] = (), legend: bool = False) -> bytes:
+    """Candidates as points (latency in ms against the bound's metric), as PNG bytes.
+
+    Green meets the bound, red misses it, the grey line is the search path, squares
+    mark ``frontier``, the ring marks ``best`` and the dashed line is the bound. An
+    infinite value (output identical to fp32) is drawn above the highest finite one;
+    NaN is left out. Without ``legend`` the image holds numbers and the metric name
+    only, so a caller can explain it in any language.
+    """
     import io
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    bound = result.bound
-    fig = Figure(figsize=(7, 4.5))
+    def value(c: Candidate) -> float:
+        return c.evaluation.quality.get(bound.key, math.nan)
+
+    finite = [v for v in map(value, path) if math.isfinite(v)]
+    top = max(finite + [bound.value])
+    cap = top + max(abs(top) * 0.1, 1e-3)
+    points = {c.index: (c.evaluation.latency_s * 1e3, cap if math.isinf(value(c)) else value(c))
+              for c in path if not math.isnan(value(c))}
+    fig = Figure(figsize=(7, 4.2), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-
-    def y(c: Candidate) -> float:
-        v = c.evaluation.quality.get(bound.key, math.nan)
-        return v if math.isfinite(v) else math.nan
-
-    finite = [y(c) for c in result.path if math.isfinite(y(c))]
-    cap = (max(finite) + 10 if finite else bound.value + 10)
-    ys = [y(c) if math.isfinite(y(c)) else (cap if c.evaluation.quality.get(bound.key, 0) > 0 else math.nan) for c in result.path]
-    xs = [c.evaluation.latency_s * 1e3 for c in result.path]
-    ax.plot(xs, ys, color="#bbbbbb", linewidth=0.8, zorder=1, label="search path")
-    ax.scatter(xs, ys, c=["#2a9d8f" if c.met else "#e76f51" for c in result.path], s=22, zorder=2)
-    for c, x_, y_ in zip(result.path, xs, ys):
-        ax.annotate(str(c.index), (x_, y_), fontsize=6, xytext=(2, 2), textcoords="offset points")
-    front = result.frontier
-    ax.scatter([c.evaluation.latency_s * 1e3 for c in front], [ys[c.index] for c in front], marker="s", s=70,
-               facecolors="none", edgecolors="black", linewidths=1, zorder=3,
-               label="frontier (latency, memory, quality)")
-    ax.scatter([result.chosen.evaluation.latency_s * 1e3], [ys[result.chosen.index]], s=160, facecolors="none",
-               edgecolors="#264653", linewidths=2, zorder=3, label="chosen")
-    ax.axhline(bound.value, color="#e9c46a", linewidth=1, label=str(bound))
+    shown = [c for c in path if c.index in points]
+    if shown:
+        xs, ys = zip(*(points[c.index] for c in shown))
+        ax.plot(xs, ys, color="#cccccc", linewidth=0.8, zorder=1, label="search path")
+        ax.scatter(xs, ys, s=28, zorder=2, c=[_MET if c.met else _MISSED for c in shown])
+        for c in shown:
+            ax.annotate(str(c.index), points[c.index], fontsize=7, xytext=(3, 3), textcoords="offset points")
+    front = [points[c.index] for c in frontier if c.index in points]
+    if front:
+        ax.scatter(*zip(*front), marker="s", s=70, facecolors="none", edgecolors="black", linewidths=1, zorder=3,
+                   label="frontier (latency, memory, quality)")
+    if best is not None and best.index in points:
+        ax.scatter(*points[best.index], s=220, facecolors="none", edgecolors=_BEST, linewidths=2, zorder=3,
+                   label="chosen")
+    ax.axhline(bound.value, color=_BOUND, linewidth=1.2, linestyle="--", zorder=0, label=str(bound))
     ax.ticklabel_format(axis="y", useOffset=False)
-    ax.set_xlabel("latency (ms, median)")
-    ax.set_ylabel(bound.key + (" (inf shown at top)" if len(finite) < len(ys) else ""))
-    ax.legend(fontsize=7)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    image = base64.b64encode(buf.getvalue()).decode("ascii")
+    ax.set_xlabel("ms")
+    ax.set_ylabel(bound.key)
+    if legend:
+        ax.legend(fontsize=7)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    fig.clear()
+    return buffer.getvalue()
+
+
+def render_tune_html(result: TuneResult) -> str:
+    """A self-contained HTML page: candidates (latency vs quality), frontier, path, chosen policy."""
+    import base64
+    import html
+
+    bound = result.bound
+    front = result.frontier
+    png = tune_plot_png(result.path, bound, result.chosen, frontier=front, legend=True)
+    image = base64.b64encode(png).decode("ascii")
     esc = html.escape
 
     def shown(c: Candidate) -> str:

@@ -23,7 +23,8 @@ import torch
 
 from mixprec import hardware, pipelines
 from mixprec.bench.configs import BUILTIN
-from mixprec.ui.forms import SIZES, check_choice, check_whole, error_text, markdown_table, png_html, status_html
+from mixprec.ui.forms import (SIZES, cancel_job, check_choice, check_whole, error_text, markdown_table, png_html,
+                              status_html, store_location)
 from mixprec.ui.i18n import DEFAULT_LANGUAGE, messages, t
 from mixprec.ui.jobs import Job
 from mixprec.ui.widgets import pipeline_pickers, start_cancel, store_path
@@ -48,12 +49,6 @@ Outputs = list[Any]
 def devices() -> list[str]:
     """Devices a benchmark can run on here."""
     return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
-
-
-def _where(path: str | None) -> str:
-    from mixprec.bench.store import default_db_path
-
-    return (path or "").strip() or str(default_db_path())
 
 
 def _status(value: Any, lang: str) -> str:
@@ -86,7 +81,7 @@ def list_runs(path: str | None, *, lang: str = DEFAULT_LANGUAGE) -> tuple[str, l
     """
     from mixprec.bench.store import Store, StoreError
 
-    where = _where(path)
+    where = store_location(path)
     if not Path(where).is_file():
         return t("bench.none", lang, path=where), []
     try:
@@ -111,7 +106,7 @@ def show_run(path: str | None, run_id: int | None, *, lang: str = DEFAULT_LANGUA
     if run_id is None:
         return html.escape(t("bench.pick_first", lang))
     try:
-        with Store(_where(path)) as store:
+        with Store(store_location(path)) as store:
             page = render_html([store.load_run(int(run_id))])
     except (StoreError, OSError, ValueError) as exc:
         return html.escape(t("bench.error", lang, message=str(exc)))
@@ -166,7 +161,7 @@ def bench_run(lang: str, pipeline: str, size: str, configs: Sequence[str] | None
     if job.running:
         yield out(status_html(t("job.busy", lang)))
         return
-    where = _where(path)
+    where = store_location(path)
     try:
         hw = hardware.probe(device)
         specs, notes = parse_configs(",".join(configs or ()), hw)
@@ -217,9 +212,8 @@ def _finished(lang: str, where: str, run_id: int) -> Outputs:
             gr.update(choices=choices, value=run_id)]
 
 
-def bench_cancel(lang: str, job: Job) -> str:
-    """The Cancel button: stop this session's benchmark after its current step."""
-    return status_html(t("job.cancelling" if job.cancel() else "job.idle", lang))
+#: The Cancel button: stop this session's benchmark after its current step.
+bench_cancel = cancel_job
 
 
 def build_bench_tab(lang: str, reg: Callable[..., Any], language: gr.components.Component) -> None:

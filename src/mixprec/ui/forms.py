@@ -19,7 +19,8 @@ from typing import Any, Sequence
 
 from mixprec.ui.i18n import t
 
-__all__ = ["SIZES", "check_choice", "check_whole", "error_text", "markdown_table", "png_html", "status_html", "whole"]
+__all__ = ["SIZES", "cancel_job", "check_choice", "check_whole", "error_text", "markdown_table", "png_html", "status_html",
+           "store_location", "whole"]
 
 #: Pipeline sizes offered; "test" is the quick default.
 SIZES: tuple[str, ...] = ("test", "default")
@@ -57,6 +58,18 @@ def check_choice(value: Any, choices: Sequence[str], field: str, lang: str) -> s
         return None
     return t("form.error_choice", lang, value="" if value is None else value, field=t(field, lang),
              choices=", ".join(choices))
+
+
+def store_location(path: str | None) -> str:
+    """The benchmark store typed into a tab, or the default store when the box is empty."""
+    from mixprec.bench.store import default_db_path
+
+    return (path or "").strip() or str(default_db_path())
+
+
+def cancel_job(lang: str, job: Any) -> str:
+    """A Cancel button's handler: stop this session's job (a :class:`mixprec.ui.jobs.Job`) after its current step."""
+    return status_html(t("job.cancelling" if job.cancel() else "job.idle", lang))
 
 
 def error_text(key: str, lang: str, exc: BaseException) -> str:

@@ -24,7 +24,9 @@ import gradio as gr
 
 import mixprec
 from mixprec import pipelines
-from mixprec.ui.forms import SIZES, check_choice, check_whole, error_text, markdown_table, png_html, status_html
+from mixprec._tune import tune_plot_png
+from mixprec.ui.forms import (SIZES, cancel_job, check_choice, check_whole, error_text, markdown_table, png_html,
+                              status_html, store_location)
 from mixprec.ui.i18n import t
 from mixprec.ui.jobs import Job
 from mixprec.ui.widgets import pipeline_pickers, start_cancel, store_path
@@ -36,7 +38,6 @@ OBJECTIVES: tuple[str, ...] = ("latency", "memory")
 #: Upper bound of the evaluation budget typed into the tab.
 MAX_BUDGET = 10_000
 _MIB = 1024 * 1024
-_MET, _MISSED, _BEST, _BOUND = "#2a9d8f", "#e76f51", "#264653", "#e9c46a"
 
 #: One output list: status, plot, result Markdown, policy TOML.
 Outputs = list[Any]
@@ -55,48 +56,6 @@ def _shown(value: float, lang: str) -> str:
     if math.isinf(value):
         return t("run.exact", lang)
     return "—" if math.isnan(value) else f"{value:.6g}"
-
-
-def tune_plot_png(path: Sequence[Any], bound: mixprec.Bound, best: Any = None) -> bytes:
-    """Candidates as points (latency in ms against the bound's metric), as PNG bytes.
-
-    Green meets the bound, red misses it, the ring marks ``best``, the dashed line
-    is the bound. An infinite value (output identical to fp32) is drawn above the
-    highest finite one. The image holds numbers only; the tab's caption explains it
-    in the chosen language.
-    """
-    import io
-
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    finite = [v for v in (_value(c, bound.key) for c in path) if math.isfinite(v)]
-    top = max(finite + [bound.value])
-    cap = top + max(abs(top) * 0.1, 1e-3)
-    points = []
-    for c in path:
-        v = _value(c, bound.key)
-        if not math.isnan(v):
-            points.append((c, c.evaluation.latency_s * 1e3, cap if math.isinf(v) else v))
-    fig = Figure(figsize=(7, 4.2), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    if points:
-        ax.plot([x for _, x, _ in points], [y for _, _, y in points], color="#cccccc", linewidth=0.8, zorder=1)
-        ax.scatter([x for _, x, _ in points], [y for _, _, y in points], s=28, zorder=2,
-                   c=[_MET if c.met else _MISSED for c, _, _ in points])
-        for c, x, y in points:
-            ax.annotate(str(c.index), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-            if best is not None and c.index == best.index:
-                ax.scatter([x], [y], s=220, facecolors="none", edgecolors=_BEST, linewidths=2, zorder=3)
-    ax.axhline(bound.value, color=_BOUND, linewidth=1.2, linestyle="--", zorder=0)
-    ax.ticklabel_format(axis="y", useOffset=False)
-    ax.set_xlabel("ms")
-    ax.set_ylabel(bound.key)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    fig.clear()
-    return buffer.getvalue()
 
 
 def _plot(path: Sequence[Any], bound: mixprec.Bound, best: Any, lang: str) -> str:
@@ -166,7 +125,7 @@ def tune_run(lang: str, pipeline: str, size: str, bound: str, objective: str, bu
         not change are ``gr.update()``. Invalid input yields one inline message and
         starts nothing.
     """
-    from mixprec.bench.store import Store, default_db_path
+    from mixprec.bench.store import Store
 
     keep = gr.update()
     checked, problem = _check(lang, pipeline, size, bound, objective, budget)
@@ -177,7 +136,7 @@ def tune_run(lang: str, pipeline: str, size: str, bound: str, objective: str, bu
     if job.running:
         yield [status_html(t("job.busy", lang)), keep, keep, keep]
         return
-    where = (path or "").strip() or str(default_db_path())
+    where = store_location(path)
 
     def target(report: Callable[[Any], None]) -> mixprec.TuneResult:
         def progress(event: Any) -> None:
@@ -201,9 +160,8 @@ def tune_run(lang: str, pipeline: str, size: str, bound: str, objective: str, bu
                    value.to_toml()]
 
 
-def tune_cancel(lang: str, job: Job) -> str:
-    """The Cancel button: stop this session's search before its next measurement."""
-    return status_html(t("job.cancelling" if job.cancel() else "job.idle", lang))
+#: The Cancel button: stop this session's search before its next measurement.
+tune_cancel = cancel_job
 
 
 def build_tune_tab(lang: str, reg: Callable[..., Any], language: gr.components.Component) -> None:
