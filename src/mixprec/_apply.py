@@ -13,13 +13,24 @@ from __future__ import annotations
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch import nn
 
 from mixprec import backends
-from mixprec._hooks import Boundary, EntryBoundary, EntryGate, Fp32Compute, UpcastScope, own_tensors, pin_fp32
+from mixprec._hooks import (
+    Boundary,
+    EntryBoundary,
+    EntryGate,
+    Fp32Compute,
+    LeafCast,
+    UpcastScope,
+    is_container,
+    is_torch_layer,
+    own_tensors,
+    pin_fp32,
+)
 from mixprec._upcast import is_attention_module, sdpa_overflows
 from mixprec.policy import ModulePlan, Policy, PolicyError, closest_names, resolve_modules
 
@@ -351,39 +362,69 @@ def _dtype_fn(plan: ModulePlan, by_module: dict[int, ModulePlan]) -> Callable[[]
     return lambda: planned
 
 
+def _owns_float_weights(module: nn.Module) -> bool:
+    """Own floating parameters, or (for a leaf) own floating buffers such as running stats."""
+    if any(p is not None and p.is_floating_point() for p in module._parameters.values()):
+        return True
+    return not module._modules and any(b is not None and b.is_floating_point() for b in module._buffers.values())
+
+
+def _entries(module: nn.Module) -> Iterator[nn.Module]:
+    """Direct children that are called, looking through ModuleList / ModuleDict."""
+    for child in module.children():
+        if is_container(child):
+            yield from _entries(child)
+        else:
+            yield child
+
+
 def _install_hooks(applied: Applied, comps: dict[str, nn.Module], by_module: dict[int, ModulePlan]) -> None:
     handles = applied._handles
     for cname, root in comps.items():
+        # A component without any 16-bit module gets no per-module casts at all.
+        mixed = any(by_module[id(m)].storage != "fp32" or by_module[id(m)].compute_dtype != "fp32" for m in root.modules())
+        # The caller of a module: its nearest ancestor that is called. A ModuleList or
+        # ModuleDict is never called, so a boundary on it would never fire; its children
+        # get their boundaries as if they hung from the container's own parent.
         parent_of: dict[int, nn.Module | None] = {id(root): None}
         upcast_scoped: set[int] = set()
         for name, module in root.named_modules():
+            container = is_container(module)
             for child in module.children():
-                parent_of.setdefault(id(child), module)
+                parent_of.setdefault(id(child), parent_of[id(module)] if container else module)
             plan = by_module[id(module)]
+            if plan.keep_fp32 and any(True for _ in own_tensors(module)):
+                pin_fp32(module)
+                applied._pinned.append(module)
+            if container:
+                continue
             parent = parent_of.get(id(module))
             parent_plan = by_module[id(parent)] if parent is not None else None
+            layer = is_torch_layer(module)
 
             is_root = parent is None
             differs = parent_plan is not None and parent_plan.compute_dtype != plan.compute_dtype
-            if is_root or differs or plan.output_dtype:
+            bounded = is_root or differs or bool(plan.output_dtype)
+            if bounded:
                 out_fixed = DTYPES[plan.output_dtype] if plan.output_dtype else None
                 parent_dtype = _dtype_fn(parent_plan, by_module) if parent_plan is not None else None
                 boundary = Boundary(
                     module,
                     _dtype_fn(plan, by_module),
                     (lambda f=out_fixed: f) if (out_fixed or parent_dtype is None) else parent_dtype,
+                    min_ndim=0 if layer else 2,
                 )
                 handles.append(module.register_forward_pre_hook(boundary.pre, with_kwargs=True))
                 handles.append(module.register_forward_hook(boundary.post, with_kwargs=True, always_call=True))
 
-            if plan.compute == "fp32" and not plan.keep_fp32 and plan.storage != "fp32":
+            fp32_compute = plan.compute == "fp32" and not plan.keep_fp32 and plan.storage != "fp32"
+            if fp32_compute:
                 upcast = Fp32Compute(module)
-                handles.append(module.register_forward_pre_hook(upcast.pre))
+                handles.append(module.register_forward_pre_hook(upcast.pre, with_kwargs=True))
                 handles.append(module.register_forward_hook(upcast.post, always_call=True))
-
-            if plan.keep_fp32 and any(True for _ in own_tensors(module)):
-                pin_fp32(module)
-                applied._pinned.append(module)
+            elif mixed and not bounded and _owns_float_weights(module):
+                leaf = LeafCast(_dtype_fn(plan, by_module), 0 if layer else 2)
+                handles.append(module.register_forward_pre_hook(leaf.pre, with_kwargs=True))
 
             if plan.upcast_attention and id(parent) not in upcast_scoped:
                 direct = plan.decided_by.get("upcast_attention") is not None and policy_matches_directly(applied.policy, plan)
@@ -397,7 +438,7 @@ def _install_hooks(applied: Applied, comps: dict[str, nn.Module], by_module: dic
 
         gate = EntryGate()
         handles.extend(gate.install(root))
-        for child in root.children():
+        for child in _entries(root):
             entry = EntryBoundary(child, _dtype_fn(by_module[id(child)], by_module), gate)
             handles.append(child.register_forward_pre_hook(entry.pre, with_kwargs=True))
             handles.append(child.register_forward_hook(entry.post, with_kwargs=True, always_call=True))

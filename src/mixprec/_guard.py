@@ -14,24 +14,32 @@ applies it before the first call.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
+import logging
 import math
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
 from mixprec._apply import DTYPES, Applied
-from mixprec._hooks import EntryGate
+from mixprec._dtype_errors import DtypeErrorReport, PrecisionDtypeError, _callees, add_note, candidate_scopes, is_dtype_error, locate
 from mixprec.hardware import Hardware, cache_dir, probe
 from mixprec.policy import Rule, iter_modules
 
-__all__ = ["guard", "Guard", "NonFiniteError", "OverflowReport", "FallbackStore", "fingerprint", "GUARD_MODES", "ON_NONFINITE"]
+__all__ = [
+    "guard", "Guard", "NonFiniteError", "OverflowReport", "FallbackStore", "Pin", "PrecisionDtypeError", "DtypeErrorReport",
+    "fingerprint", "entry_methods", "GUARD_MODES", "ON_NONFINITE",
+]
+
+logger = logging.getLogger("mixprec")
 
 GUARD_MODES = ("components", "modules", "off")
 ON_NONFINITE = ("raise", "fallback", "warn")
@@ -54,6 +62,9 @@ class OverflowReport:
         output_absmax: largest absolute value of its output (``inf``/``nan`` when non-finite).
         dtype_max: the largest finite value of the dtype (65,504 for fp16).
         reason: ``non-finite`` or ``beyond dtype range``.
+        limit_dtype: the dtype whose range ``dtype_max`` is.
+        consumer: when that is not the module's own dtype, the enclosing module that
+            computes in it and so receives the value (``None`` otherwise).
     """
 
     component: str
@@ -64,12 +75,18 @@ class OverflowReport:
     output_absmax: float | None
     dtype_max: float | None
     reason: str
+    limit_dtype: str | None = None
+    consumer: str | None = None
 
     def __str__(self) -> str:
         if self.module is None:
             return f"component {self.component!r} returned non-finite values; no single module produced them"
-        return (f"{self.module} ({self.type}, {self.dtype}) produced {self.reason} output in component {self.component!r}: "
-                f"output absmax {self.output_absmax:.4g}, input absmax {self.input_absmax:.4g}, {self.dtype} max {self.dtype_max:.6g}")
+        head = (f"{self.module} ({self.type}, {self.dtype}) produced {self.reason} output in component {self.component!r}: "
+                f"output absmax {self.output_absmax:.4g}, input absmax {self.input_absmax:.4g}")
+        if self.consumer is not None:
+            return (f"{head}; it cannot be represented in {self.limit_dtype} (max {self.dtype_max:.6g}), "
+                    f"the compute dtype of {self.consumer}, which consumes it")
+        return f"{head}, {self.limit_dtype or self.dtype} max {self.dtype_max:.6g}"
 
 
 class NonFiniteError(RuntimeError):
@@ -158,13 +175,21 @@ class FallbackStore:
             return {}
 
     def get(self, key: str) -> dict[str, str]:
-        return dict(self.load().get(key, {}).get("pins", {}))
+        return dict(self.entry(key).get("pins", {}))
 
-    def remember(self, key: str, module: str, dtype: str, description: str) -> None:
+    def entry(self, key: str) -> dict[str, Any]:
+        """The whole record of one fingerprint: ``pins``, ``learned`` and ``reasons`` per module, ``model``, ``updated``."""
+        return dict(self.load().get(key, {}))
+
+    def remember(self, key: str, module: str, dtype: str, description: str, reason: str = "") -> None:
         data = self.load()
+        now = time.strftime("%Y-%m-%d %H:%M:%S")
         entry = data.setdefault(key, {"pins": {}, "model": description})
         entry["pins"][module] = dtype
-        entry["updated"] = time.strftime("%Y-%m-%d %H:%M:%S")
+        entry.setdefault("learned", {})[module] = now
+        if reason:
+            entry.setdefault("reasons", {})[module] = reason
+        entry["updated"] = now
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
@@ -203,8 +228,86 @@ def _rewind_points(args: tuple, kwargs: dict) -> list[tuple[Any, int]]:
     return points
 
 
+@dataclass
+class _Call:
+    """One entry call, kept so that it can be re-run exactly: same inputs, caches, random state."""
+
+    fn: Callable[..., Any]
+    args: tuple
+    kwargs: dict
+    points: list[tuple[Any, int]]
+    rng: torch.Tensor
+    cuda_rng: list[torch.Tensor] | None
+    generators: list[tuple[torch.Generator, torch.Tensor]]
+
+    @classmethod
+    def record(cls, fn: Callable[..., Any], args: tuple, kwargs: dict) -> _Call:
+        generators = [(g, g.get_state()) for g in list(args) + list(kwargs.values()) if isinstance(g, torch.Generator)]
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        return cls(fn, args, kwargs, _rewind_points(args, kwargs), torch.get_rng_state(), cuda, generators)
+
+    def restore(self) -> None:
+        """Rewind KV caches and put every random generator back where the call started.
+
+        Models draw noise inside a call (flow matching's ``randn_like``, sampling): a
+        re-run from another random state would return another output.
+        """
+        for cache, length in self.points:
+            grown = int(cache.get_seq_length()) - length
+            if length == 0 and hasattr(cache, "reset"):
+                cache.reset()  # drop the failed call's tensors entirely (their dtype too)
+            elif grown > 0:
+                cache.crop(-grown)  # a negative count removes that many tokens (transformers 4.x and 5.x)
+        torch.set_rng_state(self.rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+        for generator, state in self.generators:
+            generator.set_state(state)
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A module the guard pinned wider, and why.
+
+    Attributes:
+        module: qualified name.
+        dtype: the storage dtype it was pinned to.
+        source: ``fallback`` (learned in this process) or ``remembered`` (from the store).
+        learned: when the fallback was first learned (``YYYY-mm-dd HH:MM:SS``).
+        reason: what made it necessary.
+    """
+
+    module: str
+    dtype: str
+    source: str
+    learned: str
+    reason: str = ""
+
+
+_FRAMEWORK_MODULES = ("torch.", "transformers.modeling_utils", "transformers.generation", "transformers.integrations",
+                      "diffusers.models.modeling_utils", "diffusers.configuration_utils", "huggingface_hub.")
+
+
+def entry_methods(module: nn.Module) -> list[str]:
+    """Public methods an app may call on a component: ``forward`` and the model's own.
+
+    Methods inherited from torch and from the frameworks' base classes (``to``,
+    ``save_pretrained``, ``generate``, which calls ``forward``) are left out;
+    properties, static and class methods too.
+    """
+    names = ["forward"]
+    for cls in type(module).__mro__:
+        if cls is object or cls.__module__.startswith(_FRAMEWORK_MODULES):
+            continue
+        for name, value in vars(cls).items():
+            if name.startswith("_") or name in names or not inspect.isfunction(value):
+                continue
+            names.append(name)
+    return names
+
+
 class Guard:
-    """Watches an :class:`~mixprec.Applied` model for non-finite outputs. Use :func:`guard`."""
+    """Watches an :class:`~mixprec.Applied` model for non-finite outputs and dtype errors. Use :func:`guard`."""
 
     def __init__(self, applied: Applied, mode: str, on_nonfinite: str, hardware: Hardware | None,
                  remember: bool, store: FallbackStore | None):
@@ -214,9 +317,12 @@ class Guard:
         self._hardware = hardware
         self.remember = remember
         self.store = store or FallbackStore()
-        self.pins: dict[str, str] = {}
-        self.reports: list[OverflowReport] = []
+        #: Modules pinned by this guard, by qualified name, with where each came from.
+        self.pins: dict[str, Pin] = {}
+        self.reports: list[OverflowReport | DtypeErrorReport] = []
         self._handles: list[Any] = []
+        self._patched: list[tuple[nn.Module, str, Any]] = []
+        self._depth: dict[str, int] = {}
         self._busy = False
         self._fingerprint: str | None = None
 
@@ -237,23 +343,52 @@ class Guard:
         if self.mode == "off":
             return
         for cname, root in self.applied.components.items():
-            gate = EntryGate()
-            self._handles.extend(gate.install(root))
-            # The component's own forward, and its direct children when it is used through
-            # another method (vae.decode): one finiteness check per entry call.
-            for entry in (root, *root.children()):
-                self._watch(cname, entry, None if entry is root else gate)
+            self._depth[cname] = 0
+            # Every way an app enters the component: its forward and its own methods
+            # (S3Gen.inference, embed_ref, vae.decode), one check per outermost call.
+            for name in entry_methods(root):
+                self._wrap(cname, root, name)
+            # Its direct children too, when called from outside any of those methods.
+            for child in _callees(root):
+                self._watch(cname, child)
             if self.mode == "modules":
                 for name, sub in root.named_modules():
                     if sub is not root:
                         self._handles.append(sub.register_forward_hook(self._module_check(cname, name)))
 
-    def _watch(self, cname: str, entry: nn.Module, gate: EntryGate | None) -> None:
-        stack: list[tuple[tuple, dict, list] | None] = []
+    def _wrap(self, cname: str, root: nn.Module, name: str) -> None:
+        had = name in root.__dict__
+        previous = root.__dict__.get(name)
+        method = getattr(root, name)
+
+        @functools.wraps(method)
+        def entry(*args: Any, **kwargs: Any) -> Any:
+            if self._busy or self._depth[cname]:
+                return method(*args, **kwargs)
+            call = _Call.record(method, args, kwargs)
+            self._depth[cname] += 1
+            try:
+                output = method(*args, **kwargs)
+            except (RuntimeError, TypeError, NotImplementedError) as exc:
+                if not is_dtype_error(exc) or not self.applied.active:
+                    raise
+                self._depth[cname] -= 1
+                return self._dtype_error(cname, root, call, exc)
+            else:
+                self._depth[cname] -= 1
+            if all_finite(output):
+                return output
+            return self._handle(cname, root, call, output)
+
+        setattr(root, name, entry)
+        self._patched.append((root, name, previous if had else None))
+
+    def _watch(self, cname: str, entry: nn.Module) -> None:
+        stack: list[_Call | None] = []
 
         def pre(module, args, kwargs):
-            outside = gate is None or gate.outside
-            stack.append((args, kwargs, _rewind_points(args, kwargs)) if outside else None)
+            outside = not self._busy and not self._depth[cname]
+            stack.append(_Call.record(module, args, kwargs) if outside else None)
 
         def post(module, args, kwargs, output):
             call = stack.pop() if stack else None
@@ -271,24 +406,54 @@ class Guard:
         return hook
 
     def apply_remembered(self) -> dict[str, str]:
-        """Pin modules remembered for this model and hardware, where the policy is narrower."""
-        remembered = self.store.get(self.fingerprint)
+        """Pin modules remembered for this model and hardware, where the policy is narrower.
+
+        Logs one INFO line per pin (module, dtype, when it was learned and why).
+        """
+        entry = self.store.entry(self.fingerprint)
+        remembered = entry.get("pins", {})
         plans = {p.qualname: p for p in self.applied.plans}
         wanted = {m: d for m, d in remembered.items() if m in plans and _ORDER[plans[m].storage] < _ORDER[d]}
-        if wanted:
-            self._pin(wanted, reason="remembered guard fallback")
+        if not wanted:
+            return {}
+        learned = entry.get("learned", {})
+        reasons = entry.get("reasons", {})
+        pins = [Pin(m, d, "remembered", learned.get(m, entry.get("updated", "unknown")), reasons.get(m, "")) for m, d in wanted.items()]
+        self._pin(pins)
+        for pin in pins:
+            logger.info("mixprec guard: %s pinned to %s, remembered from a fallback learned %s%s (fallback store %s)",
+                        pin.module, pin.dtype, pin.learned, f": {pin.reason}" if pin.reason else "", self.store.path)
         return wanted
 
-    def _pin(self, pins: dict[str, str], reason: str) -> None:
-        self.pins.update(pins)
-        rules = tuple(Rule(_exact(m), storage=d, keep_fp32=d == "fp32" or None, reason=f"{reason}: {m} -> {d}") for m, d in pins.items())
+    def _pin(self, pins: list[Pin]) -> None:
+        rules = tuple(Rule(_exact(p.module), storage=p.dtype, keep_fp32=p.dtype == "fp32" or None,
+                           reason=f"guard {p.source}: {p.module} -> {p.dtype}" + (f" ({p.reason})" if p.reason else ""))
+                      for p in pins)
         self.applied.reapply(self.applied.policy.with_rules(*rules))
+        self.pins.update({p.module: p for p in pins})
+
+    def _learn(self, module: str, dtype: str, reason: str) -> Pin:
+        pin = Pin(module, dtype, "fallback", time.strftime("%Y-%m-%d %H:%M:%S"), reason)
+        self._pin([pin])
+        return pin
+
+    def _remember(self, pins: list[Pin]) -> None:
+        if self.remember:
+            for pin in pins:
+                self.store.remember(self.fingerprint, pin.module, pin.dtype, description=", ".join(self.applied.components),
+                                    reason=pin.reason)
 
     def remove(self) -> None:
-        """Remove the guard's hooks (pins stay in the applied policy)."""
+        """Remove the guard's hooks and method wrappers (pins stay in the applied policy)."""
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        for root, name, previous in reversed(self._patched):
+            if previous is None:
+                root.__dict__.pop(name, None)
+            else:
+                root.__dict__[name] = previous
+        self._patched.clear()
 
     def __enter__(self) -> Guard:
         return self
@@ -297,21 +462,15 @@ class Guard:
         self.remove()
 
     # -- localisation --------------------------------------------------------------------
-    def _rerun(self, root: nn.Module, call: tuple) -> Any:
-        args, kwargs, points = call
-        for cache, length in points:
-            grown = int(cache.get_seq_length()) - length
-            if length == 0 and hasattr(cache, "reset"):
-                cache.reset()  # drop the failed call's tensors entirely (their dtype too)
-            elif grown > 0:
-                cache.crop(-grown)  # a negative count removes that many tokens (transformers 4.x and 5.x)
+    def _rerun(self, call: _Call) -> Any:
+        call.restore()
         self._busy = True
         try:
-            return root(*args, **kwargs)
+            return call.fn(*call.args, **call.kwargs)
         finally:
             self._busy = False
 
-    def localise(self, cname: str, root: nn.Module, call: tuple) -> OverflowReport:
+    def localise(self, cname: str, root: nn.Module, call: _Call) -> OverflowReport:
         """Re-run one component call with per-module hooks; name the first bad module."""
         plans = {id(p.module): p for p in self.applied.plans}
         parents = {id(c): m for m in root.modules() for c in m.children()}
@@ -325,23 +484,27 @@ class Guard:
             if not tensors:
                 return
             dtype = tensors[0].dtype
-            limit = _narrowest_max(dtype, plans.get(id(parents.get(id(module)))))
+            consumer = plans.get(id(parents.get(id(module))))
+            limit, limit_dtype = _narrowest_max(dtype, consumer)
             finite = all_finite(output)
             out_max = _absmax(output)
             if not finite or (out_max is not None and out_max > limit):
                 plan = plans.get(id(module))
+                narrower = limit_dtype != dtype
                 found.append(OverflowReport(
                     component=cname, module=plan.qualname if plan else type(module).__name__, type=type(module).__name__,
                     dtype=_NAMES.get(dtype, str(dtype)), input_absmax=_absmax(args, finite_only=True) or 0.0,
                     output_absmax=out_max if out_max is not None else math.nan, dtype_max=limit,
-                    reason="non-finite" if not finite else "beyond dtype range"))
+                    reason="non-finite" if not finite else "beyond dtype range",
+                    limit_dtype=_NAMES.get(limit_dtype, str(limit_dtype)),
+                    consumer=(consumer.qualname or "(root)") if (narrower and consumer is not None) else None))
 
         for sub in root.modules():
             if sub is not root:
                 # prepend: see each module's own output, before a boundary casts it for its caller
                 handles.append(sub.register_forward_hook(check, prepend=True))
         try:
-            output = self._rerun(root, call)
+            output = self._rerun(call)
         finally:
             for h in handles:
                 h.remove()
@@ -382,45 +545,80 @@ class Guard:
                 return scope, wider[0]
         return None
 
-    def _handle(self, cname: str, root: nn.Module, call: tuple, output: Any) -> Any:
+    def _handle(self, cname: str, root: nn.Module, call: _Call, output: Any) -> Any:
         report = self.localise(cname, root, call)
         self.reports.append(report)
         if self.on_nonfinite == "raise":
             raise NonFiniteError(report)
         if self.on_nonfinite == "warn":
             warnings.warn(f"mixprec guard: non-finite output: {report}", stacklevel=2)
-            return None
+            return output
         return self._fallback(cname, root, call, report)
 
-    def _fallback(self, cname: str, root: nn.Module, call: tuple, report: OverflowReport) -> Any:
+    def _fallback(self, cname: str, root: nn.Module, call: _Call, report: OverflowReport) -> Any:
         first = report
-        changes: list[str] = []
+        pins: list[Pin] = []
         for _ in range(12):  # each round pins one scope one step wider
             step = self._next_step(report)
             if step is None:
-                raise NonFiniteError(report, "fallback exhausted: nothing left to widen" + (f"; tried {', '.join(changes)}" if changes else ""))
+                raise NonFiniteError(report, "fallback exhausted: nothing left to widen"
+                                     + (f"; tried {', '.join(f'{p.module} -> {p.dtype}' for p in pins)}" if pins else ""))
             scope, dtype = step
-            self._pin({scope: dtype}, reason="guard fallback")
-            changes.append(f"{scope} -> {dtype}")
-            output = self._rerun(root, call)
+            pins.append(self._learn(scope, dtype, f"non-finite output: {report.reason} in {report.module}"))
+            output = self._rerun(call)
             if all_finite(output):
-                if self.remember:
-                    for change in changes:
-                        module, _, d = change.partition(" -> ")
-                        self.store.remember(self.fingerprint, module, d, description=", ".join(self.applied.components))
-                warnings.warn(f"mixprec guard: {first}; pinned {', '.join(changes)} and re-ran the call"
+                self._remember(pins)
+                warnings.warn(f"mixprec guard: {first}; pinned {', '.join(f'{p.module} -> {p.dtype}' for p in pins)} and re-ran the call"
                               + ("; remembered for the next start" if self.remember else ""), stacklevel=3)
                 return output
             report = self.localise(cname, root, call)
             self.reports.append(report)
-        raise NonFiniteError(report, f"fallback gave up after {len(changes)} changes: {', '.join(changes)}")
+        raise NonFiniteError(report, f"fallback gave up after {len(pins)} changes: {', '.join(f'{p.module} -> {p.dtype}' for p in pins)}")
+
+    def _dtype_error(self, cname: str, root: nn.Module, call: _Call, exc: BaseException) -> Any:
+        """A dtype error inside a call: name the module; with ``fallback``, pin the narrowest scope that works."""
+        report = locate(exc, cname, root, self.applied.plans, self.applied.policy)
+        self.reports.append(report)
+        if self.on_nonfinite != "fallback":
+            raise PrecisionDtypeError(report) from exc
+        start = self.applied.policy
+        pins_before = dict(self.pins)
+        tried: list[str] = []
+        for scope in candidate_scopes(report, self.applied.plans):
+            pin = self._learn(scope, "fp32", f"dtype error in {report.type}.{report.method}: {report.error}")
+            try:
+                output = self._rerun(call)
+            except (RuntimeError, TypeError, NotImplementedError) as again:
+                if not is_dtype_error(again):
+                    self._unpin(start, pins_before)
+                    raise
+                tried.append(scope)
+                self._unpin(start, pins_before)
+                continue
+            self._remember([pin])
+            warnings.warn(f"mixprec guard: {report}; pinned {scope} -> fp32 and re-ran the call"
+                          + (f" (widening {', '.join(tried)} alone did not help)" if tried else "")
+                          + ("; remembered for the next start" if self.remember else ""), stacklevel=3)
+            if not all_finite(output):
+                return self._handle(cname, root, call, output)
+            return output
+        # Not even fp32 everywhere the error could come from helps: the model's own error.
+        raise add_note(exc, f"mixprec guard: this call fails the same way with {', '.join(tried) or 'the component'} in fp32, "
+                            "so it is the model's own error, not a precision problem; the policy was left as it was")
+
+    def _unpin(self, policy: Any, pins: dict[str, Pin]) -> None:
+        self.applied.reapply(policy)
+        self.pins = dict(pins)
 
 
-def _narrowest_max(dtype: torch.dtype, parent_plan: Any) -> float:
-    limit = torch.finfo(dtype).max
-    if parent_plan is not None:
-        limit = min(limit, torch.finfo(DTYPES[parent_plan.compute_dtype]).max)
-    return float(limit)
+def _narrowest_max(dtype: torch.dtype, consumer_plan: Any) -> tuple[float, torch.dtype]:
+    """The largest value the output can hold where it is used: its own dtype's, or the consumer's if narrower."""
+    limit, limit_dtype = float(torch.finfo(dtype).max), dtype
+    if consumer_plan is not None:
+        consumer = DTYPES[consumer_plan.compute_dtype]
+        if float(torch.finfo(consumer).max) < limit:
+            limit, limit_dtype = float(torch.finfo(consumer).max), consumer
+    return limit, limit_dtype
 
 
 def guard(
@@ -448,6 +646,13 @@ def guard(
     Example:
         >>> applied = mixprec.apply(pipe, mixprec.preset("memory"))
         >>> g = mixprec.guard(applied, on_nonfinite="fallback")
+
+    Besides non-finite outputs, the guard handles dtype errors raised inside a call
+    (mismatched dtypes, an op without a 16-bit kernel): ``raise`` turns them into a
+    :class:`PrecisionDtypeError` naming the module, its dtypes, the rule and the
+    keep-fp32 rule to add; ``fallback`` pins the narrowest scope to fp32 that makes the
+    call succeed, re-runs it and remembers the pin. A call that fails the same way with
+    everything in fp32 is the model's own error and is re-raised unchanged.
     """
     if not isinstance(applied, Applied):
         raise TypeError(f"guard() needs what mixprec.apply() returned, got {type(applied).__name__}")

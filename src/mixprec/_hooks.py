@@ -6,6 +6,7 @@ and recursive calls pair up correctly); :mod:`mixprec._apply` decides where they
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any, Callable, Iterable
 
@@ -14,7 +15,10 @@ from torch import nn
 
 from mixprec._upcast import UpcastAttentionMode
 
-__all__ = ["Boundary", "EntryGate", "EntryBoundary", "Fp32Compute", "UpcastScope", "pin_fp32", "cast_floats", "own_tensors"]
+__all__ = [
+    "Boundary", "EntryGate", "EntryBoundary", "Fp32Compute", "LeafCast", "UpcastScope", "pin_fp32", "cast_floats", "own_tensors",
+    "is_container", "is_torch_layer",
+]
 
 
 def own_tensors(module: nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
@@ -24,9 +28,13 @@ def own_tensors(module: nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
 
 
 def cast_floats(obj: Any, dtype: torch.dtype, *, min_ndim: int = 0) -> Any:
-    """Cast floating tensors inside ``obj`` (tensors, tuples, lists, dicts) to ``dtype``.
+    """Cast floating tensors inside ``obj`` to ``dtype``, never changing ``obj`` itself.
 
-    A tuple or list in which nothing needs casting comes back as the same object.
+    Tensors, tuples (named tuples included), lists, dicts (``ModelOutput`` and other
+    dict subclasses included) and dataclass instances (``T3Cond``-style conditioning
+    objects) are walked. A container in which something is cast comes back as a new
+    container; one in which nothing needs casting comes back as the same object, so
+    the common case allocates nothing. The caller's objects are never mutated.
     """
     if isinstance(obj, torch.Tensor):
         if obj.is_floating_point() and obj.dtype != dtype and obj.dim() >= min_ndim:
@@ -40,13 +48,32 @@ def cast_floats(obj: Any, dtype: torch.dtype, *, min_ndim: int = 0) -> Any:
             return items
         return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
     if isinstance(obj, dict):
-        # In place for dict subclasses such as transformers' ModelOutput.
-        for key in list(obj.keys()):
-            value = obj[key]
+        changed = {}
+        for key, value in obj.items():
             new = cast_floats(value, dtype, min_ndim=min_ndim)
             if new is not value:
-                obj[key] = new
-        return obj
+                changed[key] = new
+        if not changed:
+            return obj
+        if type(obj) is dict:
+            return {**obj, **changed}
+        copied = copy.copy(obj)  # ModelOutput and other dict subclasses keep their type
+        for key, value in changed.items():
+            copied[key] = value
+        return copied
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changed = {}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name, None)
+            new = cast_floats(value, dtype, min_ndim=min_ndim)
+            if new is not value:
+                changed[f.name] = new
+        if not changed:
+            return obj
+        copied = copy.copy(obj)
+        for name, value in changed.items():
+            object.__setattr__(copied, name, value)  # frozen dataclasses too
+        return copied
     return obj
 
 
@@ -74,18 +101,57 @@ class Boundary:
     compute: Callable[[], torch.dtype]
     output: Callable[[], torch.dtype | None]
     caller_dtypes: list[torch.dtype | None] = dataclasses.field(default_factory=list)
+    #: 0-d and 1-d floats (timesteps, sigmas, scales) are scalars to most modules and
+    #: lose meaning in 16 bits (t=999 rounds to 1000 in bf16): they pass unchanged,
+    #: except into torch's own layers, whose kernels need every input in their dtype.
+    min_ndim: int = 2
 
     def pre(self, module, args, kwargs):
         self.caller_dtypes.append(_first_float_dtype((args, kwargs)))
         dtype = self.compute()
-        # 0-d and 1-d floats (timesteps, sigmas, scales) are scalars to the module and
-        # lose meaning in 16 bits (t=999 rounds to 1000 in bf16): they pass unchanged.
-        return cast_floats(args, dtype, min_ndim=2), cast_floats(kwargs, dtype, min_ndim=2)
+        return cast_floats(args, dtype, min_ndim=self.min_ndim), cast_floats(kwargs, dtype, min_ndim=self.min_ndim)
 
     def post(self, module, args, kwargs, output):
         caller = self.caller_dtypes.pop() if self.caller_dtypes else None
         target = self.output() or caller
         return output if target is None else cast_floats(output, target)
+
+
+class LeafCast:
+    """Inputs of a module that owns weights arrive in the dtype it computes in.
+
+    Boundaries only see what crosses a module's edge through ``__call__``. Real models
+    also create tensors inside a parent's forward (``torch.sin`` of a phase, noise from
+    ``randn_like``), carry them in dataclasses, or cast them to ``self.dtype`` in their
+    own code. Whatever the path, the kernel that finally uses a weight needs its input
+    in the weight's compute dtype; this pre-hook sits on each module that owns
+    floating weights and casts only what differs. The common case, every input already
+    in the right dtype, returns ``None`` without allocating.
+    """
+
+    __slots__ = ("compute", "min_ndim")
+
+    def __init__(self, compute: Callable[[], torch.dtype], min_ndim: int):
+        self.compute = compute
+        self.min_ndim = min_ndim
+
+    def pre(self, module, args, kwargs):
+        dtype = self.compute()
+        new_args = cast_floats(args, dtype, min_ndim=self.min_ndim)
+        new_kwargs = cast_floats(kwargs, dtype, min_ndim=self.min_ndim) if kwargs else kwargs
+        if new_args is args and new_kwargs is kwargs:
+            return None
+        return new_args, new_kwargs
+
+
+def is_torch_layer(module: nn.Module) -> bool:
+    """Whether ``module`` is one of torch's own layers (``nn.Linear``, ``nn.Conv1d``, ...)."""
+    return type(module).__module__.startswith("torch.nn.")
+
+
+def is_container(module: nn.Module) -> bool:
+    """``ModuleList`` / ``ModuleDict`` / parameter containers: held, never called."""
+    return isinstance(module, (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict))
 
 
 class EntryGate:
@@ -143,15 +209,16 @@ class Fp32Compute:
         self.module = module
         self.stash: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
 
-    def pre(self, module, args):
+    def pre(self, module, args, kwargs):
         saved = []
         for _, t in own_tensors(module):
             if t.is_floating_point() and t.dtype != torch.float32:
                 saved.append((t, t.data))
                 t.data = t.data.float()
         self.stash.append(saved)
-        cast = cast_floats(args, torch.float32)
-        return None if cast is args else cast
+        cast_args = cast_floats(args, torch.float32)
+        cast_kwargs = cast_floats(kwargs, torch.float32) if kwargs else kwargs
+        return None if (cast_args is args and cast_kwargs is kwargs) else (cast_args, cast_kwargs)
 
     def post(self, module, args, output):
         for t, data in self.stash.pop() if self.stash else []:

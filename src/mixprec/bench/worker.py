@@ -143,7 +143,7 @@ def _serve(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs i
             guard = info.get("guard")
             conn.send(("done", {"peak_mem_bytes": int(peak), "peak_kind": "cuda max_memory_allocated" if cuda else "RSS above post-load baseline",
                                 "fallbacks": len(guard.reports) if guard is not None else 0,
-                                "pins": dict(guard.pins) if guard is not None else {}}))
+                                "pins": {m: p.dtype for m, p in guard.pins.items()} if guard is not None else {}}))
             return
         else:
             conn.send(("error", f"unknown command {command!r}"))

@@ -1,0 +1,222 @@
+"""Dtype errors under a policy: recognise them, find the module that was running, say why.
+
+Real model code fails in reduced precision in ways that are not overflows: a kernel
+refuses mixed dtypes (``mat1 and mat2 must have the same dtype``), an op has no 16-bit
+kernel on this device (``torch.fft.rfft``: ``Unsupported dtype BFloat16``), or app code
+casts its input to ``self.dtype`` (the dtype of its first parameter, now bf16) before
+calling such an op. The guard treats these as precision problems: this module names
+the innermost module running when the error was raised (from the traceback, so methods
+other than ``forward``, such as ``embed_ref`` or ``inference``, count), its storage and
+compute dtype and the rule that set them, and lists the scopes a fallback may widen,
+narrowest first.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from torch import nn
+
+from mixprec._hooks import is_container
+from mixprec.policy import ModulePlan, Policy
+
+__all__ = ["is_dtype_error", "DtypeErrorReport", "PrecisionDtypeError", "locate", "candidate_scopes"]
+
+# Messages of dtype failures in torch's kernels (CPU and CUDA), as of torch 2.3 - 2.13.
+_DTYPE_MESSAGES = re.compile(
+    "|".join((
+        r"must have the same dtype",
+        r"to have the same dtype",
+        r"expected scalar type \w+ but found \w+",
+        r"Unsupported dtype",
+        r"not implemented for '(?:BFloat16|Half)'",
+        r"should be the same",  # Input type (float) and bias type (c10::BFloat16) should be the same
+        r"does not match (?:weight|bias) dtype",
+        r"dtype mismatch",
+        r"mismatched dtypes?",
+        r"expected (?:both|all) (?:inputs|tensors) to have (?:the )?same dtype",
+        r"Expected (?:object|tensor) of scalar type",
+        r"Expected .{0,40}dtype",
+        r"found dtype \w+ but expected",
+        r"Unsupported input dtype",
+        r"(?:BFloat16|Half) is not supported",
+        r"does not support (?:bf16|bfloat16|half|fp16|float16)",
+    )),
+    re.IGNORECASE,
+)
+
+#: Frames of torch's own call machinery: the module they belong to is running, but the
+#: method name to report is that of the next frame of the same module.
+_CALL_MACHINERY = {"_call_impl", "_wrapped_call_impl", "__call__", "inner", "wrapper", "decorate_context"}
+
+
+def is_dtype_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a dtype failure of a kernel (mismatched or unsupported dtype)."""
+    return isinstance(exc, (RuntimeError, TypeError, NotImplementedError)) and bool(_DTYPE_MESSAGES.search(str(exc)))
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A module that was running when the error was raised, and in which method."""
+
+    module: str
+    type: str
+    method: str
+    where: str
+
+
+@dataclass(frozen=True)
+class DtypeErrorReport:
+    """Where a dtype error was raised under a policy.
+
+    Attributes:
+        component: the component whose call failed.
+        module: qualified name of the innermost module that was running.
+        type: its class name.
+        method: the method it was running (``forward``, ``embed_ref``, ...).
+        where: ``file:line`` of the innermost frame of that module's code.
+        raised_at: ``file:line (function)`` where the error itself was raised.
+        storage: the module's storage dtype under the policy.
+        compute: its compute dtype.
+        rule: the rule that set its storage (``#0 '*'``) or ``default (fp32)``.
+        error: the original message (first line).
+        stack: the running modules, outermost first.
+    """
+
+    component: str
+    module: str
+    type: str
+    method: str
+    where: str
+    raised_at: str
+    storage: str
+    compute: str
+    rule: str
+    error: str
+    stack: tuple[Frame, ...] = field(default=())
+
+    def suggestion(self) -> str:
+        """A keep-fp32 rule for the innermost module, as TOML to append to a policy file."""
+        return f'[[rules]]\nmatch = "{self.module}"\nkeep_fp32 = true\nreason = "dtype error in {self.type}.{self.method}: {_toml_safe(self.error)}"\n'
+
+    def __str__(self) -> str:
+        return (f"{self.error!r} in {self.module} ({self.type}.{self.method}, storage {self.storage}, compute {self.compute}, "
+                f"set by rule {self.rule}) at {self.where}; raised at {self.raised_at}")
+
+
+def _toml_safe(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', "'")[:120]
+
+
+class PrecisionDtypeError(RuntimeError):
+    """A call under a policy failed with a dtype error; the report says where and how to fix it."""
+
+    def __init__(self, report: DtypeErrorReport, note: str = ""):
+        self.report = report
+        message = (f"dtype error under the precision policy: {report}. "
+                   f"To keep that module in fp32, add to the policy:\n{report.suggestion()}"
+                   "When the failing code is the app's own (for example it casts to self.dtype before an op without a "
+                   "16-bit kernel), mixprec.guard(applied, on_nonfinite='fallback') finds the narrowest module to pin.")
+        super().__init__(message + (f"\n{note}" if note else ""))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def locate(exc: BaseException, component: str, root: nn.Module, plans: list[ModulePlan], policy: Policy) -> DtypeErrorReport:
+    """Name the innermost module of ``component`` that was running when ``exc`` was raised."""
+    by_id = {id(p.module): p for p in plans}
+    frames: list[Frame] = []
+    last: TracebackType | None = None
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        owner = frame.f_locals.get("self")
+        plan = by_id.get(id(owner)) if isinstance(owner, nn.Module) else None
+        if plan is not None:
+            name = frame.f_code.co_name
+            where = f"{frame.f_code.co_filename}:{tb.tb_lineno}"
+            if frames and frames[-1].module == plan.qualname and name in _CALL_MACHINERY:
+                pass  # torch's call machinery of the module already on top
+            elif frames and frames[-1].module == plan.qualname and frames[-1].method in _CALL_MACHINERY:
+                frames[-1] = Frame(plan.qualname, plan.type_name, name, where)
+            elif frames and frames[-1].module == plan.qualname and frames[-1].method == name:
+                frames[-1] = Frame(plan.qualname, plan.type_name, name, where)
+            else:
+                frames.append(Frame(plan.qualname, plan.type_name, name, where))
+        last = tb
+        tb = tb.tb_next
+    root_plan = by_id[id(root)]
+    top = frames[-1] if frames else Frame(root_plan.qualname or component, root_plan.type_name, "?", "?")
+    plan = next((p for p in plans if p.qualname == top.module), root_plan)
+    index = plan.decided_by.get("storage")
+    rule = f"#{index} {policy.rules[index].match!r}" if index is not None else "default (fp32)"
+    raised_at = f"{last.tb_frame.f_code.co_filename}:{last.tb_lineno} ({last.tb_frame.f_code.co_name})" if last else "?"
+    return DtypeErrorReport(component=component, module=top.module, type=top.type, method=top.method, where=top.where,
+                            raised_at=raised_at, storage=plan.storage, compute=plan.compute_dtype, rule=rule,
+                            error=_first_line(exc), stack=tuple(frames))
+
+
+def _first_param_owner(module: nn.Module) -> nn.Module | None:
+    """The module owning ``next(module.parameters())``: what ``self.dtype`` code reads."""
+    for name, param in module.named_parameters():
+        if param.is_floating_point():
+            return module.get_submodule(name.rpartition(".")[0]) if "." in name else module
+    return None
+
+
+def _callees(module: nn.Module) -> list[nn.Module]:
+    out = []
+    for child in module.children():
+        out.extend(_callees(child) if is_container(child) else [child])
+    return out
+
+
+def candidate_scopes(report: DtypeErrorReport, plans: list[ModulePlan]) -> list[str]:
+    """Scopes a fallback may pin to fp32, narrowest first.
+
+    1. the innermost running module;
+    2. the modules whose parameters code on the stack reads its dtype from: for each
+       running module (innermost first), the owner of its first parameter and of each
+       called child's first parameter (``self.dtype`` properties read exactly these);
+    3. the enclosing blocks of the innermost module, up to the component.
+
+    Only modules that are not already fp32 in storage and compute are listed.
+    """
+    by_name = {p.qualname: p for p in plans}
+    by_id = {id(p.module): p for p in plans}
+    out: list[str] = []
+
+    def add(name: str | None) -> None:
+        plan = by_name.get(name) if name is not None else None
+        if plan is not None and name not in out and (plan.storage != "fp32" or plan.compute_dtype != "fp32"):
+            out.append(name)
+
+    add(report.module)
+    for frame in reversed(report.stack):
+        plan = by_name.get(frame.module)
+        if plan is None:
+            continue
+        for sub in (plan.module, *_callees(plan.module)):
+            owner = _first_param_owner(sub)
+            owner_plan = by_id.get(id(owner)) if owner is not None else None
+            add(owner_plan.qualname if owner_plan is not None else None)
+    name = report.module
+    while "." in name:
+        name = name.rpartition(".")[0]
+        if name in by_name and not is_container(by_name[name].module):
+            add(name)
+    add(report.component)
+    return out
+
+
+def add_note(exc: BaseException, note: str) -> Any:
+    """``exc.add_note`` where Python has it (3.11+)."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    return exc
