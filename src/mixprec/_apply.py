@@ -26,11 +26,16 @@ from mixprec._hooks import (
     Fp32Compute,
     LeafCast,
     UpcastScope,
+    add_method_hook,
+    cast_floats,
+    entry_methods,
+    first_float_dtype,
     is_container,
     is_torch_layer,
     own_tensors,
     pin_fp32,
 )
+from mixprec._spectral import SpectralScope, uses_spectral_ops
 from mixprec._upcast import is_attention_module, sdpa_overflows
 from mixprec.policy import ModulePlan, Policy, PolicyError, closest_names, resolve_modules
 
@@ -436,12 +441,47 @@ def _install_hooks(applied: Applied, comps: dict[str, nn.Module], by_module: dic
             if id(parent) in upcast_scoped:
                 upcast_scoped.add(id(module))  # already inside a scope: no nested one
 
+        if mixed:
+            _install_spectral_scopes(applied, root)
+            # Components used through their own methods (S3Gen.inference, vae.decode) hand
+            # the caller its own dtype back, as a call of forward does.
+            for method in entry_methods(root)[1:]:
+                handles.append(add_method_hook(root, method, _return_caller_dtype))
+
         gate = EntryGate()
         handles.extend(gate.install(root))
         for child in _entries(root):
             entry = EntryBoundary(child, _dtype_fn(by_module[id(child)], by_module), gate)
             handles.append(child.register_forward_pre_hook(entry.pre, with_kwargs=True))
             handles.append(child.register_forward_hook(entry.post, with_kwargs=True, always_call=True))
+
+
+def _return_caller_dtype(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    caller = first_float_dtype((args, kwargs))
+    output = call(*args, **kwargs)
+    return output if caller is None else cast_floats(output, caller)
+
+
+def _install_spectral_scopes(applied: Applied, root: nn.Module) -> None:
+    """FFT / STFT / complex ops get fp32 inputs inside modules whose code uses them.
+
+    The topmost such module of each subtree gets the scope on ``forward`` (hooks) and on
+    its other public methods (``inference``, ``decode``: method hooks, removed on revert).
+    """
+    scoped: set[int] = set()
+    for module in root.modules():
+        if id(module) in scoped:
+            scoped.update(id(m) for m in module.children())
+            continue
+        if is_container(module) or not uses_spectral_ops(module):
+            continue
+        scope = SpectralScope()
+        applied._handles.append(module.register_forward_pre_hook(scope.pre))
+        applied._handles.append(module.register_forward_hook(scope.post, always_call=True))
+        for name in entry_methods(module)[1:]:
+            applied._handles.append(add_method_hook(module, name, scope.around))
+        if module is not root:
+            scoped.update(id(m) for m in module.children())
 
 
 def policy_matches_directly(policy: Policy, plan: ModulePlan) -> bool:

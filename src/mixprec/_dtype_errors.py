@@ -44,6 +44,9 @@ _DTYPE_MESSAGES = re.compile(
         r"Unsupported input dtype",
         r"(?:BFloat16|Half) is not supported",
         r"does not support (?:bf16|bfloat16|half|fp16|float16)",
+        r"[Ll]ow precision dtypes not supported",
+        r"doesn't support tensors of type",
+        r"(?:expected|unsupported|not supported|not implemented|but got).{0,120}\b(?:BFloat16|Half|bfloat16|float16)\b",
     )),
     re.IGNORECASE,
 )
@@ -197,7 +200,8 @@ def candidate_scopes(report: DtypeErrorReport, plans: list[ModulePlan]) -> list[
         if plan is not None and name not in out and (plan.storage != "fp32" or plan.compute_dtype != "fp32"):
             out.append(name)
 
-    add(report.module)
+    if report.module != report.component:
+        add(report.module)  # the component itself is the widest scope: tried last
     for frame in reversed(report.stack):
         plan = by_name.get(frame.module)
         if plan is None:

@@ -14,9 +14,7 @@ applies it before the first call.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import inspect
 import json
 import logging
 import math
@@ -30,6 +28,7 @@ import torch
 from torch import nn
 
 from mixprec._apply import DTYPES, Applied
+from mixprec._hooks import add_method_hook, entry_methods
 from mixprec._dtype_errors import DtypeErrorReport, PrecisionDtypeError, _callees, add_note, candidate_scopes, is_dtype_error, locate
 from mixprec.hardware import Hardware, cache_dir, probe
 from mixprec.policy import Rule, iter_modules
@@ -284,28 +283,6 @@ class Pin:
     reason: str = ""
 
 
-_FRAMEWORK_MODULES = ("torch.", "transformers.modeling_utils", "transformers.generation", "transformers.integrations",
-                      "diffusers.models.modeling_utils", "diffusers.configuration_utils", "huggingface_hub.")
-
-
-def entry_methods(module: nn.Module) -> list[str]:
-    """Public methods an app may call on a component: ``forward`` and the model's own.
-
-    Methods inherited from torch and from the frameworks' base classes (``to``,
-    ``save_pretrained``, ``generate``, which calls ``forward``) are left out;
-    properties, static and class methods too.
-    """
-    names = ["forward"]
-    for cls in type(module).__mro__:
-        if cls is object or cls.__module__.startswith(_FRAMEWORK_MODULES):
-            continue
-        for name, value in vars(cls).items():
-            if name.startswith("_") or name in names or not inspect.isfunction(value):
-                continue
-            names.append(name)
-    return names
-
-
 class Guard:
     """Watches an :class:`~mixprec.Applied` model for non-finite outputs and dtype errors. Use :func:`guard`."""
 
@@ -321,7 +298,6 @@ class Guard:
         self.pins: dict[str, Pin] = {}
         self.reports: list[OverflowReport | DtypeErrorReport] = []
         self._handles: list[Any] = []
-        self._patched: list[tuple[nn.Module, str, Any]] = []
         self._depth: dict[str, int] = {}
         self._busy = False
         self._fingerprint: str | None = None
@@ -357,12 +333,7 @@ class Guard:
                         self._handles.append(sub.register_forward_hook(self._module_check(cname, name)))
 
     def _wrap(self, cname: str, root: nn.Module, name: str) -> None:
-        had = name in root.__dict__
-        previous = root.__dict__.get(name)
-        method = getattr(root, name)
-
-        @functools.wraps(method)
-        def entry(*args: Any, **kwargs: Any) -> Any:
+        def entry(method: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
             if self._busy or self._depth[cname]:
                 return method(*args, **kwargs)
             call = _Call.record(method, args, kwargs)
@@ -380,8 +351,8 @@ class Guard:
                 return output
             return self._handle(cname, root, call, output)
 
-        setattr(root, name, entry)
-        self._patched.append((root, name, previous if had else None))
+        # Outermost: the guard sees what the policy's own method hooks produce.
+        self._handles.append(add_method_hook(root, name, entry, priority=100))
 
     def _watch(self, cname: str, entry: nn.Module) -> None:
         stack: list[_Call | None] = []
@@ -448,12 +419,6 @@ class Guard:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        for root, name, previous in reversed(self._patched):
-            if previous is None:
-                root.__dict__.pop(name, None)
-            else:
-                root.__dict__[name] = previous
-        self._patched.clear()
 
     def __enter__(self) -> Guard:
         return self

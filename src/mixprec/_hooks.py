@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import inspect
 from typing import Any, Callable, Iterable
 
 import torch
@@ -17,7 +19,8 @@ from mixprec._upcast import UpcastAttentionMode
 
 __all__ = [
     "Boundary", "EntryGate", "EntryBoundary", "Fp32Compute", "LeafCast", "UpcastScope", "pin_fp32", "cast_floats", "own_tensors",
-    "is_container", "is_torch_layer",
+    "is_container", "is_torch_layer", "entry_methods",
+    "add_method_hook", "MethodHookHandle", "first_float_dtype",
 ]
 
 
@@ -77,7 +80,7 @@ def cast_floats(obj: Any, dtype: torch.dtype, *, min_ndim: int = 0) -> Any:
     return obj
 
 
-def _first_float_dtype(obj: Any) -> torch.dtype | None:
+def first_float_dtype(obj: Any) -> torch.dtype | None:
     if isinstance(obj, torch.Tensor):
         return obj.dtype if obj.is_floating_point() else None
     if isinstance(obj, (tuple, list)):
@@ -87,7 +90,7 @@ def _first_float_dtype(obj: Any) -> torch.dtype | None:
     else:
         return None
     for value in values:
-        found = _first_float_dtype(value)
+        found = first_float_dtype(value)
         if found is not None:
             return found
     return None
@@ -107,7 +110,7 @@ class Boundary:
     min_ndim: int = 2
 
     def pre(self, module, args, kwargs):
-        self.caller_dtypes.append(_first_float_dtype((args, kwargs)))
+        self.caller_dtypes.append(first_float_dtype((args, kwargs)))
         dtype = self.compute()
         return cast_floats(args, dtype, min_ndim=self.min_ndim), cast_floats(kwargs, dtype, min_ndim=self.min_ndim)
 
@@ -142,6 +145,28 @@ class LeafCast:
         if new_args is args and new_kwargs is kwargs:
             return None
         return new_args, new_kwargs
+
+
+_FRAMEWORK_MODULES = ("torch.", "transformers.modeling_utils", "transformers.generation", "transformers.integrations",
+                      "diffusers.models.modeling_utils", "diffusers.configuration_utils", "huggingface_hub.")
+
+
+def entry_methods(module: nn.Module) -> list[str]:
+    """Public methods an app may call on a component: ``forward`` and the model's own.
+
+    Methods inherited from torch and from the frameworks' base classes (``to``,
+    ``save_pretrained``, ``generate``, which calls ``forward``) are left out;
+    properties, static and class methods too.
+    """
+    names = ["forward"]
+    for cls in type(module).__mro__:
+        if cls is object or cls.__module__.startswith(_FRAMEWORK_MODULES):
+            continue
+        for name, value in vars(cls).items():
+            if name.startswith("_") or name in names or not inspect.isfunction(value):
+                continue
+            names.append(name)
+    return names
 
 
 def is_torch_layer(module: nn.Module) -> bool:
@@ -223,6 +248,72 @@ class Fp32Compute:
     def post(self, module, args, output):
         for t, data in self.stash.pop() if self.stash else []:
             t.data = data
+
+
+_METHOD_TABLE = "_mixprec_method_hooks"
+
+
+class MethodHookHandle:
+    """Removes one around-hook added by :func:`add_method_hook`."""
+
+    def __init__(self, module: nn.Module, name: str, entry: tuple[int, int, Callable[..., Any]]):
+        self.module, self.name, self.entry = module, name, entry
+
+    def remove(self) -> None:
+        table = self.module.__dict__.get(_METHOD_TABLE)
+        if not table or self.name not in table:
+            return
+        hooks, wrapper, previous = table[self.name]
+        if self.entry in hooks:
+            hooks.remove(self.entry)
+        if not hooks:
+            del table[self.name]
+            if self.module.__dict__.get(self.name) is wrapper:
+                if previous is None:
+                    del self.module.__dict__[self.name]
+                else:
+                    self.module.__dict__[self.name] = previous
+            if not table:
+                del self.module.__dict__[_METHOD_TABLE]
+
+
+_order = iter(range(1 << 62))
+
+
+def add_method_hook(module: nn.Module, name: str, hook: Callable[..., Any], *, priority: int = 0) -> MethodHookHandle:
+    """Run ``hook(call, args, kwargs)`` around every call of ``module.<name>``.
+
+    ``call(*args, **kwargs)`` continues with the next hook and finally the method. Hooks
+    with a higher ``priority`` are outer (the guard's enclose apply's casts). Unlike
+    forward hooks, these also see methods other than ``forward`` (``inference``,
+    ``embed_ref``, ``decode``) and direct ``module.forward(...)`` calls. One wrapper is
+    installed per method however many hooks share it, so apply and the guard can add
+    and remove theirs in any order; the last removal restores the method.
+    """
+    table = module.__dict__.setdefault(_METHOD_TABLE, {})
+    if name not in table:
+        previous = module.__dict__.get(name)
+        method = getattr(module, name)
+        hooks: list[tuple[int, int, Callable[..., Any]]] = []
+
+        @functools.wraps(method)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            chain = list(hooks)
+
+            def call(index: int, a: tuple, k: dict) -> Any:
+                if index == len(chain):
+                    return method(*a, **k)
+                return chain[index][2](lambda *a2, **k2: call(index + 1, a2, k2), a, k)
+
+            return call(0, args, kwargs)
+
+        table[name] = (hooks, wrapper, previous)
+        module.__dict__[name] = wrapper
+    hooks = table[name][0]
+    entry = (-priority, next(_order), hook)
+    hooks.append(entry)
+    hooks.sort(key=lambda e: (e[0], e[1]))
+    return MethodHookHandle(module, name, entry)
 
 
 class UpcastScope:

@@ -194,7 +194,8 @@ class WorkerEvaluator:
     """Evaluate policies of a registered pipeline in one long-lived spawned worker.
 
     Args:
-        pipeline_name: registered pipeline (see :func:`mixprec.pipelines.available`).
+        pipeline_name: registered pipeline (see :func:`mixprec.pipelines.available`) or a
+            factory spec ``module.path:factory`` / ``path/to/file.py:factory``.
         size: ``test`` or ``default``.
         seeds: quality seeds (teacher-forced on the fp32 reference where the
             pipeline makes discrete choices); latency is timed on the first.
@@ -204,8 +205,9 @@ class WorkerEvaluator:
 
     def __init__(self, pipeline_name: str, size: str = "default", *, seeds: Sequence[int] = (0, 1), repeat: int = 3,
                  batch: int = 1, timeout: float = 600.0, threads: int | None = None):
-        from mixprec.bench.worker import LocalProcessExecutor
+        from mixprec.bench.worker import LocalProcessExecutor, portable_spec
 
+        pipeline_name = portable_spec(pipeline_name)  # a factory file path made absolute
         self.pipeline, self.size, self.seeds, self.repeat, self.timeout = pipeline_name, size, tuple(seeds), int(repeat), timeout
         self.cache_key = f"{pipeline_name}|size={size}|batch={batch}|seeds={list(self.seeds)}|repeat={self.repeat}"
         job = {"mode": "tune", "spec": {"name": f"tune-{pipeline_name}"}, "pipeline": pipeline_name, "size": size,
@@ -347,8 +349,10 @@ def tune(
     """Find the fastest (or smallest) policy that meets ``bound``, by measurement.
 
     Args:
-        pipeline: a registered pipeline name (measured in a :class:`WorkerEvaluator`)
-            or anything used only to label the run when ``evaluator`` is given.
+        pipeline: a registered pipeline name or a factory spec
+            (``module.path:factory`` / ``path/to/file.py:factory``), measured in a
+            :class:`WorkerEvaluator`; or anything used only to label the run when
+            ``evaluator`` is given.
         bound: e.g. ``"sqnr>=30"`` (see :func:`parse_bound`).
         objective: ``latency`` (median seconds) or ``memory`` (weight bytes).
         budget: most measured evaluations (cache hits are free); ``None``: no limit.

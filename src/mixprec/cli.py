@@ -180,6 +180,7 @@ def config_show(
 
 
 SizeFlag = Annotated[str, typer.Option("--size", help="Pipeline size: default (benchmark-sized) or test (tiny).")]
+PipelineFlag = Annotated[str, typer.Option("--pipeline", help="Pipeline name (see `mixprec pipelines`), or your factory: module.path:factory or path/to/file.py:factory.")]
 DeviceFlag = Annotated[Optional[str], typer.Option("--device", help="cpu | cuda | cuda:N | mps (default: best available)")]
 
 
@@ -219,7 +220,7 @@ def _policy_for(pipe: Any, preset_name: str | None, policy_file: str | None, dev
 
 @app.command()
 def explain(
-    pipeline: Annotated[str, typer.Option("--pipeline", help="Pipeline name (see `mixprec pipelines`).")],
+    pipeline: PipelineFlag,
     preset: Annotated[Optional[str], typer.Option("--preset", help="quality | balanced | fast | memory")] = None,
     policy: Annotated[Optional[str], typer.Option("--policy", help="Policy .toml/.json file.")] = None,
     size: SizeFlag = "default",
@@ -236,7 +237,7 @@ def explain(
         pipe = pipelines.get(pipeline, size=size)
         pol = _policy_for(pipe, preset, policy, device)
         rows = mixprec.explain(pipe, pol)
-    except ValueError as exc:
+    except (ValueError, NotImplementedError) as exc:
         _fail(exc)
     if not all_modules:
         owners = {name for name, m in _owners(pipe)}
@@ -259,7 +260,7 @@ def _owners(pipe: Any):
 
 @app.command()
 def diagnose(
-    pipeline: Annotated[str, typer.Option("--pipeline", help="Pipeline name (see `mixprec pipelines`).")],
+    pipeline: PipelineFlag,
     preset: Annotated[Optional[str], typer.Option("--preset", help="quality | balanced | fast | memory")] = None,
     policy: Annotated[Optional[str], typer.Option("--policy", help="Policy .toml/.json file.")] = None,
     size: SizeFlag = "default",
@@ -279,7 +280,7 @@ def diagnose(
         pipe = pipelines.get(pipeline, size=size, seed=_as_int(seed, "--seed"))
         pol = _policy_for(pipe, preset, policy, device)
         prof = mixprec.profile(pipe, pipe.example_inputs(1, _as_int(seed, "--seed")), pol)
-    except ValueError as exc:
+    except (ValueError, NotImplementedError) as exc:
         _fail(exc)
     if save:
         from mixprec import hardware as hardware_module
@@ -366,7 +367,7 @@ def pipelines_cmd(size: SizeFlag = "default", as_json: JsonFlag = False) -> None
 
 @app.command()
 def run(
-    pipeline: Annotated[str, typer.Option("--pipeline", help="Pipeline name (see `mixprec pipelines`).")],
+    pipeline: PipelineFlag,
     out: Annotated[str, typer.Option("--out", help="Output file: .wav (audio), .png (image), .npy/.json (embedding).")],
     seed: Annotated[str, typer.Option("--seed", help="Seed of weights and inputs.")] = "0",
     batch: Annotated[str, typer.Option("--batch", help="Batch size.")] = "1",
@@ -377,7 +378,7 @@ def run(
 
     try:
         result = pipelines.run_to_file(pipeline, out, seed=_as_int(seed, "--seed"), batch=_as_int(batch, "--batch"), size=size)
-    except ValueError as exc:
+    except (ValueError, NotImplementedError) as exc:
         _fail(exc)
     console.print(_table(f"mixprec run --pipeline {pipeline}", ["field", "value"], [[k, v] for k, v in result.items()]))
 
@@ -392,6 +393,28 @@ def _open_store(db: str | None):
         return Store(db)
     except StoreError as exc:
         _fail(exc)
+
+
+def _checked_pipeline(name: str, size: str, seed: int, batch: int, device: str | None) -> str:
+    """The pipeline as worker processes get it: a registered name, or a factory spec with an absolute path.
+
+    A factory is built and asked for example inputs once here, so that a broken
+    one fails with its own error (exit status 2) instead of in every worker.
+    """
+    import gc
+
+    from mixprec import pipelines
+
+    if not pipelines.is_factory_spec(name):
+        if name not in pipelines.available():
+            pipelines.get(name)  # raises the registry's error, which lists the pipelines
+        return name
+    spec = pipelines.normalize_spec(name)
+    pipe = pipelines.get(spec, size=size, seed=seed, **({"device": device} if device else {}))
+    pipe.example_inputs(batch, seed)
+    del pipe
+    gc.collect()
+    return spec
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -427,7 +450,7 @@ def _print_run(run: dict) -> None:
 
 @app.command()
 def bench(
-    pipeline: Annotated[str, typer.Option("--pipeline", help="Comma-separated pipeline names, e.g. tts,diffusion.")] = "tts",
+    pipeline: Annotated[str, typer.Option("--pipeline", help="Comma-separated pipeline names, e.g. tts,diffusion, or factories module.path:factory / path/to/file.py:factory.")] = "tts",
     configs: Annotated[Optional[str], typer.Option("--configs", help="Comma-separated configurations (default: all that can help here).")] = None,
     batch: Annotated[str, typer.Option("--batch", help="Comma-separated batch sizes.")] = "1",
     repeat: Annotated[str, typer.Option("--repeat", help="Timed runs per configuration.")] = "3",
@@ -444,26 +467,23 @@ def bench(
     """Measure speed, memory and quality per precision configuration, side by side."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from mixprec import hardware, pipelines
+    from mixprec import hardware
     from mixprec.bench import report
     from mixprec.bench.configs import parse_configs
     from mixprec.bench.runner import BenchOptions, run_bench
 
     try:
-        names = [p.strip() for p in pipeline.split(",") if p.strip()]
-        for name in names:
-            if name not in pipelines.available():
-                pipelines.get(name)  # raises the registry's error, which lists the pipelines
         batches = _int_list(batch, "--batch")
         n_repeat, n_warmup = _as_int(repeat, "--repeat"), _as_int(warmup, "--warmup")
         if n_repeat < 1 or n_warmup < 0:
             raise ValueError(f"--repeat must be >= 1 and --warmup >= 0, got {n_repeat} and {n_warmup}")
         if timeout <= 0:
             raise ValueError(f"--timeout {timeout}: must be a positive number of seconds")
+        run_seed = _as_int(seed, "--seed")
+        names = [_checked_pipeline(p.strip(), size, run_seed, batches[0], device) for p in pipeline.split(",") if p.strip()]
         hw = hardware.probe(device)
         specs, notes = parse_configs(configs, hw)
-        run_seed = _as_int(seed, "--seed")
-    except ValueError as exc:
+    except (ValueError, NotImplementedError) as exc:
         _fail(exc)
     store = _open_store(db)
     command = "mixprec bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "mixprec bench"
@@ -600,7 +620,7 @@ def gate_cmd(
 
 @app.command("tune")
 def tune_cmd(
-    pipeline: Annotated[str, typer.Option("--pipeline", help="Registered pipeline to tune.")] = "tts",
+    pipeline: Annotated[str, typer.Option("--pipeline", help="Pipeline to tune: a registered name, or your factory module.path:factory / path/to/file.py:factory.")] = "tts",
     bound: Annotated[str, typer.Option("--bound", help="Quality bound 'metric op number', e.g. 'snr>=30' or 'cosine>=0.999'.")] = "sqnr>=30",
     objective: Annotated[str, typer.Option("--objective", help="latency (fastest) or memory (smallest weights).")] = "latency",
     budget: Annotated[Optional[str], typer.Option("--budget", help="Most measured evaluations (cached ones are free).")] = None,
@@ -618,13 +638,10 @@ def tune_cmd(
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from mixprec import pipelines
     from mixprec._tune import render_tune_html
 
     try:
         parsed = mixprec.parse_bound(bound)
-        if pipeline not in pipelines.available():
-            pipelines.get(pipeline)  # raises the registry's error, which lists the pipelines
         if objective not in ("latency", "memory"):
             raise ValueError(f"--objective {objective!r}: expected latency or memory")
         n_budget = _as_int(budget, "--budget") if budget is not None else None
@@ -638,7 +655,8 @@ def tune_cmd(
         n_repeat = _as_int(repeat, "--repeat")
         if n_repeat < 1:
             raise ValueError(f"--repeat {repeat!r}: expected at least 1")
-    except ValueError as exc:
+        pipeline = _checked_pipeline(pipeline, size, 0, 1, None)
+    except (ValueError, NotImplementedError) as exc:
         _fail(exc)
     store = _open_store(db)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),

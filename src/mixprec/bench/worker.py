@@ -198,8 +198,24 @@ class LocalProcessExecutor:
         return _ProcessWorker(self._ctx, job)
 
 
+def portable_spec(pipeline: str) -> str:
+    """``pipeline`` as another process should get it: a factory file path made absolute."""
+    from mixprec.pipelines import FactoryError, normalize_spec
+
+    try:
+        return normalize_spec(pipeline)
+    except FactoryError:
+        return pipeline
+
+
 def job_for(spec: Any, *, pipeline: str, size: str, seed: int, batch: int, hardware: Any, device: str = "cpu",
             threads: int | None = None) -> dict[str, Any]:
-    """The picklable description of one worker's job."""
-    return {"spec": asdict(spec), "pipeline": pipeline, "size": size, "seed": seed, "batch": batch,
+    """The picklable description of one worker's job.
+
+    A factory spec's file path is made absolute (see
+    :func:`mixprec.pipelines.normalize_spec`), so the worker finds the file
+    whatever its current directory; a spec that cannot be resolved is sent as
+    given and the worker reports why it fails.
+    """
+    return {"spec": asdict(spec), "pipeline": portable_spec(pipeline), "size": size, "seed": seed, "batch": batch,
             "hardware": hardware.to_dict() if hardware is not None else None, "device": device, "threads": threads}

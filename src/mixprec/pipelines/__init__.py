@@ -14,6 +14,9 @@ Example::
     out = pipe.run(pipe.example_inputs(batch=1, seed=0))
     out.waveform.shape, out.sample_rate
 
+    # your own pipeline, without registering it: a factory in a module or a file
+    pipe = pipelines.get("path/to/my_pipeline.py:build", size="test")
+
 Importing this package imports neither transformers nor diffusers; each
 pipeline imports them when it is built.
 """
@@ -29,10 +32,15 @@ from mixprec.pipelines._base import (
 from mixprec.pipelines._io import EXTENSIONS, describe, describe_all, run_to_file, write_output
 from mixprec.pipelines._registry import (
     ENTRY_POINT_GROUP,
+    FactoryError,
     PluginWarning,
     UnknownPipelineError,
     available,
+    build_factory,
     get,
+    is_factory_spec,
+    load_factory,
+    normalize_spec,
     plugin_errors,
     refresh,
     register,
@@ -45,6 +53,7 @@ __all__ = [
     "OUTPUT_KINDS",
     "AudioOutput",
     "EmbeddingOutput",
+    "FactoryError",
     "ImageOutput",
     "Pipeline",
     "PipelineOutput",
@@ -52,10 +61,14 @@ __all__ = [
     "UnknownPipelineError",
     "WrappedPipeline",
     "available",
+    "build_factory",
     "describe",
     "describe_all",
     "discover_components",
     "get",
+    "is_factory_spec",
+    "load_factory",
+    "normalize_spec",
     "plugin_errors",
     "refresh",
     "register",

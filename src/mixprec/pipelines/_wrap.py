@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,7 +18,7 @@ from mixprec.pipelines._base import (
     PipelineOutput,
 )
 
-__all__ = ["WrappedPipeline", "discover_components", "wrap"]
+__all__ = ["WrappedPipeline", "discover_components", "infer_output_kind", "wrap"]
 
 _OUTPUT_TYPES: dict[str, type[PipelineOutput]] = {
     "audio": AudioOutput,
@@ -72,6 +73,11 @@ def _first_device(components: Mapping[str, nn.Module]) -> torch.device:
 class WrappedPipeline(Pipeline):
     """A :class:`Pipeline` around an arbitrary object; built by :func:`wrap`.
 
+    When :func:`wrap` could not tell the output kind from the object, it is
+    inferred from the first run's output (see :func:`infer_output_kind`);
+    reading :attr:`output_kind` before any run makes one run on
+    ``example_inputs(1, 0)`` to find out.
+
     Attributes:
         obj: The wrapped object; its modules are the components (shared, not copied).
     """
@@ -81,27 +87,60 @@ class WrappedPipeline(Pipeline):
         obj: object,
         *,
         name: str,
-        output_kind: str,
+        output_kind: str | None,
         run: Callable[[Any, Any], Any] | None,
         example_inputs: Callable[[int, int], Any] | None,
         sample_rate: int | None,
         sensitive: tuple[str, ...],
     ) -> None:
         self.name = name
-        self.output_kind = output_kind
         self.sample_rate = sample_rate
         self.sensitive = tuple(sensitive)
         self.obj = obj
         self._run_fn = run
         self._inputs_fn = example_inputs
+        self._inferring = False
         components = discover_components(obj)
+        # Pipeline.__init__ validates the kind; an undecided one is checked when inferred.
+        self._kind: str | None = output_kind or "embedding"
         super().__init__(components, device=_first_device(components))
+        self._kind = output_kind
+
+    @property
+    def output_kind(self) -> str:  # type: ignore[override]
+        """``"audio"``, ``"image"`` or ``"embedding"``; inferred by a run if :func:`wrap` could not tell."""
+        if self._kind is None:
+            self._infer_by_running()
+        assert self._kind is not None
+        return self._kind
+
+    @property
+    def output_kind_known(self) -> bool:
+        """Whether the output kind is decided (given, read from the object, or seen in a run)."""
+        return self._kind is not None
+
+    def _infer_by_running(self) -> None:
+        if self._inputs_fn is None:
+            raise ValueError(
+                f"cannot tell the output kind of wrapped pipeline {self.name!r} from its "
+                f"{type(self.obj).__name__} object and it has not run yet; pass "
+                "output_kind='audio' | 'image' | 'embedding' to wrap(), or example_inputs= "
+                "so that it can be inferred from one run"
+            )
+        if self._inferring:  # pragma: no cover - a run that reads output_kind before returning
+            raise ValueError(f"output kind of wrapped pipeline {self.name!r} read while inferring it")
+        self._inferring = True
+        try:
+            self.run(self.example_inputs(1, 0))
+        finally:
+            self._inferring = False
 
     def _example_inputs(self, batch: int, seed: int) -> Any:
         if self._inputs_fn is None:
             raise NotImplementedError(
                 f"wrapped pipeline {self.name!r} has no example inputs; "
-                "pass example_inputs= to wrap()"
+                "pass example_inputs= to wrap(), or give the wrapped object an "
+                "example_inputs(batch, seed) method"
             )
         return self._inputs_fn(batch, seed)
 
@@ -121,6 +160,18 @@ class WrappedPipeline(Pipeline):
 
     def _as_output(self, result: Any) -> PipelineOutput:
         if isinstance(result, PipelineOutput):
+            if self._kind is None:
+                self._kind = _KIND_OF_OUTPUT.get(type(result)) or next(
+                    (k for t, k in _KIND_OF_OUTPUT.items() if isinstance(result, t)), None
+                )
+                if self._kind is None:
+                    raise ValueError(
+                        f"run of wrapped pipeline {self.name!r} returned a "
+                        f"{type(result).__name__}, which is none of AudioOutput, ImageOutput, "
+                        "EmbeddingOutput; pass output_kind= to wrap()"
+                    )
+                if self._kind == "audio" and not self.sample_rate:
+                    self.sample_rate = int(getattr(result, "sample_rate", 0) or 0) or None
             return result
         tensor = result
         if isinstance(result, Mapping):  # e.g. a diffusers BaseOutput (an OrderedDict)
@@ -133,9 +184,101 @@ class WrappedPipeline(Pipeline):
                 "expected a tensor, an array, a PipelineOutput, or a mapping holding a tensor"
             )
         output = torch.as_tensor(tensor)
-        if self.output_kind == "audio":
+        if self._kind is None:
+            self._kind = infer_output_kind(
+                output, sample_rate=self.sample_rate, name=self.name
+            )
+        if self._kind == "audio":
+            if output.dim() == 1:  # one waveform: (samples,) -> (1, samples)
+                output = output.unsqueeze(0)
             return AudioOutput(output=output, sample_rate=int(self.sample_rate or 0))
-        return _OUTPUT_TYPES[self.output_kind](output=output)
+        return _OUTPUT_TYPES[self._kind](output=output)
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{k}={v:,}" for k, v in self.parameter_counts().items())
+        kind = self._kind or "output kind not yet inferred"
+        return f"<{type(self).__name__} {self.name!r} {kind} on {self.device}: {parts}>"
+
+
+def infer_output_kind(
+    output: torch.Tensor, *, sample_rate: int | None = None, name: str = "wrapped"
+) -> str:
+    """Tell a pipeline's output kind from one output tensor.
+
+    * 4-D with 1, 3 or 4 channels in dimension 1 -> ``"image"``;
+    * 1-D, or 2-D ``(batch, samples)``, when a sample rate is known -> ``"audio"``;
+    * 2-D ``(batch, dim)`` otherwise -> ``"embedding"``.
+
+    Args:
+        output: The main output tensor of one run.
+        sample_rate: The sample rate, if one is known (makes 1-D/2-D audio).
+        name: Pipeline name for the error message.
+
+    Raises:
+        ValueError: When the shape does not tell (e.g. 3-D, 1-D without a sample
+            rate); the message names the shape and what to pass to ``wrap()``.
+    """
+    shape = tuple(output.shape)
+    if output.dim() == 4 and shape[1] in (1, 3, 4):
+        return "image"
+    if output.dim() in (1, 2) and sample_rate:
+        return "audio"
+    if output.dim() == 2:
+        return "embedding"
+    if output.dim() == 1:
+        missing = "sample_rate= (if it is a waveform) or output_kind="
+    elif output.dim() == 4:
+        missing = (f"output_kind= (a 4-D output is an image only with 1, 3 or 4 channels in "
+                   f"dimension 1, got {shape[1]})")
+    else:
+        missing = "output_kind='audio' | 'image' | 'embedding' (and sample_rate= for audio)"
+    raise ValueError(
+        f"cannot tell the output kind of wrapped pipeline {name!r} from its first output, "
+        f"a {output.dim()}-D tensor of shape {shape}; pass {missing} to wrap()"
+    )
+
+
+_KIND_OF_OUTPUT: dict[type[PipelineOutput], str] = {v: k for k, v in _OUTPUT_TYPES.items()}
+
+
+def _positive_int(value: Any) -> int | None:
+    """``value`` as an int if it is a positive integer (NumPy integers included), else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return None
+    return int(value) if value > 0 else None
+
+
+def _attribute_sample_rate(obj: object) -> int | None:
+    """The rate in ``obj.sample_rate`` / ``obj.sr`` / ``obj.sampling_rate``, if a positive int."""
+    for attr in ("sample_rate", "sr", "sampling_rate"):
+        rate = _positive_int(getattr(obj, attr, None))
+        if rate:
+            return rate
+    return None
+
+
+def _vocoder_sample_rate(vocoder: object) -> int | None:
+    rate = _attribute_sample_rate(vocoder)
+    if rate:
+        return rate
+    config = getattr(vocoder, "config", None)
+    for attr in ("sampling_rate", "sample_rate"):
+        rate = _positive_int(getattr(config, attr, None))
+        if rate:
+            return rate
+    return None
+
+
+def _find_vocoder(obj: object) -> object | None:
+    source = getattr(obj, "components", None)
+    if isinstance(source, Mapping) and "vocoder" in source:
+        return source["vocoder"]
+    if isinstance(obj, nn.Module):
+        return obj._modules.get("vocoder")
+    try:
+        return vars(obj).get("vocoder")
+    except TypeError:
+        return None
 
 
 def _is_array(value: Any) -> bool:
@@ -154,42 +297,73 @@ def wrap(
 ) -> WrappedPipeline:
     """Wrap ``obj`` into a :class:`Pipeline` whose components are its modules.
 
+    What is not given is inferred, in this order:
+
+    1. an object with a positive int ``sample_rate``, ``sr`` or ``sampling_rate``
+       attribute is ``"audio"`` at that rate;
+    2. an object with a ``vocoder`` component is ``"audio"``; the rate comes from
+       ``sample_rate=``, the object, or the vocoder (its ``sampling_rate`` /
+       ``sample_rate`` attribute or ``config.sampling_rate``);
+    3. a diffusers pipeline (an object with a ``components`` mapping) without a
+       vocoder is ``"image"``;
+    4. anything else is decided by the first run's output (see
+       :func:`infer_output_kind`): 4-D with 1, 3 or 4 channels is an image,
+       ``(batch, dim)`` an embedding, and 1-D or 2-D a waveform when
+       ``sample_rate=`` is given.
+
     Args:
         obj: A diffusers ``DiffusionPipeline``, an ``nn.Module``, or any object
             with ``nn.Module`` attributes (see :func:`discover_components`).
         name: Pipeline name; defaults to the lower-cased class name of ``obj``.
-        output_kind: One of ``"audio"``, ``"image"``, ``"embedding"``.  May be
-            omitted for objects with a ``components`` mapping (diffusers), which
-            count as ``"audio"`` when they have a ``vocoder`` and ``"image"`` otherwise.
+        output_kind: One of ``"audio"``, ``"image"``, ``"embedding"``, or
+            ``None`` to infer it (see above).
         run: ``run(obj, inputs, **options)`` performing one generation.  By
             default ``obj(**inputs)`` for mapping inputs, else ``obj(inputs)``.
             A tensor, NumPy array or mapping holding one is turned into a
-            :class:`PipelineOutput`.
-        example_inputs: ``example_inputs(batch, seed)`` returning inputs.
-        sample_rate: Required for ``"audio"``.
+            :class:`PipelineOutput`; a 1-D waveform becomes ``(1, samples)``.
+        example_inputs: ``example_inputs(batch, seed)`` returning inputs; by
+            default the object's own ``example_inputs`` method, if it has one.
+        sample_rate: Samples per second of audio output; read from the object
+            or its vocoder when omitted (see above).
         sensitive: Precision-sensitive module hints (see :class:`Pipeline`).
 
     Raises:
-        ValueError: For an invalid ``output_kind``, a missing ``sample_rate``,
-            non-callable ``run``/``example_inputs``, or an object without modules.
+        ValueError: For an invalid ``output_kind``, audio whose sample rate is
+            given nowhere, non-callable ``run``/``example_inputs``, or an object
+            without modules.  Each message names what is missing.
     """
-    if output_kind is None and isinstance(getattr(obj, "components", None), Mapping):
-        has_vocoder = "vocoder" in obj.components  # type: ignore[attr-defined]
-        output_kind = "audio" if has_vocoder else "image"
-    if output_kind not in OUTPUT_KINDS:
+    if output_kind is not None and output_kind not in OUTPUT_KINDS:
         raise ValueError(
             f"output_kind must be one of {', '.join(OUTPUT_KINDS)}; got {output_kind!r}"
         )
-    if output_kind == "audio" and not sample_rate:
-        raise ValueError(
-            f"an audio pipeline needs sample_rate= (a positive int), got {sample_rate!r}"
-        )
+    if sample_rate is not None and not _positive_int(sample_rate):
+        raise ValueError(f"sample_rate must be a positive int, got {sample_rate!r}")
     for label, fn in (("run", run), ("example_inputs", example_inputs)):
         if fn is not None and not callable(fn):
             raise ValueError(f"{label} must be callable or None, got {fn!r}")
+    if example_inputs is None and callable(getattr(obj, "example_inputs", None)):
+        example_inputs = obj.example_inputs  # type: ignore[attr-defined]
+    label = name or type(obj).__name__.lower()
+    attr_rate = _attribute_sample_rate(obj)
+    vocoder = _find_vocoder(obj)
+    if output_kind is None:
+        if attr_rate or vocoder is not None:
+            output_kind = "audio"
+        elif isinstance(getattr(obj, "components", None), Mapping):
+            output_kind = "image"
+    if output_kind == "audio" and not sample_rate:
+        sample_rate = attr_rate or (_vocoder_sample_rate(vocoder) if vocoder is not None else None)
+        if not sample_rate:
+            why = (f"it has a vocoder ({type(vocoder).__name__}) that states no sampling_rate"
+                   if vocoder is not None else "output_kind='audio' was given")
+            raise ValueError(
+                f"wrapped pipeline {label!r} produces audio ({why}) but its sample rate is "
+                "unknown: pass sample_rate= (a positive int), or give the object a "
+                "sample_rate or sr attribute"
+            )
     return WrappedPipeline(
         obj,
-        name=name or type(obj).__name__.lower(),
+        name=label,
         output_kind=output_kind,
         run=run,
         example_inputs=example_inputs,

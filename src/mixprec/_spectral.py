@@ -1,0 +1,117 @@
+"""Ops without 16-bit kernels: FFTs, STFTs and complex construction run in fp32.
+
+Audio models compute spectra inside their own code: a vocoder's inverse STFT
+(``torch.complex`` then ``torch.istft``), a speaker encoder's Kaldi filter bank
+(``torch.fft.rfft``), a tokenizer's log-mel front end (``torch.stft``). On CPU these
+ops have no bf16 kernel (``Unsupported dtype BFloat16``) and CUDA has none for bf16
+either, so a module stored in bf16 that feeds them fails. There is no complex bf16
+type at all: the result of such an op is complex64 / fp32 whatever its input was.
+
+:class:`SpectralUpcastMode` upcasts 16-bit inputs of exactly these ops to fp32 (a
+lossless cast) while a scoped module runs. Scopes go only on modules whose class is
+defined in a source file that uses such ops (found by reading the file once), so
+models without spectral code pay nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import threading
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+__all__ = ["SpectralUpcastMode", "SpectralScope", "uses_spectral_ops"]
+
+_HALF = (torch.float16, torch.bfloat16)
+_SPECTRAL: set[Callable[..., Any]] = {
+    torch.stft, torch.istft, torch.Tensor.stft, torch.Tensor.istft,
+    torch.complex, torch.polar, torch.view_as_complex,
+    *(getattr(torch.fft, name) for name in (
+        "fft", "ifft", "fft2", "ifft2", "fftn", "ifftn", "rfft", "irfft", "rfft2", "irfft2", "rfftn", "irfftn",
+        "hfft", "ihfft", "hfft2", "ihfft2", "hfftn", "ihfftn",
+    ) if hasattr(torch.fft, name)),
+}
+_SOURCE_PATTERN = re.compile(r"\b(?:fft|rfft|irfft|stft|istft|fbank|spectrogram|view_as_complex|polar)\b|torch\.complex\b")
+_active = threading.local()
+
+
+def _up(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor) and obj.dtype in _HALF:
+        return obj.float()
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_up(o) for o in obj)
+    return obj
+
+
+class SpectralUpcastMode(TorchFunctionMode):
+    """While active, FFT / STFT / complex-construction ops get fp32 instead of 16-bit inputs."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _SPECTRAL:
+            return func(*_up(args), **{k: _up(v) for k, v in kwargs.items()})
+        return func(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _file_uses_spectral_ops(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return bool(_SOURCE_PATTERN.search(handle.read()))
+    except OSError:
+        return False
+
+
+def uses_spectral_ops(module: nn.Module) -> bool:
+    """Whether the source file of ``module``'s class (or a base class's) mentions spectral ops."""
+    for cls in type(module).__mro__:
+        if cls is object or cls.__module__.startswith("torch."):
+            continue
+        try:
+            path = inspect.getsourcefile(cls)
+        except (TypeError, OSError):
+            continue
+        if path and _file_uses_spectral_ops(path):
+            return True
+    return False
+
+
+class SpectralScope:
+    """Enter :class:`SpectralUpcastMode` for the outermost scoped call on this thread."""
+
+    def __init__(self) -> None:
+        self.modes: list[SpectralUpcastMode | None] = []
+
+    def enter(self) -> None:
+        if getattr(_active, "on", False):
+            self.modes.append(None)
+            return
+        mode = SpectralUpcastMode()
+        mode.__enter__()
+        _active.on = True
+        self.modes.append(mode)
+
+    def leave(self) -> None:
+        mode = self.modes.pop() if self.modes else None
+        if mode is not None:
+            _active.on = False
+            mode.__exit__(None, None, None)
+
+    def pre(self, module, args):
+        self.enter()
+
+    def post(self, module, args, output):
+        self.leave()
+
+    def around(self, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """A method hook (see :func:`mixprec._hooks.add_method_hook`) for methods other than ``forward``."""
+        self.enter()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            self.leave()
