@@ -146,7 +146,9 @@ def test_diffusion_vae_overflow_is_found_and_fixed(store):
     reference = pipe.run(inputs).output
     assert torch.isfinite(reference).all()
 
-    policy = Policy((Rule("vae", storage="fp16"),))
+    # The VAE declares force_upcast (diffusers runs it in fp32 when fp16): turn the
+    # model's own declarations off to reproduce the overflow it guards against.
+    policy = Policy((Rule("vae", storage="fp16"),), model_declarations=False)
     with mixprec.apply(pipe, policy) as applied:
         assert not torch.isfinite(pipe.run(inputs).output).all()  # the failure, unguarded
         guard = mixprec.guard(applied, on_nonfinite="raise", store=store)

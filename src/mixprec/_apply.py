@@ -10,6 +10,7 @@ back any global numeric flag the policy changed.
 
 from __future__ import annotations
 
+import functools
 import tempfile
 import warnings
 from pathlib import Path
@@ -43,6 +44,7 @@ __all__ = ["apply", "Applied", "ApplyError", "RevertError", "DTYPES", "component
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _KEEP_ORIGINAL = ("cpu", "disk", "none")
+_WIDTH = {"fp16": 0, "bf16": 1, "fp32": 2}
 _MARK = "_mixprec_applied"
 
 
@@ -66,15 +68,20 @@ def components_of(target: Any) -> tuple[dict[str, nn.Module], tuple[str, ...]]:
     if isinstance(target, Mapping):
         comps = dict(target)
         hints: tuple[str, ...] = ()
-    elif hasattr(target, "components"):
-        comps = dict(target.components)
-        hints = tuple(getattr(target, "sensitive", ()) or ())
-    else:
+        for name, module in comps.items():
+            if not isinstance(module, nn.Module):
+                raise ApplyError(f"component {name!r} is a {type(module).__name__}, not an nn.Module")
+        return comps, hints
+    source = getattr(target, "components", None)
+    if not isinstance(source, Mapping):
         raise ApplyError(f"cannot apply a policy to {type(target).__name__}: pass an nn.Module, a mapping of named modules, or a pipeline")
-    for name, module in comps.items():
-        if not isinstance(module, nn.Module):
-            raise ApplyError(f"component {name!r} is a {type(module).__name__}, not an nn.Module")
-    return comps, hints
+    # A pipeline (ours, or a diffusers DiffusionPipeline): its modules are the components;
+    # tokenizers, schedulers and absent parts (None) are not models and are left alone.
+    comps = {name: module for name, module in source.items() if isinstance(module, nn.Module)}
+    if not comps:
+        raise ApplyError(f"{type(target).__name__} has no nn.Module components (found: "
+                         f"{', '.join(f'{k}={type(v).__name__}' for k, v in source.items()) or 'none'})")
+    return comps, tuple(getattr(target, "sensitive", ()) or ())
 
 
 def weight_bytes(target: Any) -> int:
@@ -115,6 +122,7 @@ class Applied:
         self._locations: dict[int, list[tuple[nn.Module, str]]] = {}
         self._disk: tempfile.TemporaryDirectory | None = None
         self._numerics: backends.Snapshot | None = None
+        self._entry_dtypes: dict[str, torch.dtype] = {}
         self._active = True
 
     @property
@@ -223,6 +231,11 @@ def explain_rows(plans: list[ModulePlan], policy: Policy) -> list[dict[str, Any]
             dtype = DTYPES[plan.compute_dtype]
             if dtype in (torch.float16, torch.bfloat16) and not sdpa_overflows("cpu", dtype):
                 attention = "upcast (SDPA path: not needed here, 16-bit SDPA measured finite; only eager paths upcast)"
+        if plan.declared is not None:
+            rule_text, reason = f"model: {plan.declared}", "the model's own precision declaration"
+        else:
+            rule_text = f"#{index} {rule.match}" if rule is not None else "default (fp32)"
+            reason = rule.reason if rule is not None else ""
         rows.append({
             "module": plan.qualname or "(root)",
             "type": plan.type_name,
@@ -231,8 +244,8 @@ def explain_rows(plans: list[ModulePlan], policy: Policy) -> list[dict[str, Any]
             "keep_fp32": plan.keep_fp32,
             "attention": attention,
             "output_dtype": plan.output_dtype,
-            "rule": f"#{index} {rule.match}" if rule is not None else "default (fp32)",
-            "reason": rule.reason if rule is not None else "",
+            "rule": rule_text,
+            "reason": reason,
         })
     return rows
 
@@ -308,15 +321,32 @@ def _materialize(applied: Applied) -> None:
     plans, comps, keep_original, policy = applied.plans, applied.components, applied.keep_original, applied.policy
     by_module = {id(p.module): p for p in plans}
 
-    # Phase 1: compute every new tensor (nothing is changed if this fails).
-    new_data: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    # Phase 1: compute every new tensor (nothing is changed if this fails). A tensor
+    # shared by modules planned in different dtypes (tied embeddings and heads, one
+    # submodule in two components) is stored in the widest of them, and every plan that
+    # owns it says so: a keep-fp32 pin is never silently dropped.
+    owners: dict[int, tuple[torch.Tensor, list[tuple[ModulePlan, str]]]] = {}
     for plan in plans:
-        dtype = DTYPES[plan.storage]
         for key, t in own_tensors(plan.module):
-            if t.is_floating_point() and t.dtype != dtype:
-                if id(t) not in new_data:
-                    new_data[id(t)] = (t, t.data.to(dtype))
-                applied._locations.setdefault(id(t), []).append((plan.module, key))
+            if t.is_floating_point():
+                owners.setdefault(id(t), (t, []))[1].append((plan, key))
+    applied._entry_dtypes = {cname: next((t.dtype for t in root.parameters() if t.is_floating_point()), torch.float32)
+                             for cname, root in comps.items()}
+    new_data: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for tid, (t, owned) in owners.items():
+        storages = {plan.storage for plan, _ in owned}
+        widest = max(storages, key=_WIDTH.__getitem__)
+        if len(storages) > 1:
+            narrower = [plan for plan, _ in owned if plan.storage != widest]
+            warnings.warn(f"a {tuple(t.shape)} tensor is shared by {', '.join(sorted({p.qualname or '(root)' for p, _ in owned}))} "
+                          f"planned as {', '.join(sorted(storages))}: stored in {widest} for all of them", stacklevel=4)
+            for plan in narrower:
+                plan.storage = widest
+        dtype = DTYPES[widest]
+        if t.dtype != dtype:
+            new_data[tid] = (t, t.data.to(dtype))
+            for plan, key in owned:
+                applied._locations.setdefault(tid, []).append((plan.module, key))
 
     # Phase 2: keep originals, then swap data in (Parameter objects keep their identity,
     # so tied weights stay tied and optimizers keep their references).
@@ -418,6 +448,7 @@ def _install_hooks(applied: Applied, comps: dict[str, nn.Module], by_module: dic
                     _dtype_fn(plan, by_module),
                     (lambda f=out_fixed: f) if (out_fixed or parent_dtype is None) else parent_dtype,
                     min_ndim=0 if layer else 2,
+                    fallback=applied._entry_dtypes[cname] if is_root else None,
                 )
                 handles.append(module.register_forward_pre_hook(boundary.pre, with_kwargs=True))
                 handles.append(module.register_forward_hook(boundary.post, with_kwargs=True, always_call=True))
@@ -445,8 +476,9 @@ def _install_hooks(applied: Applied, comps: dict[str, nn.Module], by_module: dic
             _install_spectral_scopes(applied, root)
             # Components used through their own methods (S3Gen.inference, vae.decode) hand
             # the caller its own dtype back, as a call of forward does.
+            back = functools.partial(_return_caller_dtype, applied._entry_dtypes[cname])
             for method in entry_methods(root)[1:]:
-                handles.append(add_method_hook(root, method, _return_caller_dtype))
+                handles.append(add_method_hook(root, method, back))
 
         gate = EntryGate()
         handles.extend(gate.install(root))
@@ -456,10 +488,9 @@ def _install_hooks(applied: Applied, comps: dict[str, nn.Module], by_module: dic
             handles.append(child.register_forward_hook(entry.post, with_kwargs=True, always_call=True))
 
 
-def _return_caller_dtype(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-    caller = first_float_dtype((args, kwargs))
-    output = call(*args, **kwargs)
-    return output if caller is None else cast_floats(output, caller)
+def _return_caller_dtype(fallback: torch.dtype, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    caller = first_float_dtype((args, kwargs)) or fallback
+    return cast_floats(call(*args, **kwargs), caller)
 
 
 def _install_spectral_scopes(applied: Applied, root: nn.Module) -> None:

@@ -108,6 +108,9 @@ class Boundary:
     #: lose meaning in 16 bits (t=999 rounds to 1000 in bf16): they pass unchanged,
     #: except into torch's own layers, whose kernels need every input in their dtype.
     min_ndim: int = 2
+    #: What to hand back when the caller passed no floating tensor (token ids only):
+    #: the dtype the model had before the policy, so callers never get 16-bit surprises.
+    fallback: torch.dtype | None = None
 
     def pre(self, module, args, kwargs):
         self.caller_dtypes.append(first_float_dtype((args, kwargs)))
@@ -116,7 +119,7 @@ class Boundary:
 
     def post(self, module, args, kwargs, output):
         caller = self.caller_dtypes.pop() if self.caller_dtypes else None
-        target = self.output() or caller
+        target = self.output() or caller or self.fallback
         return output if target is None else cast_floats(output, target)
 
 

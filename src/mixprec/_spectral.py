@@ -36,8 +36,15 @@ _SPECTRAL: set[Callable[..., Any]] = {
         "hfft", "ihfft", "hfft2", "ihfft2", "hfftn", "ihfftn",
     ) if hasattr(torch.fft, name)),
 }
-_SOURCE_PATTERN = re.compile(r"\b(?:fft|rfft|irfft|stft|istft|fbank|spectrogram|view_as_complex|polar)\b|torch\.complex\b")
-_active = threading.local()
+# Calls, not mentions: docstrings that speak of "log-mel spectrograms" do not count.
+_SOURCE_PATTERN = re.compile(r"(?:\bfft\.\w+|\b(?:stft|istft|rfft|irfft|fbank|view_as_complex|polar)|\w*spectrogram|torch\.complex)\s*\(")
+_local = threading.local()
+
+
+def _stack() -> list[tuple[int, SpectralUpcastMode | None]]:
+    if not hasattr(_local, "stack"):
+        _local.stack = []
+    return _local.stack
 
 
 def _up(obj: Any) -> Any:
@@ -82,36 +89,40 @@ def uses_spectral_ops(module: nn.Module) -> bool:
 
 
 class SpectralScope:
-    """Enter :class:`SpectralUpcastMode` for the outermost scoped call on this thread."""
+    """Enter :class:`SpectralUpcastMode` for the outermost scoped call on this thread.
 
-    def __init__(self) -> None:
-        self.modes: list[SpectralUpcastMode | None] = []
+    Entries live on one per-thread stack keyed by the module that entered, not on the
+    scope object: a guard fallback re-applies the policy in the middle of a component's
+    call, so the hook that leaves may belong to a new scope object.
+    """
 
-    def enter(self) -> None:
-        if getattr(_active, "on", False):
-            self.modes.append(None)
+    def enter(self, key: int = 0) -> None:
+        stack = _stack()
+        if any(mode is not None for _, mode in stack):
+            stack.append((key, None))
             return
         mode = SpectralUpcastMode()
         mode.__enter__()
-        _active.on = True
-        self.modes.append(mode)
+        stack.append((key, mode))
 
-    def leave(self) -> None:
-        mode = self.modes.pop() if self.modes else None
-        if mode is not None:
-            _active.on = False
-            mode.__exit__(None, None, None)
+    def leave(self, key: int = 0) -> None:
+        stack = _stack()
+        if stack and stack[-1][0] == key:
+            _, mode = stack.pop()
+            if mode is not None:
+                mode.__exit__(None, None, None)
 
     def pre(self, module, args):
-        self.enter()
+        self.enter(id(module))
 
     def post(self, module, args, output):
-        self.leave()
+        self.leave(id(module))
 
     def around(self, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """A method hook (see :func:`mixprec._hooks.add_method_hook`) for methods other than ``forward``."""
-        self.enter()
+        key = id(call)
+        self.enter(key)
         try:
             return call(*args, **kwargs)
         finally:
-            self.leave()
+            self.leave(key)

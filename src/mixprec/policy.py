@@ -7,8 +7,9 @@ plus an ordered list of :class:`Rule`. Each rule selects modules and sets some o
 Matching and precedence:
 
 * ``match`` is a glob on the qualified module name (``vae``, ``t3.*``, ``*.norm*``),
-  or ``type:<glob>`` on the class name or any of its base-class names
-  (``type:LayerNorm``, ``type:*Norm``).
+  ``type:<glob>`` on the class name or any of its base-class names
+  (``type:LayerNorm``, ``type:*Norm``), or ``role:head`` for output heads (final
+  projections, see :mod:`mixprec._roles`).
 * A rule applies to every module it matches **and to their descendants**, so
   ``vae`` covers the whole VAE.
 * For each field separately, **the last rule that matches and sets it wins**.
@@ -31,6 +32,7 @@ from typing import Any, Iterable, Iterator
 
 from torch import nn
 
+from mixprec._roles import ROLES, Declaration, declarations, output_heads
 from mixprec.settings import NumericSettings, did_you_mean
 
 if sys.version_info >= (3, 11):
@@ -99,6 +101,9 @@ class Rule:
         object.__setattr__(self, "match", self.match.strip())
         if self.match.startswith("type:") and not self.match[5:].strip():
             raise PolicyError(f"rule match {self.match!r}: give a class name after 'type:'")
+        if self.match.startswith("role:") and self.match[5:].strip() not in ROLES:
+            raise PolicyError(f"rule match {self.match!r}: unknown role{did_you_mean(self.match[5:].strip(), ROLES)}; "
+                              f"valid: {', '.join('role:' + r for r in ROLES)}")
         where = f"rule {self.match!r}"
         if self.storage is not None:
             object.__setattr__(self, "storage", _dtype_name(self.storage, f"{where} storage"))
@@ -118,8 +123,18 @@ class Rule:
     def is_type(self) -> bool:
         return self.match.startswith("type:")
 
-    def matches(self, qualname: str, module: nn.Module) -> bool:
-        """Whether the rule selects ``module`` itself (not counting ancestors)."""
+    @property
+    def role(self) -> str | None:
+        return self.match[5:].strip() if self.match.startswith("role:") else None
+
+    def matches(self, qualname: str, module: nn.Module, roles: dict[str, set[int]] | None = None) -> bool:
+        """Whether the rule selects ``module`` itself (not counting ancestors).
+
+        ``roles`` maps a role to the ``id`` of the modules that have it (see
+        :func:`resolve_modules`); without it a ``role:`` rule matches nothing.
+        """
+        if self.role is not None:
+            return roles is not None and id(module) in roles.get(self.role, ())
         if self.is_type:
             pattern = self.match[5:].strip()
             return any(fnmatch.fnmatchcase(cls.__name__, pattern) for cls in type(module).__mro__)
@@ -162,6 +177,9 @@ class Policy:
             to leave the process-wide flags as they are.
         name: a label (preset name or ``custom``).
         version: schema version.
+        model_declarations: honour the precision the models declare themselves
+            (transformers' and diffusers' ``_keep_in_fp32_modules``, diffusers'
+            ``_skip_layerwise_casting_patterns``, a VAE's ``force_upcast``).
 
     Example:
         >>> Policy(rules=(Rule("*", storage="bf16"), Rule("type:*Norm", keep_fp32=True)))
@@ -171,9 +189,12 @@ class Policy:
     numerics: NumericSettings | None = None
     name: str = "custom"
     version: int = 1
+    model_declarations: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", tuple(self.rules))
+        if not isinstance(self.model_declarations, bool):
+            raise PolicyError(f"policy model_declarations: expected true or false, got {self.model_declarations!r}")
         for rule in self.rules:
             if not isinstance(rule, Rule):
                 raise PolicyError(f"policy rules must be Rule objects, got {type(rule).__name__}")
@@ -187,6 +208,8 @@ class Policy:
         data: dict[str, Any] = {"version": self.version, "name": self.name}
         if self.numerics is not None:
             data["numerics"] = {k: v for k, v in self.numerics.to_dict().items() if k != "version"}
+        if not self.model_declarations:
+            data["model_declarations"] = False
         data["rules"] = [r.to_dict() for r in self.rules]
         return data
 
@@ -194,7 +217,7 @@ class Policy:
     def from_dict(cls, data: dict[str, Any], where: str = "policy") -> Policy:
         if not isinstance(data, dict):
             raise PolicyError(f"{where}: expected a table, got {type(data).__name__}")
-        known = ["version", "name", "numerics", "rules"]
+        known = ["version", "name", "numerics", "model_declarations", "rules"]
         for key in data:
             if key not in known:
                 raise PolicyError(f"{where}: unknown key {key!r}{did_you_mean(key, known)}; valid keys: {', '.join(known)}")
@@ -215,10 +238,14 @@ class Policy:
         version = data.get("version", 1)
         if version != 1:
             raise PolicyError(f"{where} key 'version': unsupported version {version!r}; this mixprec reads version 1")
+        declared = data.get("model_declarations", True)
+        if not isinstance(declared, bool):
+            raise PolicyError(f"{where} key 'model_declarations': expected true or false, got {type(declared).__name__} {declared!r}")
         return cls(
             rules=tuple(Rule.from_dict(r, f"{where} rules[{i}]") for i, r in enumerate(rules)),
             numerics=numerics,
             name=name,
+            model_declarations=declared,
         )
 
     def to_toml(self) -> str:
@@ -280,6 +307,8 @@ class ModulePlan:
     upcast_attention: bool = False
     output_dtype: str | None = None
     decided_by: dict[str, int] = field(default_factory=dict)
+    #: The model's own declaration that pinned this module to fp32, if one did.
+    declared: str | None = None
 
     @property
     def compute_dtype(self) -> str:
@@ -317,11 +346,13 @@ def resolve_modules(components: dict[str, nn.Module], policy: Policy) -> tuple[l
     matched: set[int] = set()
     plans: list[ModulePlan] = []
     counting: dict[int, frozenset[int]] = {}
+    roles = {"head": output_heads(components)} if any(r.role for r in policy.rules) else None
+    declared = declarations(components) if policy.model_declarations else []
     for cname, root in components.items():
         for name, module in root.named_modules():
             qualname = (f"{cname}.{name}" if name else cname) if cname else name
             parent = _lookup(root, name.rpartition(".")[0]) if name else None
-            own = {i for i, rule in enumerate(policy.rules) if rule.matches(qualname, module)}
+            own = {i for i, rule in enumerate(policy.rules) if rule.matches(qualname, module, roles)}
             matched |= own
             rules = counting[id(module)] = frozenset(own) | (counting[id(parent)] if parent is not None else frozenset())
             plan = ModulePlan(qualname, module)
@@ -332,12 +363,29 @@ def resolve_modules(components: dict[str, nn.Module], policy: Policy) -> tuple[l
                     if value is not None:
                         setattr(plan, f, value)
                         plan.decided_by[f] = index
+            if not plan.keep_fp32:
+                _apply_declarations(plan, declared)
             if plan.keep_fp32:
                 plan.storage = "fp32"
-                plan.decided_by["storage"] = plan.decided_by["keep_fp32"]
+                if plan.declared is None:
+                    plan.decided_by["storage"] = plan.decided_by["keep_fp32"]
             plans.append(plan)
     unmatched = [i for i, r in enumerate(policy.rules) if i not in matched and not r.optional]
     return plans, unmatched
+
+
+def _apply_declarations(plan: ModulePlan, declared: list[Declaration]) -> None:
+    """Pin ``plan`` to fp32 when a model it belongs to declares so for its storage dtype."""
+    for decl in declared:
+        if decl.owner and plan.qualname != decl.owner and not plan.qualname.startswith(decl.owner + "."):
+            continue
+        relative = plan.qualname[len(decl.owner) + 1:] if decl.owner else plan.qualname
+        if plan.storage not in decl.storages or (decl.when_compute_fp32 and plan.compute != "fp32"):
+            continue
+        if decl.matches(relative):
+            plan.keep_fp32 = True
+            plan.declared = f"{decl.source} of {decl.owner or 'the model'}"
+            return
 
 
 def _lookup(root: nn.Module, name: str) -> nn.Module:

@@ -31,8 +31,8 @@ PRESETS: tuple[str, ...] = ("quality", "balanced", "fast", "memory")
 
 #: Norm layers: computed in fp32 where a preset protects precision.
 _NORMS = "type:*Norm*"
-#: Common names of output heads and output stages across model families.
-_HEADS = ("*lm_head", "*.conv_out", "*.conv_post", "*.proj_out", "*head")
+#: Output heads by role: final projections (Linear / conv), not sub-networks named "head".
+_HEADS = ("role:head",)
 
 
 class UnknownPresetError(ValueError):
@@ -109,7 +109,8 @@ def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = 
         if key == "balanced":
             rules.append(Rule(_NORMS, keep_fp32=True, optional=True, reason="normalisation statistics in fp32"))
             rules.extend(Rule(h, keep_fp32=True, optional=True, reason="output head / output stage in fp32") for h in _HEADS)
-            reasons.append("norm layers and output heads / output stages (lm_head, conv_out, conv_post, proj_out) kept fp32")
+            reasons.append("norm layers and output heads (final projections: lm_head, conv_post, final_proj, "
+                           "the last projection of each component) kept fp32")
             rules.extend(_hint_rules(hints, keep_fp32=True))
             if hints:
                 reasons.append(f"pipeline's sensitive modules kept fp32: {', '.join(hints)}")

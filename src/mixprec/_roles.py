@@ -1,0 +1,126 @@
+"""What a module is for, and what precision the model itself declares for it.
+
+Two sources of precision knowledge beyond the policy's own rules:
+
+* **Roles.** ``role:head`` selects output heads: final projections (a ``Linear`` or a
+  convolution) whose output leaves the component or a stage of it: the logits
+  projection, a vocoder's last convolution, a decoder's ``final_proj``. A whole
+  sub-network that happens to be called ``head`` (Chatterbox's speaker-encoder front end,
+  12 convolutions and 12 norms) is not a projection, so it is not one.
+* **The model's own declarations.** transformers models list modules to keep in fp32
+  (``_keep_in_fp32_modules``: under fp16; ``_keep_in_fp32_modules_strict``: under fp16
+  and bf16), diffusers models too (``_keep_in_fp32_modules``), diffusers' layerwise
+  casting skips ``_skip_layerwise_casting_patterns`` (those layers keep their weights in
+  the compute dtype), and a diffusers VAE with ``config.force_upcast`` is run in fp32
+  by its own pipelines whenever it is fp16.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+from torch import nn
+
+__all__ = ["ROLES", "output_heads", "Declaration", "declarations", "is_projection"]
+
+#: Roles a rule may select with ``role:<name>``.
+ROLES: tuple[str, ...] = ("head",)
+
+_PROJECTIONS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+# Last name segments that denote an output stage's final projection across model families
+# (LLM heads, vocoders' conv_post, VAEs' and UNets' conv_out / proj_out, flow decoders'
+# final_proj, an encoder's projection into the decoder's space).
+_HEAD_NAMES = re.compile(
+    r"^(?:lm_head|head|\w+_head|conv_out|conv_post|proj_out|final_\w+|\w*encoder_proj|output_proj\w*|to_logits|logits\w*)$"
+)
+
+
+def is_projection(module: nn.Module) -> bool:
+    """A ``Linear`` or convolution: the layer type an output head is made of."""
+    return isinstance(module, _PROJECTIONS)
+
+
+def output_heads(components: dict[str, nn.Module]) -> set[int]:
+    """``id`` of every module with the ``head`` role.
+
+    A module is a head if it is a projection and either its name says it is a final
+    projection (``lm_head``, ``conv_post``, ``final_proj``, ...) or it is the last
+    projection of its component in definition order (what feeds the component's output,
+    such as a voice encoder's ``proj`` after its LSTM).
+    """
+    heads: set[int] = set()
+    for root in components.values():
+        last: nn.Module | None = None
+        for name, module in root.named_modules():
+            if not is_projection(module):
+                continue
+            last = module
+            if _HEAD_NAMES.match(name.rpartition(".")[2] or name):
+                heads.add(id(module))
+        if last is not None and last is not root:
+            heads.add(id(last))
+    return heads
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """Modules a model declares should not be stored in some 16-bit types.
+
+    Attributes:
+        owner: qualified name of the declaring model (``""`` for a bare model).
+        patterns: name fragments (transformers, diffusers) or regexes (layerwise casting).
+        regex: whether ``patterns`` are regular expressions.
+        storages: the storage dtypes under which the declaration applies.
+        when_compute_fp32: apply only when the module computes in fp32 from 16-bit weights.
+        source: what declared it, for ``explain``.
+    """
+
+    owner: str
+    patterns: tuple[str, ...]
+    regex: bool
+    storages: tuple[str, ...]
+    source: str
+    when_compute_fp32: bool = False
+
+    def matches(self, relative: str) -> bool:
+        """Whether the module at ``relative`` (name inside the declaring model) is covered."""
+        if self.patterns == ("",):
+            return True  # the whole declaring model
+        if self.regex:
+            return any(re.search(p, relative) for p in self.patterns)
+        parts = relative.split(".")
+        return any(p and (p in parts or relative == p or relative.endswith("." + p) or relative.startswith(p + "."))
+                   for p in self.patterns)
+
+
+def _names(value: object) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, Iterable):
+        return tuple(str(v) for v in value if isinstance(v, str))
+    return ()
+
+
+def declarations(components: dict[str, nn.Module]) -> list[Declaration]:
+    """Every precision declaration made by the models inside ``components``."""
+    found: list[Declaration] = []
+    for cname, root in components.items():
+        for name, module in root.named_modules():
+            owner = f"{cname}.{name}" if cname and name else (cname or name)
+            cls = type(module).__name__
+            keep = _names(getattr(module, "_keep_in_fp32_modules", None) or ())
+            if keep:
+                found.append(Declaration(owner, keep, False, ("fp16",), f"{cls}._keep_in_fp32_modules"))
+            strict = _names(getattr(module, "_keep_in_fp32_modules_strict", None) or ())
+            if strict:
+                found.append(Declaration(owner, strict, False, ("fp16", "bf16"), f"{cls}._keep_in_fp32_modules_strict"))
+            skip = _names(getattr(module, "_skip_layerwise_casting_patterns", None) or ())
+            if skip:
+                found.append(Declaration(owner, skip, True, ("fp16", "bf16"), f"{cls}._skip_layerwise_casting_patterns",
+                                         when_compute_fp32=True))
+            config = getattr(module, "config", None)
+            if getattr(config, "force_upcast", False) is True:
+                found.append(Declaration(owner, ("",), False, ("fp16",), f"{cls}.config.force_upcast"))
+    return found
