@@ -459,8 +459,7 @@ def _install_hooks(applied: Applied, comps: dict[str, nn.Module], by_module: dic
                 handles.append(module.register_forward_pre_hook(upcast.pre, with_kwargs=True))
                 handles.append(module.register_forward_hook(upcast.post, always_call=True))
             elif mixed and not bounded and _owns_float_weights(module):
-                leaf = LeafCast(_dtype_fn(plan, by_module), 0 if layer else 2)
-                handles.append(module.register_forward_pre_hook(leaf.pre, with_kwargs=True))
+                handles.append(LeafCast(_dtype_fn(plan, by_module), 0 if layer else 2).install(module))
 
             if plan.upcast_attention and id(parent) not in upcast_scoped:
                 direct = plan.decided_by.get("upcast_attention") is not None and policy_matches_directly(applied.policy, plan)
