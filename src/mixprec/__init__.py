@@ -14,7 +14,7 @@ Example:
 """
 
 from mixprec import hardware, presets
-from mixprec._apply import Applied, ApplyError, RevertError, apply, explain, weight_bytes
+from mixprec._apply import Applied, ApplyError, RevertError, apply, explain, explain_warnings, weight_bytes
 from mixprec._init import init
 from mixprec.backends import FlagReadError, Snapshot, describe, numerics, restore, snapshot
 from mixprec.backends import apply_settings as apply_numerics
@@ -51,6 +51,7 @@ __all__ = [
     "Rule",
     "apply",
     "explain",
+    "explain_warnings",
     "hardware",
     "preset",
     "presets",

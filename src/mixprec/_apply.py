@@ -40,7 +40,10 @@ from mixprec._spectral import SpectralScope, uses_spectral_ops
 from mixprec._upcast import is_attention_module, sdpa_overflows
 from mixprec.policy import ModulePlan, Policy, PolicyError, closest_names, resolve_modules
 
-__all__ = ["apply", "Applied", "ApplyError", "RevertError", "DTYPES", "components_of", "explain", "weight_bytes"]
+__all__ = [
+    "apply", "Applied", "ApplyError", "RevertError", "DTYPES", "components_of", "explain", "explain_warnings", "weight_bytes",
+    "dtype_read_warnings",
+]
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _KEEP_ORIGINAL = ("cpu", "disk", "none")
@@ -219,6 +222,10 @@ class Applied:
     def explain(self) -> list[dict[str, Any]]:
         return explain_rows(self.plans, self.policy)
 
+    def warnings(self) -> list[str]:
+        """Precision pitfalls of this policy on these modules (see :func:`dtype_read_warnings`)."""
+        return dtype_read_warnings(self.plans)
+
 
 def explain_rows(plans: list[ModulePlan], policy: Policy) -> list[dict[str, Any]]:
     rows = []
@@ -250,11 +257,52 @@ def explain_rows(plans: list[ModulePlan], policy: Policy) -> list[dict[str, Any]
     return rows
 
 
+def dtype_read_warnings(plans: list[ModulePlan]) -> list[str]:
+    """Where app code that reads a module's dtype sees a dtype the module does not compute in.
+
+    Models commonly define ``self.dtype`` as ``next(self.parameters()).dtype`` and cast
+    their inputs to it, sometimes before ops with no 16-bit kernel (``torch.fft``). For
+    each component and each module it calls directly, warn when that first parameter is
+    stored in a 16-bit type but the module computes in fp32 (``compute="fp32"``): the
+    app's code then casts to 16 bits what the policy meant to keep in fp32.
+    """
+    by_id = {id(p.module): p for p in plans}
+    warnings_out: list[str] = []
+    for root in (p for p in plans if "." not in p.qualname):
+        reads = []
+        callees = [by_id[id(m)] for m in _entries(root.module) if id(m) in by_id and m._modules]
+        for plan in (root, *callees):
+            first = next((name for name, t in plan.module.named_parameters() if t.is_floating_point()), None)
+            if first is None or plan.compute_dtype != "fp32":
+                continue
+            owner = plan.module.get_submodule(first.rpartition(".")[0]) if "." in first else plan.module
+            owner_plan = by_id.get(id(owner))
+            if owner_plan is not None and owner_plan.storage != "fp32":
+                reads.append((plan.qualname or "(root)", owner_plan.qualname or "(root)", owner_plan.storage))
+        if reads:
+            who = root.qualname or "(root)"
+            storage = reads[0][2]
+            warnings_out.append(
+                f"{who} computes in fp32 from {storage} weights: code that reads a module's dtype from its first "
+                f"parameter gets {storage} ({'; '.join(f'{m}.dtype reads {o}' for m, o, _ in reads[:4])}"
+                f"{'; ...' if len(reads) > 4 else ''}) and may cast its inputs to it, before ops such as torch.fft that "
+                f"have no 16-bit CPU kernel. Keep the module it reads in fp32 (a keep_fp32 rule) or run under "
+                "mixprec.guard(applied, on_nonfinite='fallback'), which finds it.")
+    return warnings_out
+
+
 def explain(target: Any, policy: Policy) -> list[dict[str, Any]]:
     """For every module: its resolved storage and compute dtype and the rule that decided it."""
     comps, _ = components_of(target)
     plans, _ = resolve_modules(comps, policy)
     return explain_rows(plans, policy)
+
+
+def explain_warnings(target: Any, policy: Policy) -> list[str]:
+    """What :func:`explain` should warn about for ``policy`` on ``target`` (see :func:`dtype_read_warnings`)."""
+    comps, _ = components_of(target)
+    plans, _ = resolve_modules(comps, policy)
+    return dtype_read_warnings(plans)
 
 
 def apply(
