@@ -118,3 +118,159 @@ def test_diagnose_cli(tmp_path):
     with sqlite3.connect(db) as con:
         stored = con.execute("SELECT COUNT(*) FROM profile_rows WHERE config='memory'").fetchone()[0]
     assert stored == len(data["modules"])
+
+
+# --- pairing of the fp32 run and the policy run -----------------------------------------
+
+BF16_FP32 = Policy((Rule("*", storage="bf16", compute="fp32"),))
+
+
+class _Noisy(nn.Module):
+    """Noise drawn inside forward, as flow-matching decoders and NSF vocoders do."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.noisy = _NoisyLinear()
+        self.b = nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.a(x)
+        h = h + torch.randn_like(h)
+        return self.b(self.noisy(h))
+
+
+class _NoisyLinear(nn.Module):
+    """Owns weights and draws noise itself: its own-error copy must draw the same noise."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(16, 16) / 4)
+
+    def forward(self, x):
+        return x @ self.weight + torch.rand_like(x)
+
+
+@pytest.mark.parametrize("policy", [BF16_FP32, Policy((Rule("*", storage="bf16"),))], ids=["bf16-fp32", "bf16"])
+def test_random_draws_inside_the_run_are_paired(policy):
+    torch.manual_seed(0)
+    model = _Noisy()
+    x = torch.randn(8, 16)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    prof = mixprec.profile(model, x, policy)
+    stats = {s.module: s for s in prof.modules}
+    # bf16 rounding gives about 50 dB; noise against other noise gives about 0 dB.
+    for name in ("noisy", "b", "(root)"):
+        assert stats[name].inherited_sqnr_db > 35, (name, stats[name].inherited_sqnr_db)
+        assert stats[name].pairing_mismatch is None
+    assert stats["noisy"].own_sqnr_db > 35
+    assert torch.equal(torch.get_rng_state(), before)  # the caller's random state is untouched
+    assert prof.output_sqnr_db == pytest.approx(stats["(root)"].inherited_sqnr_db)
+
+
+def test_run_that_draws_its_own_inputs_is_paired():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
+    # A run that does not reseed: each call draws other inputs from the global generator.
+    prof = mixprec.profile({"m": model}, None, BF16_FP32, run=lambda _: model(torch.randn(4, 16)))
+    assert min(s.inherited_sqnr_db for s in prof.modules) > 35
+
+
+def test_fp32_compute_from_bf16_weights_has_own_error():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+    x = torch.randn(5, 32)
+    prof = mixprec.profile(model, x, BF16_FP32)
+    stats = {s.module: s for s in prof.modules}
+    h = model[1](model[0](x))
+    y = model[2](h)
+    rounded = lambda layer, v: torch.nn.functional.linear(v, layer.weight.bfloat16().float(), layer.bias.bfloat16().float())
+    assert stats["0"].compute == "fp32" and stats["0"].storage == "bf16"
+    assert stats["0"].own_sqnr_db == pytest.approx(_db(rounded(model[0], x), model[0](x)), rel=1e-6)
+    assert stats["2"].own_sqnr_db == pytest.approx(_db(rounded(model[2], h), y), rel=1e-6)
+    assert math.isfinite(stats["2"].own_sqnr_db) and 30 < stats["2"].own_sqnr_db < 80
+    assert stats["1"].own_sqnr_db is None  # no weights of its own
+    # inherited: the policy run with fp32 arithmetic on rounded weights, end to end
+    assert stats["2"].inherited_sqnr_db == pytest.approx(_db(rounded(model[2], model[1](rounded(model[0], x))), y), rel=1e-5)
+
+
+class _DtypeLoop(nn.Module):
+    """Its loop count and slice width depend on the weights' dtype, as data-dependent loops do."""
+
+    def __init__(self):
+        super().__init__()
+        self.step = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 8)
+        self.tail = nn.Linear(8, 8)
+
+    def forward(self, x):
+        fp32 = self.step.weight.dtype == torch.float32
+        for _ in range(3 if fp32 else 2):
+            x = torch.tanh(self.step(x))
+        x = self.head(x)
+        return self.tail(x[: 4 if fp32 else 3])
+
+
+def test_modules_called_a_different_number_of_times_are_flagged_not_paired():
+    torch.manual_seed(0)
+    prof = mixprec.profile(_DtypeLoop(), torch.randn(4, 8), Policy((Rule("*", storage="bf16"),)))
+    stats = {s.module: s for s in prof.modules}
+    step, head, tail = stats["step"], stats["head"], stats["tail"]
+    assert (step.calls, step.policy_calls) == (3, 2)
+    assert step.pairing_mismatch == "called 3 times in fp32, 2 under the policy"
+    assert step.inherited_sqnr_db is None and step.own_sqnr_db is not None  # own error needs no pairing
+    assert (tail.calls, tail.policy_calls) == (1, 1)
+    assert "shape (4, 8) in fp32, shape (3, 8) under the policy" in tail.pairing_mismatch
+    assert tail.inherited_sqnr_db is None
+    assert head.pairing_mismatch is None and head.inherited_sqnr_db is not None
+    assert json.loads(prof.to_json())["modules"]  # the new fields serialise
+
+
+class _InPlace(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(16, 16))
+
+    def forward(self, x):
+        y = x @ self.weight
+        x.mul_(3.0)  # changes its input in place after using it
+        return y
+
+
+class _CastsInputs(nn.Module):
+    """Casts the caller's inputs in place to its weights' dtype, token ids included (as Chatterbox's S3Gen does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(2048, 16)
+        self.inner = _InPlace()
+
+    def forward(self, inputs):
+        for key in list(inputs):
+            inputs[key] = inputs[key].to(self.emb.weight.dtype)
+        return self.inner(self.emb(inputs["tokens"].long()) + inputs["x"])
+
+
+def test_inputs_changed_in_place_do_not_leak_into_the_profile_or_the_caller():
+    torch.manual_seed(0)
+    model = _CastsInputs()
+    inputs = {"tokens": torch.tensor([[1, 700, 1201, 1999]]), "x": torch.randn(1, 4, 16)}
+    original = {k: v.clone() for k, v in inputs.items()}
+    prof = mixprec.profile(model, inputs, BF16_FP32)
+    assert all(torch.equal(inputs[k], original[k]) and inputs[k].dtype == original[k].dtype for k in inputs)
+    stats = {s.module: s for s in prof.modules}
+    with torch.no_grad():
+        expected_in = model.emb(original["tokens"]) + original["x"]
+    assert stats["inner"].input_absmax == pytest.approx(expected_in.abs().max().item())  # before the forward's x.mul_
+    assert stats["inner"].own_sqnr_db > 35
+    # bf16 storage rounds the token ids 700 -> 702, 1201 -> 1200, 1999 -> 2000 in the model's own cast: real, but
+    # not arithmetic error, and said so
+    assert stats["emb"].int_inputs_differ and not stats["inner"].int_inputs_differ
+
+
+def test_int_inputs_that_match_are_not_flagged():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 8))
+    prof = mixprec.profile(model, torch.tensor([[1, 2, 49]]), BF16_FP32)
+    assert not any(s.int_inputs_differ or s.pairing_mismatch for s in prof.modules)

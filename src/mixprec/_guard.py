@@ -324,9 +324,11 @@ class Guard:
             # (S3Gen.inference, embed_ref, vae.decode), one check per outermost call.
             for name in entry_methods(root):
                 self._wrap(cname, root, name)
-            # Its direct children too, when called from outside any of those methods.
+            # Its direct children too, when called from outside any of those methods,
+            # through __call__ or directly (tokenizer.forward(...), vocoder.inference(...)).
             for child in _callees(root):
-                self._watch(cname, child)
+                for name in entry_methods(child):
+                    self._wrap(cname, child, name)
             if self.mode == "modules":
                 for name, sub in root.named_modules():
                     if sub is not root:
@@ -353,22 +355,6 @@ class Guard:
 
         # Outermost: the guard sees what the policy's own method hooks produce.
         self._handles.append(add_method_hook(root, name, entry, priority=100))
-
-    def _watch(self, cname: str, entry: nn.Module) -> None:
-        stack: list[_Call | None] = []
-
-        def pre(module, args, kwargs):
-            outside = not self._busy and not self._depth[cname]
-            stack.append(_Call.record(module, args, kwargs) if outside else None)
-
-        def post(module, args, kwargs, output):
-            call = stack.pop() if stack else None
-            if self._busy or call is None or all_finite(output):
-                return None
-            return self._handle(cname, module, call, output)
-
-        self._handles.append(entry.register_forward_pre_hook(pre, with_kwargs=True, prepend=True))
-        self._handles.append(entry.register_forward_hook(post, with_kwargs=True))
 
     def _module_check(self, cname: str, name: str):
         def hook(module, args, output):

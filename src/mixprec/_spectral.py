@@ -37,6 +37,10 @@ _SPECTRAL: set[Callable[..., Any]] = {
     ) if hasattr(torch.fft, name)),
 }
 # Calls, not mentions: docstrings that speak of "log-mel spectrograms" do not count.
+_MATMULS = {
+    torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__, torch.mm, torch.Tensor.mm,
+    torch.bmm, torch.Tensor.bmm, torch.einsum, torch.nn.functional.linear, torch.nn.functional.conv1d,
+}
 _SOURCE_PATTERN = re.compile(r"(?:\bfft\.\w+|\b(?:stft|istft|rfft|irfft|fbank|view_as_complex|polar)|\w*spectrogram|torch\.complex)\s*\(")
 _local = threading.local()
 
@@ -55,13 +59,25 @@ def _up(obj: Any) -> Any:
     return obj
 
 
+def _mixed(args: tuple) -> bool:
+    dtypes = {a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()}
+    return len(dtypes) > 1 and bool(dtypes & set(_HALF))
+
+
 class SpectralUpcastMode(TorchFunctionMode):
-    """While active, FFT / STFT / complex-construction ops get fp32 instead of 16-bit inputs."""
+    """While active, FFT / STFT / complex-construction ops get fp32 instead of 16-bit inputs.
+
+    Their results are fp32, so spectral code then meets its own 16-bit buffers (a mel
+    filter bank stored with the weights) in a matrix product: a product of mixed float
+    dtypes runs in fp32 too, as elementwise ops already promote.
+    """
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in _SPECTRAL:
             return func(*_up(args), **{k: _up(v) for k, v in kwargs.items()})
+        if func in _MATMULS and _mixed(args):
+            return func(*_up(args), **kwargs)
         return func(*args, **kwargs)
 
 
