@@ -36,6 +36,7 @@ from mixprec._hooks import (
     own_tensors,
     pin_fp32,
 )
+from mixprec._roles import dtype_property_source
 from mixprec._spectral import SpectralScope, uses_spectral_ops
 from mixprec._upcast import is_attention_module, sdpa_overflows
 from mixprec.policy import ModulePlan, Policy, PolicyError, closest_names, resolve_modules
@@ -272,10 +273,16 @@ def dtype_read_warnings(plans: list[ModulePlan]) -> list[str]:
         reads = []
         callees = [by_id[id(m)] for m in _entries(root.module) if id(m) in by_id and m._modules]
         for plan in (root, *callees):
-            first = next((name for name, t in plan.module.named_parameters() if t.is_floating_point()), None)
-            if first is None or plan.compute_dtype != "fp32":
+            if plan.compute_dtype != "fp32":
                 continue
-            owner = plan.module.get_submodule(first.rpartition(".")[0]) if "." in first else plan.module
+            own = dtype_property_source(plan.module)  # the model's own dtype property, if any
+            if own is not None:
+                owner = own[1]
+            else:
+                first = next((name for name, t in plan.module.named_parameters() if t.is_floating_point()), None)
+                if first is None:
+                    continue
+                owner = plan.module.get_submodule(first.rpartition(".")[0]) if "." in first else plan.module
             owner_plan = by_id.get(id(owner))
             if owner_plan is not None and owner_plan.storage != "fp32":
                 reads.append((plan.qualname or "(root)", owner_plan.qualname or "(root)", owner_plan.storage))

@@ -23,7 +23,9 @@ from typing import Iterable
 
 from torch import nn
 
-__all__ = ["ROLES", "output_heads", "Declaration", "declarations", "is_projection"]
+__all__ = ["ROLES", "output_heads", "Declaration", "declarations", "is_projection", "dtype_sources", "dtype_property_source"]
+
+_FRAMEWORKS = ("torch.", "transformers.", "diffusers.", "huggingface_hub.")
 
 #: Roles a rule may select with ``role:<name>``.
 ROLES: tuple[str, ...] = ("head",)
@@ -124,3 +126,52 @@ def declarations(components: dict[str, nn.Module]) -> list[Declaration]:
             if getattr(config, "force_upcast", False) is True:
                 found.append(Declaration(owner, ("",), False, ("fp16",), f"{cls}.config.force_upcast"))
     return found
+
+
+def _own_dtype_property(module: nn.Module) -> tuple[str, property] | None:
+    """``(class name, property)`` of a ``dtype`` property the model's own code defines."""
+    for cls in type(module).__mro__:
+        if cls is object or cls.__module__.startswith(_FRAMEWORKS):
+            continue
+        prop = vars(cls).get("dtype")
+        if isinstance(prop, property) and prop.fget is not None and hasattr(prop.fget, "__code__"):
+            return cls.__name__, prop
+    return None
+
+
+def _first_float_owner(module: nn.Module) -> nn.Module | None:
+    for name, param in module.named_parameters():
+        if param.is_floating_point():
+            return module.get_submodule(name.rpartition(".")[0]) if "." in name else module
+    return None
+
+
+def dtype_property_source(module: nn.Module) -> tuple[str, nn.Module] | None:
+    """``(class name, module whose weights it reads)`` for a model's own ``dtype`` property."""
+    found = _own_dtype_property(module)
+    if found is None:
+        return None
+    cls_name, prop = found
+    read = [module._modules[n] for n in prop.fget.__code__.co_names if n in module._modules and module._modules[n] is not None]
+    owner = _first_float_owner(read[0]) if read else _first_float_owner(module)
+    return (cls_name, owner) if owner is not None else None
+
+
+def dtype_sources(components: dict[str, nn.Module]) -> dict[int, str]:
+    """Modules whose weights a model's own ``dtype`` property reads, by ``id``, with why.
+
+    App code defines ``dtype`` as ``next(self.flow.parameters()).dtype`` (Chatterbox's
+    S3Gen) or ``self.final_proj.weight.dtype`` (its flow decoder) and casts its inputs
+    to it, token ids included: with that module stored in 16 bits, ids above 256 (bf16)
+    or 2048 (fp16) are silently rounded. The property's code names the child it reads;
+    this finds that child's first weight-owning module.
+    """
+    sources: dict[int, str] = {}
+    for cname, root in components.items():
+        for name, module in root.named_modules():
+            found = dtype_property_source(module)
+            if found is not None:
+                qualname = f"{cname}.{name}" if cname and name else (cname or name)
+                sources.setdefault(id(found[1]), f"{found[0]}.dtype of {qualname or 'the model'} reads its weights "
+                                                 "(the model casts its inputs, token ids included, to that dtype)")
+    return sources

@@ -237,17 +237,21 @@ def explain(
         pipe = pipelines.get(pipeline, size=size)
         pol = _policy_for(pipe, preset, policy, device)
         rows = mixprec.explain(pipe, pol)
+        pitfalls = mixprec.explain_warnings(pipe, pol)
     except (ValueError, NotImplementedError) as exc:
         _fail(exc)
     if not all_modules:
         owners = {name for name, m in _owners(pipe)}
         rows = [r for r in rows if r["module"] in owners]
     if as_json:
-        console.print_json(json.dumps({"policy": pol.to_dict(), "modules": rows}))
+        console.print_json(json.dumps({"policy": pol.to_dict(), "modules": rows, "warnings": pitfalls}))
         return
     console.print(_table(f"{pipeline} under {pol.name}", ["module", "type", "storage", "compute", "attention", "rule"],
                          [[r["module"], r["type"], r["storage"], r["compute"], r["attention"] or None, r["rule"]] for r in rows]))
-    console.print("rules: " + "; ".join(f"#{i} {r.match}: {r.reason}" for i, r in enumerate(pol.rules) if r.reason), highlight=False)
+    console.print("rules: " + "; ".join(f"#{i} {r.match}: {r.reason}" for i, r in enumerate(pol.rules) if r.reason),
+                  highlight=False, markup=False)
+    for pitfall in pitfalls:
+        console.print(f"warning: {pitfall}", highlight=False, markup=False)
 
 
 def _owners(pipe: Any):

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Iterator
 
 from torch import nn
 
-from mixprec._roles import ROLES, Declaration, declarations, output_heads
+from mixprec._roles import ROLES, Declaration, declarations, dtype_sources, output_heads
 from mixprec.settings import NumericSettings, did_you_mean
 
 if sys.version_info >= (3, 11):
@@ -348,6 +348,7 @@ def resolve_modules(components: dict[str, nn.Module], policy: Policy) -> tuple[l
     counting: dict[int, frozenset[int]] = {}
     roles = {"head": output_heads(components)} if any(r.role for r in policy.rules) else None
     declared = declarations(components) if policy.model_declarations else []
+    sources = dtype_sources(components) if policy.model_declarations else {}
     for cname, root in components.items():
         for name, module in root.named_modules():
             qualname = (f"{cname}.{name}" if name else cname) if cname else name
@@ -365,6 +366,8 @@ def resolve_modules(components: dict[str, nn.Module], policy: Policy) -> tuple[l
                         plan.decided_by[f] = index
             if not plan.keep_fp32:
                 _apply_declarations(plan, declared)
+            if not plan.keep_fp32 and plan.storage != "fp32" and id(module) in sources:
+                plan.keep_fp32, plan.declared = True, sources[id(module)]
             if plan.keep_fp32:
                 plan.storage = "fp32"
                 if plan.declared is None:
