@@ -249,8 +249,13 @@ def tmp_store() -> Path:
     return Path(tempfile.mkdtemp(prefix="mixprec-realmodels-")) / "fallbacks.json"
 
 
-def check_combination(case: Case, policy_name: str, hw, record_property) -> dict[str, Any]:
-    """Run one (model, policy, probe) combination; see the module docstring."""
+def check_combination(case: Case, policy_name: str, hw, record_property, *, guard: bool = False) -> dict[str, Any]:
+    """Run one (model, policy, probe) combination; see the module docstring.
+
+    With ``guard=True`` the run is watched from the start by
+    ``mixprec.guard(on_nonfinite="fallback")`` (a fresh fallback store), as an app would
+    run it; any pin it makes must be narrower than a component.
+    """
     assert case.reference is not None, "the fixture must record the fp32 output first"
     policy = make_policy(policy_name, hw)
     tier = expected_tier(policy_name, hw)
@@ -272,24 +277,37 @@ def check_combination(case: Case, policy_name: str, hw, record_property) -> dict
                 if policy.numerics is not None and torch.get_float32_matmul_precision() != policy.numerics.matmul:
                     planned.append(f"matmul precision {torch.get_float32_matmul_precision()!r} inside the block, "
                                    f"policy says {policy.numerics.matmul!r}")
+                watcher = None
+                if guard:
+                    watcher = mixprec.guard(applied, on_nonfinite="fallback", store=FallbackStore(tmp_store()), hardware=hw)
                 try:
-                    out = case.run()
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        out = case.run()
+                    if watcher is not None:
+                        watcher.remove()
+                        metrics["guard pins"] = sorted(watcher.pins) or "none"
+                        if any(m in applied.components or m == "" for m in watcher.pins):
+                            planned.append(f"guard fallback pinned a whole component: {sorted(watcher.pins)}")
                 except RuntimeError as exc:
+                    if watcher is not None:
+                        watcher.remove()
+                        raise  # the guard was already watching and could not fix it
                     if not is_dtype_error(exc):
                         raise
                     # The model's own code reads a weight's dtype (VITS builds its attention
                     # mask in embed_tokens.weight.dtype): the guard's fallback must find a pin
                     # narrower than the whole component, and the run must then succeed.
                     metrics["apply alone"] = f"raised {str(exc).splitlines()[0]}"
-                    guard = mixprec.guard(applied, on_nonfinite="fallback", store=FallbackStore(tmp_store()))
+                    fallback = mixprec.guard(applied, on_nonfinite="fallback", store=FallbackStore(tmp_store()))
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
                         out = case.run()
-                    guard.remove()
-                    metrics["guard pins"] = sorted(guard.pins)
-                    wide = [m for m in guard.pins if m in applied.components or m == ""]
-                    if wide or not guard.pins:
-                        planned.append(f"guard fallback pinned {sorted(guard.pins) or 'nothing'}: expected a module narrower than a component")
+                    fallback.remove()
+                    metrics["guard pins"] = sorted(fallback.pins)
+                    wide = [m for m in fallback.pins if m in applied.components or m == ""]
+                    if wide or not fallback.pins:
+                        planned.append(f"guard fallback pinned {sorted(fallback.pins) or 'nothing'}: expected a module narrower than a component")
                 if case.inside is not None:
                     metrics.update(case.inside(case, tier))
         except BaseException as exc:  # checked below, then re-raised

@@ -1,0 +1,75 @@
+"""The real Chatterbox classes (chatterbox-tts 0.1.7) under every policy, through the app's whole flow.
+
+Each run is the example pipeline's ``run`` (examples/chatterbox_tts.py): conditionals from
+a reference voice (``S3Gen.embed_ref``, the S3 speech tokenizer called through
+``.forward``, the voice encoder), ``T3.inference`` teacher-forced on the fp32 run's speech
+tokens, ``S3Gen.inference`` to a 24 kHz waveform. The policy is applied with
+``mixprec.apply`` and watched by ``mixprec.guard(on_nonfinite="fallback")``; no pin may
+be a whole component, revert must be bit-exact and no torch flag may move.
+
+bf16 is emulated on CPUs without AVX512-BF16 (about 1/50 of fp32's speed), so the
+combinations that compute in bf16 are ``heavy`` (``MIXPREC_HEAVY=1``); the default run
+keeps the two that store 16-bit weights and compute in fp32, which exercise every cast,
+pin and dtype-read path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("chatterbox.models.t3", reason="chatterbox-tts is not installed")
+
+from realmodels_harness import Case, check_combination, combos, compare_waveform  # noqa: E402
+
+from mixprec import pipelines  # noqa: E402
+
+SPEC = f"{Path(__file__).resolve().parents[2] / 'examples' / 'chatterbox_tts.py'}:pipeline"
+# Only the memory preset on this machine's probe (16-bit storage, fp32 compute) and the
+# explicit fp16-storage/fp32-compute policy run by default.
+LIGHT = {("memory", "measured"), ("fp16-storage-fp32-compute", "measured")}
+
+
+@pytest.fixture(scope="module")
+def chatterbox(monkeypatch_module) -> Case:
+    monkeypatch_module.delenv("CHATTERBOX_CKPT_DIR", raising=False)
+    monkeypatch_module.delenv("CHATTERBOX_VOICE", raising=False)
+    pipe = pipelines.get(SPEC, size="test", seed=0)
+    inputs = pipe.example_inputs(batch=1, seed=0)
+    with torch.inference_mode():
+        first = pipe.run(inputs)  # the app fills some buffers lazily on its first call
+    forced = pipe.teacher_forced(inputs, first)
+
+    def run():
+        return pipe.run(forced)
+
+    def compare(ref, out, tier):
+        metrics = compare_waveform(ref.waveform, out.waveform, tier)
+        metrics["token_agreement"] = out.token_agreement
+        assert out.token_agreement is not None and out.token_agreement >= 0.5, out.token_agreement
+        return metrics
+
+    return Case(pipe, dict(pipe.components), run, compare).record_reference()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+def _params():
+    out = []
+    for param in combos():
+        policy, probe = param.values
+        light = (policy, probe) in LIGHT
+        out.append(pytest.param(policy, probe, marks=() if light else (pytest.mark.heavy,), id=param.id))
+    return out
+
+
+@pytest.mark.parametrize(("policy", "hw"), _params(), indirect=["hw"])
+def test_chatterbox_app_flow(chatterbox, policy, hw, record_property):
+    metrics = check_combination(chatterbox, policy, hw, record_property, guard=True)
+    assert metrics["token_agreement"] >= 0.5
