@@ -27,6 +27,9 @@ BF16 = Policy((Rule("*", storage="bf16"),), name="bf16")
 FP16_FP32 = Policy((Rule("*", storage="fp16", compute="fp32"),), name="fp16-fp32c")
 BF16_FP32 = Policy((Rule("*", storage="bf16", compute="fp32"),), name="bf16-fp32c")
 POLICIES = [BF16, FP16_FP32, BF16_FP32]
+# Without the models' own declarations, TinyTTS.dtype's source is not pinned: its
+# embed_ref casts to bf16 and fails, as app code does under any plain bf16 cast.
+BF16_UNDECLARED = Policy((Rule("*", storage="bf16"),), name="bf16", model_declarations=False)
 
 
 def _tensors(module):
@@ -125,10 +128,23 @@ def test_ops_without_16bit_kernels_in_model_code_run_in_fp32(policy):
     assert _bit_exact(model, before)
 
 
+def test_the_weights_a_dtype_property_reads_are_kept_fp32():
+    model = tiny_tts()
+    ref_audio = torch.randn(1, 6, 8)
+    with torch.no_grad():
+        expected = model.embed_ref(ref_audio)
+    with mixprec.apply({"tts": model}, BF16) as applied, torch.no_grad():
+        rows = {r["module"]: r for r in applied.explain()}
+        assert rows["tts.vocoder.source.l_linear"]["storage"] == "fp32"
+        assert rows["tts.vocoder.source.l_linear"]["rule"].startswith("model: TinyTTS.dtype of tts reads its weights")
+        assert model.dtype == torch.float32 and model.proj.weight.dtype == torch.bfloat16
+        assert torch.allclose(model.embed_ref(ref_audio), expected, atol=1e-5)
+
+
 def test_dtype_error_in_app_code_names_the_module_rule_and_fix(store):
     model = tiny_tts()
     ref_audio = torch.randn(1, 6, 8)
-    applied = mixprec.apply({"tts": model}, BF16)
+    applied = mixprec.apply({"tts": model}, BF16_UNDECLARED)
     mixprec.guard(applied, on_nonfinite="raise", store=store)
     with pytest.raises(mixprec.PrecisionDtypeError) as excinfo, torch.no_grad():
         model.embed_ref(ref_audio)
@@ -147,7 +163,7 @@ def test_dtype_error_fallback_pins_what_self_dtype_reads_and_remembers_it(store,
     ref_audio = torch.randn(1, 6, 8)
     with torch.no_grad():
         expected = model.embed_ref(ref_audio)
-    applied = mixprec.apply({"tts": model}, BF16)
+    applied = mixprec.apply({"tts": model}, BF16_UNDECLARED)
     guard = mixprec.guard(applied, on_nonfinite="fallback", store=store)
     with pytest.warns(UserWarning, match=r"pinned tts\.vocoder\.source\.l_linear -> fp32"), torch.no_grad():
         out = model.embed_ref(ref_audio)
@@ -164,7 +180,7 @@ def test_dtype_error_fallback_pins_what_self_dtype_reads_and_remembers_it(store,
     applied.revert()
 
     # The next start pins it before the first call, and says so.
-    applied = mixprec.apply({"tts": model}, BF16)
+    applied = mixprec.apply({"tts": model}, BF16_UNDECLARED)
     with caplog.at_level(logging.INFO, logger="mixprec"):
         again = mixprec.guard(applied, on_nonfinite="fallback", store=store)
     assert again.pins["tts.vocoder.source.l_linear"].source == "remembered"
@@ -245,12 +261,51 @@ def test_fallback_rerun_draws_the_same_noise_as_a_clean_run(store):
     applied.revert()
 
 
-def test_caller_kwargs_survive_for_the_rerun(store):
-    lyrics = overflowing_lyric_encoder()
-    applied = mixprec.apply({"lyrics": lyrics}, Policy((Rule("*", storage="fp16"),)))
-    mixprec.guard(applied, on_nonfinite="fallback", store=store)
-    x = tokens()
+def test_a_keyword_only_call_is_rerun_with_the_callers_fp32_inputs(store):
+    class KeywordOnly(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = torch.nn.Linear(4, 8)
+            self.down = torch.nn.Linear(8, 4)
+            with torch.no_grad():
+                self.up.weight.fill_(2e4)  # 8e4 in fp16: inf
+
+        def forward(self, *, x):
+            return self.down(torch.relu(self.up(x)) * 1e-3)
+
+    model = KeywordOnly()
+    x = torch.ones(2, 4)
+    with torch.no_grad():
+        expected = model(x=x)
+    applied = mixprec.apply({"m": model}, Policy((Rule("*", storage="fp16"),)))
+    guard = mixprec.guard(applied, on_nonfinite="fallback", store=store)
     with pytest.warns(UserWarning, match="pinned"), torch.no_grad():
-        out = lyrics(x=x) if "x" in lyrics.forward.__code__.co_varnames else lyrics(x)
-    assert torch.isfinite(out).all()
+        out = model(x=x)
+    assert torch.isfinite(out).all() and torch.allclose(out, expected, rtol=1e-2, atol=1e-2)
+    assert x.dtype == torch.float32 and guard.pins
+    applied.revert()
+
+
+def test_overflow_report_names_the_16bit_module_that_consumes_an_fp32_value(store):
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.big = torch.nn.Linear(4, 4)
+            self.out = torch.nn.Linear(4, 4)
+            with torch.no_grad():
+                self.big.weight.fill_(3e4)
+
+        def forward(self, x):
+            return self.out(self.big(x))
+
+    net = Net()
+    applied = mixprec.apply({"net": net}, Policy((Rule("*", storage="fp16"), Rule("net.big", keep_fp32=True))))
+    mixprec.guard(applied, on_nonfinite="raise", store=store)
+    with pytest.raises(mixprec.NonFiniteError) as excinfo, torch.no_grad():
+        net(torch.ones(1, 4))
+    report = excinfo.value.report
+    assert report.module == "net.big" and report.dtype == "fp32" and report.reason == "beyond dtype range"
+    assert report.consumer == "net" and report.limit_dtype == "fp16" and report.dtype_max == 65504.0
+    assert "cannot be represented in fp16 (max 65504), the compute dtype of net, which consumes it" in str(excinfo.value)
+    assert "fp32 max" not in str(excinfo.value)
     applied.revert()

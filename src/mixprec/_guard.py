@@ -335,10 +335,24 @@ class Guard:
                         self._handles.append(sub.register_forward_hook(self._module_check(cname, name)))
 
     def _wrap(self, cname: str, root: nn.Module, name: str) -> None:
+        pending: list[tuple[tuple, dict]] = []
+        if name == "forward":
+            # What the caller passed, before the policy's boundary hooks cast it: a re-run
+            # goes through __call__ again with the caller's own inputs, so the re-applied
+            # policy's hooks (and gates) see a fresh call.
+            def remember(module, args, kwargs):
+                if not self._busy and not self._depth[cname]:
+                    pending[:] = [(args, kwargs)]
+
+            self._handles.append(root.register_forward_pre_hook(remember, with_kwargs=True, prepend=True))
+
         def entry(method: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
             if self._busy or self._depth[cname]:
                 return method(*args, **kwargs)
-            call = _Call.record(method, args, kwargs)
+            if pending:
+                call = _Call.record(root, *pending.pop())
+            else:  # forward called directly (module.forward(...)): no hook ran before it
+                call = _Call.record(method, args, kwargs)
             self._depth[cname] += 1
             try:
                 output = method(*args, **kwargs)
