@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from _report import finish
 
 import mixprec
 import mixprec._guard as guard_module
@@ -96,11 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         plain, guarded, share = bench(name.strip(), args.size, repeat, store)
         lines.append(f"| {name} | {plain:.4f} | {guarded:.4f} | {100 * (guarded / plain - 1):+.2f}% | {100 * share:.2f}% |")
         print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        Path(args.out).write_text(text)
-    print(text)
-    return 0
+    return finish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,9 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
+from _report import finish
 
 import mixprec
 from mixprec import hardware, pipelines
@@ -96,11 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         without, with_, hooks, calls = bench(name.strip(), args.size, repeat)
         lines.append(f"| {name} | {hooks} | {calls} | {without:.4f} | {with_:.4f} | {100 * (with_ / without - 1):+.2f}% |")
         print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        Path(args.out).write_text(text)
-    print(text)
-    return 0
+    return finish(lines, args.out)
 
 
 if __name__ == "__main__":

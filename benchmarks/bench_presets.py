@@ -21,9 +21,9 @@ import contextlib
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
+from _report import finish
 
 import mixprec
 from mixprec import hardware, pipelines
@@ -101,11 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {row['pipeline']} | {row['config']} | {row['median_s']:.3f} | {row['speedup']:.2f}x | "
                          f"{row['sqnr_db']:.1f} | {row['weight_ratio']:.3f} |")
             print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        Path(args.out).write_text(text)
-    print(text)
-    return 0
+    return finish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,19 @@ from realmodels_harness import Case, check_combination, combos, compare_generati
 NEW_TOKENS = 6
 
 
+def _greedy_case(model, ids: torch.Tensor, vocab_size: int) -> Case:
+    """Greedy generation of NEW_TOKENS tokens from ``ids``, compared step by step with fp32."""
+
+    def run():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False,
+                              eos_token_id=None, output_logits=True, return_dict_in_generate=True)
+
+    def compare(ref, out, tier):
+        return compare_generation(ref, out, tier, vocab_size=vocab_size)
+
+    return Case(model, {"": model}, run, compare).record_reference()
+
+
 @pytest.fixture(scope="module")
 def llama() -> Case:
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -25,16 +38,7 @@ def llama() -> Case:
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                          initializer_range=0.2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     model = LlamaForCausalLM(config).eval()
-    ids = torch.tensor([[1, 5, 9, 23, 42, 7, 64, 100]])
-
-    def run():
-        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False,
-                              eos_token_id=None, output_logits=True, return_dict_in_generate=True)
-
-    def compare(ref, out, tier):
-        return compare_generation(ref, out, tier, vocab_size=config.vocab_size)
-
-    return Case(model, {"": model}, run, compare).record_reference()
+    return _greedy_case(model, torch.tensor([[1, 5, 9, 23, 42, 7, 64, 100]]), config.vocab_size)
 
 
 @pytest.fixture(scope="module")
@@ -46,16 +50,7 @@ def t5() -> Case:
                       relative_attention_num_buckets=8, initializer_factor=1.5, feed_forward_proj="gated-gelu", decoder_start_token_id=0,
                       pad_token_id=0, eos_token_id=1)
     model = T5ForConditionalGeneration(config).eval()
-    ids = torch.tensor([[5, 9, 23, 42, 7, 64, 100, 1]])
-
-    def run():
-        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False,
-                              eos_token_id=None, output_logits=True, return_dict_in_generate=True)
-
-    def compare(ref, out, tier):
-        return compare_generation(ref, out, tier, vocab_size=config.vocab_size)
-
-    return Case(model, {"": model}, run, compare).record_reference()
+    return _greedy_case(model, torch.tensor([[5, 9, 23, 42, 7, 64, 100, 1]]), config.vocab_size)
 
 
 @pytest.fixture(scope="module")
