@@ -28,7 +28,9 @@ BF16_FP32 = Policy((Rule("*", storage="bf16", compute="fp32"),))
 
 def _check(prof: mixprec.Profile, noisy: str) -> None:
     stats = {s.module: s for s in prof.modules}
-    owners = [s for s in prof.modules if s.calls and _owns_weights(s.module)]
+    # Modules the policy leaves in fp32 (the weights a model's own dtype property reads,
+    # such as the flow decoder's final_proj) have no 16-bit copy to compare.
+    owners = [s for s in prof.modules if s.calls and _owns_weights(s.module) and "bf16" in (s.storage, s.compute)]
     assert owners and all(s.own_sqnr_db is not None for s in owners)
     # bf16 weights with fp32 arithmetic: about 50-56 dB per module
     assert min(s.own_sqnr_db for s in owners) > 40
