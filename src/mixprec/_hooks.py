@@ -171,6 +171,7 @@ class LeafCast:
                 kwargs = cast_floats(kwargs, dtype, min_ndim=min_ndim) if kwargs else kwargs
             return forward(*args, **kwargs)
 
+        functools.update_wrapper(wrapper, forward)  # inspect.signature(module.forward) stays the model's
         self.wrapper = wrapper
         self.active = True
         module.__dict__["forward"] = wrapper
