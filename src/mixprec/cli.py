@@ -564,7 +564,7 @@ def compare(run_a: Annotated[int, typer.Argument(help="Earlier run id.")], run_b
     store = _open_store(db)
     try:
         rows = compare_runs(store.load_run(run_a), store.load_run(run_b))
-    except StoreError as exc:
+    except (StoreError, ValueError) as exc:
         _fail(exc)
     if as_json:
         console.print_json(json.dumps(rows, default=str))
@@ -594,24 +594,23 @@ def gate_cmd(
     max_latency_regression: Annotated[str, typer.Option("--max-latency-regression")] = "10%",
     max_memory_increase: Annotated[str, typer.Option("--max-memory-increase")] = "0%",
     max_failure_rate: Annotated[str, typer.Option("--max-failure-rate")] = "1%",
+    allow_different_machine: Annotated[bool, typer.Option("--allow-different-machine",
+                                                          help="Gate against a baseline measured on another machine.")] = False,
     db: DbFlag = None,
 ) -> None:
     """Exit 1 and list every violation when a run regresses against a baseline (for CI)."""
-    from mixprec.bench.gate import Thresholds, gate, parse_percent
+    from mixprec.bench.gate import gate, thresholds_from_flags
     from mixprec.bench.store import StoreError
 
     try:
-        thresholds = Thresholds(
-            max_quality_drop=parse_percent(max_quality_drop, "--max-quality-drop"),
-            max_latency_regression=parse_percent(max_latency_regression, "--max-latency-regression"),
-            max_memory_increase=parse_percent(max_memory_increase, "--max-memory-increase"),
-            max_failure_rate=parse_percent(max_failure_rate, "--max-failure-rate"),
-        )
+        thresholds = thresholds_from_flags(max_quality_drop=max_quality_drop, max_latency_regression=max_latency_regression,
+                                           max_memory_increase=max_memory_increase, max_failure_rate=max_failure_rate)
     except ValueError as exc:
         _fail(exc)
     store = _open_store(db)
     try:
-        violations = gate(store.load_run(run_id), store.load_run(baseline), thresholds)
+        violations = gate(store.load_run(run_id), store.load_run(baseline), thresholds,
+                          allow_different_machine=allow_different_machine)
     except StoreError as exc:
         _fail(exc)
     if violations:

@@ -35,9 +35,44 @@ def test_pass_and_each_trigger():
 
 def test_parse_percent():
     assert parse_percent("5%", "--x") == pytest.approx(0.05)
-    assert parse_percent("0.1", "--x") == pytest.approx(0.1)
+    assert parse_percent(" 150% ", "--x") == pytest.approx(1.5)
     with pytest.raises(ValueError, match="--max-latency-regression 'ten': expected a percentage"):
         parse_percent("ten", "--max-latency-regression")
+    # A bare number is ambiguous: 5 was read as 500%.
+    with pytest.raises(ValueError, match=r"--max-quality-drop '5': give the unit, for example 5%"):
+        parse_percent("5", "--max-quality-drop")
+    with pytest.raises(ValueError, match=r"between 0% and 100%"):
+        parse_percent("500%", "--max-failure-rate", upper=1.0)
+    for bad in ("nan%", "inf%", "-1%"):
+        with pytest.raises(ValueError, match="finite percentage"):
+            parse_percent(bad, "--x")
+
+
+def _full(run_id, pipeline="tts", status="complete", fingerprint="f", **kwargs):
+    return {**_run(**kwargs), "id": run_id, "pipeline": pipeline, "size": "test", "status": status,
+            "machine_fingerprint": fingerprint}
+
+
+def test_gate_never_passes_what_it_could_not_check():
+    base = _full(1)
+    assert gate(_full(2), base, Thresholds()) == []
+    incomplete = gate(_full(2, status="incomplete"), base, Thresholds())
+    assert incomplete == ["run 2 is incomplete, not complete: it cannot be gated"]
+    other = gate(_full(2, pipeline="diffusion"), base, Thresholds())
+    assert any("pipeline 'diffusion', baseline 1 is 'tts'" in v for v in other)
+    elsewhere = gate(_full(2, fingerprint="g"), base, Thresholds())
+    assert any("another machine" in v and "--allow-different-machine" in v for v in elsewhere)
+    assert gate(_full(2, fingerprint="g"), base, Thresholds(), allow_different_machine=True) == []
+    fewer = _full(2)
+    fewer["configs"] = fewer["configs"][:1]
+    assert any("missing from the run: fast@1" in v for v in gate(fewer, base, Thresholds()))
+    partial = gate(_full(2) | {"configs": [{**c, "status": "partial"} for c in _full(2)["configs"]]}, base, Thresholds())
+    assert any("(partial)" in v for v in partial)
+
+
+def test_compare_refuses_different_pipelines():
+    with pytest.raises(ValueError, match="cannot compare these runs: run 2 is pipeline 'diffusion'"):
+        compare(_full(1), _full(2, pipeline="diffusion"))
 
 
 def test_compare_flags_changes_beyond_noise():
@@ -47,8 +82,8 @@ def test_compare_flags_changes_beyond_noise():
     assert not same["fast"]["latency_significant"]
 
 
-def _store_run(store, latency):
-    run_id = store.start_run(pipeline="tts", size="test", machine={"name": "m"}, fingerprint="f", versions={}, notes=[])
+def _store_run(store, latency, pipeline="tts"):
+    run_id = store.start_run(pipeline=pipeline, size="test", machine={"name": "m"}, fingerprint="f", versions={}, notes=[])
     for position, (name, snr) in enumerate((("fp32", float("inf")), ("fast", 30.0))):
         cid = store.add_config(run_id, position=position, name=name, batch=1)
         store.finish_config(cid, status="ok", metrics={"latency_median": latency, "snr_db": snr, "peak_mem_bytes": 1e8, "nonfinite": 0})
@@ -69,3 +104,13 @@ def test_gate_cli_exit_codes(tmp_path):
     assert missing.exit_code == 2 and "no run 99" in missing.output
     typo = runner.invoke(app, ["gate", str(same), "--baseline", str(base), "--db", db, "--max-quality-drop", "lots"])
     assert typo.exit_code == 2 and "--max-quality-drop 'lots'" in typo.output
+    bare = runner.invoke(app, ["gate", str(same), "--baseline", str(base), "--db", db, "--max-quality-drop", "5"])
+    assert bare.exit_code == 2 and "give the unit" in bare.output
+    rate = runner.invoke(app, ["gate", str(same), "--baseline", str(base), "--db", db, "--max-failure-rate", "500%"])
+    assert rate.exit_code == 2 and "between 0% and 100%" in rate.output
+    with Store(db) as store:
+        other = _store_run(store, 1.0, pipeline="diffusion")
+    refused = runner.invoke(app, ["compare", str(base), str(other), "--db", db])
+    assert refused.exit_code == 2 and "cannot compare these runs" in refused.output
+    different = runner.invoke(app, ["gate", str(other), "--baseline", str(base), "--db", db])
+    assert different.exit_code == 1 and "pipeline 'diffusion'" in different.output

@@ -13,19 +13,46 @@ from typing import Any
 
 from mixprec.bench.metrics import intervals_overlap
 
-__all__ = ["Thresholds", "gate", "compare", "main_quality", "parse_percent"]
+__all__ = ["Thresholds", "gate", "compare", "comparable", "main_quality", "parse_percent", "thresholds_from_flags"]
 
 
-def parse_percent(text: str, flag: str) -> float:
-    """``"5%"`` or ``"0.05"`` -> 0.05; errors name the flag."""
+def parse_percent(text: str, flag: str, *, upper: float | None = None) -> float:
+    """``"5%"`` -> 0.05; the unit is required and the value bounded; errors name the flag.
+
+    A bare number is refused: ``--max-quality-drop 5`` could mean 5% or 500%.
+
+    Args:
+        text: what the user wrote.
+        flag: the option's name, for the message.
+        upper: the largest allowed fraction (1.0 for rates: 100%); ``None`` for no bound.
+    """
     raw = str(text).strip()
+    if not raw.endswith("%"):
+        try:
+            float(raw)
+        except ValueError:
+            raise ValueError(f"{flag} {text!r}: expected a percentage such as 5%") from None
+        raise ValueError(f"{flag} {text!r}: give the unit, for example {raw}% (a bare number is ambiguous)")
     try:
-        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+        value = float(raw[:-1]) / 100
     except ValueError:
-        raise ValueError(f"{flag} {text!r}: expected a percentage such as 5% or a fraction such as 0.05") from None
-    if value < 0 or math.isnan(value):
-        raise ValueError(f"{flag} {text!r}: must be zero or more")
+        raise ValueError(f"{flag} {text!r}: expected a percentage such as 5%") from None
+    if math.isnan(value) or math.isinf(value) or value < 0:
+        raise ValueError(f"{flag} {text!r}: must be a finite percentage of 0% or more")
+    if upper is not None and value > upper:
+        raise ValueError(f"{flag} {text!r}: must be between 0% and {upper:.0%}")
     return value
+
+
+def thresholds_from_flags(*, max_quality_drop: str, max_latency_regression: str, max_memory_increase: str,
+                          max_failure_rate: str) -> "Thresholds":
+    """Thresholds from the CLI's flags: every one needs its unit; rates and drops are 0-100%."""
+    return Thresholds(
+        max_quality_drop=parse_percent(max_quality_drop, "--max-quality-drop", upper=1.0),
+        max_latency_regression=parse_percent(max_latency_regression, "--max-latency-regression"),
+        max_memory_increase=parse_percent(max_memory_increase, "--max-memory-increase"),
+        max_failure_rate=parse_percent(max_failure_rate, "--max-failure-rate", upper=1.0),
+    )
 
 
 @dataclass(frozen=True)
@@ -49,9 +76,43 @@ def _index(run: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
     return {(c["name"], c["batch"]): c for c in run["configs"]}
 
 
-def gate(run: dict[str, Any], baseline: dict[str, Any], thresholds: Thresholds) -> list[str]:
-    """Every violation of ``thresholds`` by ``run`` against ``baseline`` (empty: pass)."""
+def comparable(run: dict[str, Any], baseline: dict[str, Any], *, allow_different_machine: bool = False) -> list[str]:
+    """Why two runs cannot be compared: another pipeline, size, batch or machine."""
+    problems = []
+    for key, what in (("pipeline", "pipeline"), ("size", "size")):
+        if key in run and key in baseline and run[key] != baseline[key]:
+            problems.append(f"run {run.get('id', '?')} is {what} {run[key]!r}, baseline {baseline.get('id', '?')} is {baseline[key]!r}")
+    batches, base_batches = {c["batch"] for c in run["configs"]}, {c["batch"] for c in baseline["configs"]}
+    if batches and base_batches and not batches & base_batches:
+        problems.append(f"no batch in common: run has {sorted(batches)}, baseline {sorted(base_batches)}")
+    fp, base_fp = run.get("machine_fingerprint"), baseline.get("machine_fingerprint")
+    if not allow_different_machine and fp and base_fp and fp != base_fp:
+        problems.append(f"measured on another machine (fingerprint {fp} vs {base_fp}); "
+                        "pass --allow-different-machine to compare anyway")
+    return problems
+
+
+def gate(run: dict[str, Any], baseline: dict[str, Any], thresholds: Thresholds, *,
+         allow_different_machine: bool = False) -> list[str]:
+    """Every violation of ``thresholds`` by ``run`` against ``baseline`` (empty: pass).
+
+    A run that is not ``complete``, a baseline that is not comparable (see
+    :func:`comparable`), a configuration of the baseline missing from the run, and a
+    configuration with fewer samples than asked (``partial``) are violations too: the
+    gate never passes what it could not check.
+    """
     violations: list[str] = []
+    for label, which in (("run", run), ("baseline", baseline)):
+        status = which.get("status", "complete")
+        if status != "complete":
+            violations.append(f"{label} {which.get('id', '?')} is {status}, not complete: it cannot be gated")
+    violations += comparable(run, baseline, allow_different_machine=allow_different_machine)
+    if not run["configs"]:
+        violations.append(f"run {run.get('id', '?')} has no configuration")
+    missing = sorted(set(_index(baseline)) - set(_index(run)))
+    if missing:
+        violations.append("configurations of the baseline missing from the run: "
+                          + ", ".join(f"{name}@{batch}" for name, batch in missing))
     configs = run["configs"]
     failed = [c for c in configs if c["status"] != "ok" or (c["metrics"].get("nonfinite") or 0) > 0]
     rate = len(failed) / len(configs) if configs else 1.0
@@ -91,6 +152,9 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     ``latency_significant`` is true when the two medians' confidence intervals do not
     overlap: the change exceeds the measurement noise.
     """
+    problems = comparable(b, a, allow_different_machine=True)
+    if any("pipeline" in p or "size" in p for p in problems):
+        raise ValueError("cannot compare these runs: " + "; ".join(problems))
     rows = []
     index_a = _index(a)
     for key, cfg_b in _index(b).items():
