@@ -7,6 +7,7 @@ rich tables, ``--json`` gives machines the same data.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import sys
@@ -481,8 +482,8 @@ def bench(
         n_repeat, n_warmup = _as_int(repeat, "--repeat"), _as_int(warmup, "--warmup")
         if n_repeat < 1 or n_warmup < 0:
             raise ValueError(f"--repeat must be >= 1 and --warmup >= 0, got {n_repeat} and {n_warmup}")
-        if timeout <= 0:
-            raise ValueError(f"--timeout {timeout}: must be a positive number of seconds")
+        if not math.isfinite(timeout) or timeout <= 0:
+            raise ValueError(f"--timeout {timeout}: must be a finite, positive number of seconds")
         run_seed = _as_int(seed, "--seed")
         names = [_checked_pipeline(p.strip(), size, run_seed, batches[0], device) for p in pipeline.split(",") if p.strip()]
         hw = hardware.probe(device)

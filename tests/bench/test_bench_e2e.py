@@ -101,3 +101,40 @@ def test_unknown_pipeline_and_bad_flags_exit_2(tmp_path):
     result = runner.invoke(app, ["bench", "--pipeline", "tts", "--size", "test", "--db", str(tmp_path / "text.sqlite")])
     assert result.exit_code == 2 and "not a SQLite database" in result.output
     assert (tmp_path / "text.sqlite").read_text() == "hello"
+
+
+def test_a_run_is_complete_only_when_it_ran_to_its_end(tmp_path):
+    hw = hardware.probe()
+    specs, _ = parse_configs("fp32,memory", hw)
+    options = BenchOptions(pipeline="minilm", configs=specs, repeat=3, warmup=0, size="test")
+    with Store(tmp_path / "b.sqlite") as store:
+        # Cancelled after the first timed round: the configurations measured 1 of 3 runs.
+        seen = []
+        cancelled = run_bench(options, hw, store, progress=lambda d, n: seen.append(d),
+                              should_stop=lambda: sum("run " in d for d in seen) >= 2)
+        run = store.load_run(cancelled)
+        assert run["status"] == "cancelled"
+        assert {c["status"] for c in run["configs"]} == {"partial"}
+        assert all("of 3 timed runs" in c["error"] for c in run["configs"])
+
+        # A crash of the runner itself (here: in the progress callback) is never "complete".
+        def explode(description, n):
+            if "run " in description:
+                raise OverflowError("cannot convert float infinity to integer")
+
+        with pytest.raises(OverflowError):
+            run_bench(options, hw, store, progress=explode)
+        (crashed,) = [r for r in store.runs(10) if r["id"] != cancelled]
+        crashed_run = store.load_run(crashed["id"])
+        assert crashed_run["status"] == "failed"
+        assert any("runner failed: OverflowError" in n for n in crashed_run["notes"])
+        assert {c["status"] for c in crashed_run["configs"]} == {"partial"}
+
+
+def test_bench_refuses_a_timeout_that_is_not_finite(tmp_path):
+    runner = CliRunner()
+    for value in ("inf", "nan", "-1"):
+        result = runner.invoke(app, ["bench", "--pipeline", "minilm", "--size", "test", "--timeout", value,
+                                     "--db", str(tmp_path / "t.sqlite")])
+        assert result.exit_code == 2 and "must be a finite, positive number of seconds" in result.output
+    assert not (tmp_path / "t.sqlite").exists()

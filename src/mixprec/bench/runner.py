@@ -5,7 +5,9 @@ worker runs once to produce the reference output (and, for ``tts``, the speech t
 every other configuration is then teacher-forced on). Then warm-up rounds, then timed
 rounds: each round runs every configuration once, so the noise of a shared machine
 spreads over all of them. A configuration that raises, dies or exceeds its time limit
-is recorded as failed or timed out and the run goes on.
+is recorded as failed or timed out and the run goes on. A configuration cut short (the
+run cancelled or interrupted) is ``partial``, never ``ok``; a run is ``complete`` only
+when it ran to its end, and a crash of the runner itself stores it as ``failed``.
 """
 
 from __future__ import annotations
@@ -148,7 +150,7 @@ def run_bench(
     run_id = store.start_run(pipeline=options.pipeline, size=options.size, machine=hardware.to_dict(),
                              fingerprint=machine_fingerprint(hardware), versions=_versions(), notes=options.notes,
                              command=options.command)
-    status = "complete"
+    status, notes = "complete", None
     try:
         for batch in options.batches:
             _run_batch(options, batch, hardware, store, run_id, executor, step)
@@ -157,8 +159,12 @@ def run_bench(
     except KeyboardInterrupt:
         status = "incomplete"
         raise
+    except BaseException as exc:
+        # A crash of the runner itself: never stored as complete.
+        status, notes = "failed", [*options.notes, f"the benchmark runner failed: {type(exc).__name__}: {exc}"]
+        raise
     finally:
-        store.finish_run(run_id, status=status)
+        store.finish_run(run_id, status=status, notes=notes)
     return run_id
 
 
@@ -251,6 +257,11 @@ def _record(options: BenchOptions, batch: int, slots: list[_Slot], store: Store)
                 metrics["token_agreement"] = extras["token_agreement"]
             elif slot is reference and tokens is not None:
                 metrics["token_agreement"] = 1.0
-        status = slot.status if slot.status != "running" else "ok"
+        status, error = slot.status, slot.error
+        if status == "running":
+            # Cut short (cancel, Ctrl-C, a crash of the runner): "ok" only with every sample.
+            status = "ok" if len(slot.samples) == options.repeat else "partial"
+            if status == "partial":
+                error = f"stopped after {len(slot.samples)} of {options.repeat} timed runs"
         policy = slot.ready.get("policy") if slot.ready else None
-        store.finish_config(slot.config_id, status=status, metrics=metrics, error=slot.error, policy=policy)
+        store.finish_config(slot.config_id, status=status, metrics=metrics, error=error, policy=policy)
