@@ -20,7 +20,7 @@ from mixprec.backends import FlagReadError, Snapshot, describe, numerics, restor
 from mixprec.backends import apply_settings as apply_numerics
 from mixprec.config import ConfigError, Resolved, resolve
 from mixprec._profile import Profile, profile
-from mixprec._guard import FallbackStore, Guard, NonFiniteError, OverflowReport, Pin, PrecisionDtypeError, guard
+from mixprec._guard import FallbackStore, Guard, NonFiniteError, NonFiniteInputError, OverflowReport, Pin, PrecisionDtypeError, guard
 from mixprec._tune import Bound, TuneResult, parse_bound, tune
 from mixprec.policy import Policy, PolicyError, Rule
 from mixprec.presets import PRESETS, preset
@@ -31,6 +31,7 @@ __version__ = "0.1.0"
 __all__ = [
     "FallbackStore",
     "Guard",
+    "NonFiniteInputError",
     "Pin",
     "PrecisionDtypeError",
     "NonFiniteError",

@@ -159,7 +159,8 @@ class Applied:
             module.__dict__.pop("_apply", None)
         self._pinned.clear()
         for root in self.components.values():
-            root.__dict__.pop(_MARK, None)
+            for module in root.modules():
+                module.__dict__.pop(_MARK, None)
         if self._numerics is not None:
             backends.restore(self._numerics)
         self._active = False
@@ -348,8 +349,12 @@ def apply(
     for name, root in comps.items():
         for module in root.modules():
             if module.__dict__.get(_MARK):
+                # Every module of an applied tree is marked: a policy on a part of an
+                # applied model (or on a model containing an applied part) is refused;
+                # two policies casting the same tensors could not both revert exactly.
                 raise ApplyError(
-                    f"component {name or '(root)'!r} already has a mixprec policy applied; revert it before applying another"
+                    f"component {name or '(root)'!r} already has a mixprec policy applied to it or to a part of it "
+                    f"({type(module).__name__}); revert that one before applying another"
                 )
     plans = _validate(comps, policy, strict)
 
@@ -430,7 +435,8 @@ def _materialize(applied: Applied) -> None:
         applied.revert()
         raise
     for root in comps.values():
-        root.__dict__[_MARK] = True
+        for module in root.modules():
+            module.__dict__[_MARK] = True
 
 
 def _dtype_fn(plan: ModulePlan, by_module: dict[int, ModulePlan]) -> Callable[[], torch.dtype]:

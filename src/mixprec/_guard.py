@@ -34,7 +34,7 @@ from mixprec.hardware import Hardware, cache_dir, probe
 from mixprec.policy import Rule, iter_modules
 
 __all__ = [
-    "guard", "Guard", "NonFiniteError", "OverflowReport", "FallbackStore", "Pin", "PrecisionDtypeError", "DtypeErrorReport",
+    "guard", "Guard", "NonFiniteError", "NonFiniteInputError", "OverflowReport", "FallbackStore", "Pin", "PrecisionDtypeError", "DtypeErrorReport",
     "fingerprint", "entry_methods", "GUARD_MODES", "ON_NONFINITE",
 ]
 
@@ -94,6 +94,15 @@ class NonFiniteError(RuntimeError):
     def __init__(self, report: OverflowReport, note: str = ""):
         self.report = report
         super().__init__(f"non-finite output: {report}" + (f"; {note}" if note else ""))
+
+
+class NonFiniteInputError(ValueError):
+    """A guarded call received NaN or inf: the input is bad, no module or precision is to blame."""
+
+    def __init__(self, component: str, argument: str):
+        self.component, self.argument = component, argument
+        super().__init__(f"component {component!r} was called with non-finite values in {argument}: the input is bad, "
+                         "not the precision; nothing was pinned or changed")
 
 
 # -- finiteness -------------------------------------------------------------------------
@@ -397,7 +406,8 @@ class Guard:
         return wanted
 
     def _pin(self, pins: list[Pin]) -> None:
-        rules = tuple(Rule(_exact(p.module), storage=p.dtype, keep_fp32=p.dtype == "fp32" or None,
+        # A bare model is the component "": its whole-model scope is every module ("*").
+        rules = tuple(Rule(_exact(p.module) if p.module else "*", storage=p.dtype, keep_fp32=p.dtype == "fp32" or None,
                            reason=f"guard {p.source}: {p.module} -> {p.dtype}" + (f" ({p.reason})" if p.reason else ""))
                       for p in pins)
         self.applied.reapply(self.applied.policy.with_rules(*rules))
@@ -511,6 +521,11 @@ class Guard:
         return None
 
     def _handle(self, cname: str, root: nn.Module, call: _Call, output: Any) -> Any:
+        # The input first: NaN in, NaN out is no module's fault, and widening cannot fix it.
+        for label, value in [*((f"argument {i}", a) for i, a in enumerate(call.args)),
+                             *((f"argument {k!r}", v) for k, v in call.kwargs.items())]:
+            if not all_finite(value):
+                raise NonFiniteInputError(cname or "(root)", label)
         report = self.localise(cname, root, call)
         self.reports.append(report)
         if self.on_nonfinite == "raise":

@@ -17,6 +17,7 @@ import html
 import ipaddress
 import json
 import math
+import os
 import time
 import warnings
 from typing import Any, Callable, Sequence
@@ -199,7 +200,10 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
         texts.append((component, spec))
         return component
 
-    with gr.Blocks(title=t("app.title", lang)) as demo:
+    # A local tool does not phone home: Gradio's usage analytics stay off unless the user
+    # turned them on (GRADIO_ANALYTICS_ENABLED=True).
+    analytics = os.environ.get("GRADIO_ANALYTICS_ENABLED", "").strip().lower() in ("1", "true", "yes")
+    with gr.Blocks(title=t("app.title", lang), analytics_enabled=analytics) as demo:
         cache = gr.State({})
         with gr.Row():
             header = gr.HTML(_header(lang), elem_id="header-box")
