@@ -89,3 +89,54 @@ def test_gradio_analytics_are_off_unless_asked_for(monkeypatch):
     assert build_app("en").analytics_enabled is False
     monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", "True")
     assert build_app("en").analytics_enabled is True
+
+
+def test_disk_originals_that_vanished_leave_the_model_applied_and_say_so():
+    import shutil
+
+    model = overflowing_lyric_encoder()
+    applied = mixprec.apply(model, Policy((Rule("*", storage="bf16"),)), keep_original="disk")
+    shutil.rmtree(applied._disk.name)
+    with pytest.raises(mixprec.RevertError, match="cannot read the original weights back .* the policy is still applied"):
+        applied.revert()
+    assert applied.active and model.blocks[0].mlp.up.dtype == torch.bfloat16
+    with torch.no_grad():
+        model(tokens())  # hooks still in place: it still runs
+
+
+def test_binary_config_files_name_the_file_and_byte(tmp_path, clean_env):
+    env = tmp_path / ".env"
+    env.write_bytes(b"MIXPREC_FLOAT32_MATMUL_PRECISION=\xff\xfehigh\n")
+    with pytest.raises(mixprec.ConfigError, match=r"\.env: not a UTF-8 text \.env file \(byte 33 is 0xff\)"):
+        mixprec.init(env_file=env)
+    toml = tmp_path / "mixprec.toml"
+    toml.write_bytes(b"\x00\x81binary")
+    with pytest.raises(mixprec.ConfigError, match=r"mixprec.toml: not a UTF-8 text config file \(byte 1 is 0x81\)"):
+        mixprec.init(config_file=toml)
+    policy = tmp_path / "p.toml"
+    policy.write_bytes(b"\x89PNG\r\n")
+    with pytest.raises(mixprec.PolicyError, match=r"p.toml: not a UTF-8 text file \(byte 0 is 0x89\)"):
+        Policy.load(policy)
+
+
+def test_error_listings_are_capped_and_long_values_clipped(tmp_path, clean_env):
+    env = tmp_path / ".env"
+    env.write_text("\n".join(f"bad line {i} ===" for i in range(5000)) + "\n")
+    with pytest.raises(mixprec.ConfigError) as excinfo:
+        mixprec.init(env_file=env)
+    message = str(excinfo.value)
+    assert message.count("malformed .env line") == 20 and "... and 4980 more problems" in message
+    clean_env.setenv("MIXPREC_FLOAT32_MATMUL_PRECISION", "x" * 100_000)
+    clean_env.setenv("MIXPREC_CONV_TF32", "y" * 100_000)
+    with pytest.raises(mixprec.ConfigError) as excinfo:
+        mixprec.init()
+    assert len(str(excinfo.value)) < 2_000 and "characters)" in str(excinfo.value)
+
+
+def test_cli_errors_print_paths_as_given(tmp_path):
+    from typer.testing import CliRunner
+
+    from mixprec.cli import app
+
+    result = CliRunner().invoke(app, ["explain", "--pipeline", "tts", "--size", "test", "--policy", "[red]p.toml"])
+    assert result.exit_code == 2 and "[red]p.toml" in result.output

@@ -152,6 +152,23 @@ class Applied:
         """
         if not self._active:
             raise RevertError("this policy was already reverted")
+        loaded: dict[str, torch.Tensor] = {}
+        if self._disk is not None and self.keep_original != "none":
+            # Read the originals back before anything is undone: if they are gone, the
+            # model stays applied (and says so) rather than silently keeping 16-bit weights.
+            from safetensors.torch import load_file
+
+            path = Path(self._disk.name) / "originals.safetensors"
+            try:
+                loaded = load_file(str(path))
+            except Exception as exc:  # OSError, or safetensors' own error for a damaged file
+                raise RevertError(f"cannot read the original weights back from {path} ({type(exc).__name__}: {exc}); "
+                                  f"the policy is still applied and nothing was changed; {len(self._originals)} tensors "
+                                  "have no other copy: reload the model from its checkpoint") from None
+            missing = [key for key in self._originals if str(key) not in loaded]
+            if missing:
+                raise RevertError(f"{path} lacks {len(missing)} of the {len(self._originals)} original tensors; the policy "
+                                  "is still applied and nothing was changed: reload the model from its checkpoint")
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -169,11 +186,6 @@ class Applied:
                 "hooks and patches removed, but the original weights were not kept (keep_original='none'); "
                 "reload the model, or apply with keep_original='cpu' or 'disk'"
             )
-        loaded: dict[str, torch.Tensor] = {}
-        if self._disk is not None:
-            from safetensors.torch import load_file
-
-            loaded = load_file(str(Path(self._disk.name) / "originals.safetensors"))
         for key, (tensor, saved) in self._originals.items():
             original, device = (loaded[str(key)], saved) if self._disk is not None else saved
             original = original.to(device)

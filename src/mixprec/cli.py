@@ -11,10 +11,11 @@ import math
 import os
 import platform
 import sys
-from pathlib import Path
 from importlib import metadata
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
+import rich.markup
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -59,7 +60,9 @@ def _cli_values(matmul: str | None, conv: str | None, fp16: str | None, bf16: st
 
 
 def _fail(exc: Exception) -> None:
-    err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+    # The message repeats what the user passed (paths, values): printed as is, never as
+    # Rich markup ("[red]p.toml" must not become "p.toml").
+    err_console.print("[bold red]error:[/] " + rich.markup.escape(str(exc)), highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
 
 

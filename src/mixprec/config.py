@@ -52,7 +52,10 @@ class ConfigError(ValueError):
     def __init__(self, problems: list[str]):
         self.problems = list(problems)
         head = "invalid mixprec configuration; nothing was applied:" if len(problems) > 1 else "invalid mixprec configuration; nothing was applied: "
-        body = "\n  - " + "\n  - ".join(problems) if len(problems) > 1 else problems[0]
+        shown = [_clip(p) for p in problems[:MAX_LISTED]]
+        if len(problems) > MAX_LISTED:
+            shown.append(f"... and {len(problems) - MAX_LISTED} more problems")
+        body = "\n  - " + "\n  - ".join(shown) if len(problems) > 1 else shown[0]
         super().__init__(head + body)
 
 
@@ -163,6 +166,16 @@ def env_names(option: Option, app: str | None) -> list[str]:
     return names + [f"{ENV_PREFIX}_{option.env}"]
 
 
+#: Problems listed in one error; the rest are counted.
+MAX_LISTED = 20
+#: Characters of a value or line quoted in a message.
+MAX_QUOTED = 200
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= 2 * MAX_QUOTED else f"{text[:MAX_QUOTED]}... ({len(text)} characters)"
+
+
 @dataclass
 class _Collector:
     values: dict[str, Setting] = field(default_factory=dict)
@@ -178,14 +191,22 @@ class _Collector:
         self.values[option.key] = Setting(option, value, source, raw)
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def read_text(path: Path, what: str) -> str:
+    """A UTF-8 text file, or a :class:`ConfigError` naming the file and the first bad byte."""
     try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{path}: not a UTF-8 text {what} (byte {exc.start} is {exc.object[exc.start]:#04x})"]) from None
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read {what}: {exc.strerror}"]) from None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    text = read_text(path, "config file")
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{path}: malformed TOML: {exc}"]) from None
-    except OSError as exc:
-        raise ConfigError([f"{path}: cannot read config file: {exc.strerror}"]) from None
 
 
 def _file_layer(paths: list[Path], col: _Collector) -> list[str]:
@@ -224,10 +245,7 @@ def _config_paths(config_file: str | os.PathLike[str] | None, search_dir: Path) 
 
 
 def _dotenv_layer(path: Path, app: str | None, col: _Collector) -> bool:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError([f"{path}: cannot read .env file: {exc.strerror}"]) from None
+    text = read_text(path, ".env file")
     entries: dict[str, tuple[str | None, int]] = {}
     for binding in parse_stream(io.StringIO(text)):
         if binding.error:

@@ -275,7 +275,9 @@ class Policy:
         """Read a policy from a ``.toml`` or ``.json`` file."""
         p = Path(path)
         try:
-            text = p.read_text(encoding="utf-8")
+            text = p.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PolicyError(f"policy file {p}: not a UTF-8 text file (byte {exc.start} is {exc.object[exc.start]:#04x})") from None
         except OSError as exc:
             raise PolicyError(f"cannot read policy file {p}: {exc.strerror}") from None
         if p.suffix.lower() == ".json":
