@@ -140,3 +140,38 @@ def test_cli_errors_print_paths_as_given(tmp_path):
 
     result = CliRunner().invoke(app, ["explain", "--pipeline", "tts", "--size", "test", "--policy", "[red]p.toml"])
     assert result.exit_code == 2 and "[red]p.toml" in result.output
+
+
+def test_outputs_and_inputs_are_checked_before_any_work(tmp_path):
+    import os
+
+    from typer.testing import CliRunner
+
+    from mixprec.cli import app
+
+    runner = CliRunner()
+    folder = tmp_path / "a-dir"
+    folder.mkdir()
+    afile = tmp_path / "plain.txt"
+    afile.write_text("x")
+    db = str(tmp_path / "s.sqlite")
+    cases = [
+        (["bench", "--pipeline", "minilm", "--size", "test", "--db", str(folder)], "--db", "is a directory"),
+        (["bench", "--pipeline", "minilm", "--size", "test", "--db", str(afile / "x.sqlite")], "--db", "is a file, not a directory"),
+        (["bench", "--pipeline", "minilm", "--size", "test", "--db", db, "--html", str(folder)], "--html", "is a directory"),
+        (["bench", "--pipeline", "minilm", "--size", "test", "--db", db, "--json", str(tmp_path / "no" / "r.json")], "--json", "does not exist"),
+        (["bench", "--pipeline", "", "--db", db], "--pipeline ''", "at least one pipeline"),
+        (["tune", "--pipeline", "minilm", "--size", "test", "--db", db, "--out", str(folder)], "--out", "is a directory"),
+        (["tune", "--pipeline", "minilm", "--size", "test", "--db", db, "--bound", "sqnr>=1e999"], "1e999", "not a finite number"),
+        (["run", "--pipeline", "minilm", "--size", "test", "--out", str(folder)], "--out", "is a directory"),
+    ]
+    for args, what, why in cases:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert what in result.output and why in result.output, (args, result.output)
+    assert not os.path.exists(db)  # refused before the store was created
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        result = runner.invoke(app, ["bench", "--pipeline", "minilm", "--size", "test", "--db", str(locked / "s.sqlite")])
+        assert result.exit_code == 2 and "cannot create files" in result.output

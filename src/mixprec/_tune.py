@@ -107,7 +107,10 @@ def parse_bound(text: str | Bound) -> Bound:
     metric, op, number = match.groups()
     if metric not in METRICS:
         raise ValueError(f"bound {text!r}: unknown metric {metric!r}; expected {_GRAMMAR}; metrics: {valid}")
-    return Bound(metric, op, float(number))
+    value = float(number)
+    if not math.isfinite(value):
+        raise ValueError(f"bound {text!r}: {number} is not a finite number (1e999 overflows to infinity); give a finite threshold")
+    return Bound(metric, op, value)
 
 
 # -- evaluators -----------------------------------------------------------------------------

@@ -385,6 +385,7 @@ def run(
     from mixprec import pipelines
 
     try:
+        _writable_path(out, "--out")
         result = pipelines.run_to_file(pipeline, out, seed=_as_int(seed, "--seed"), batch=_as_int(batch, "--batch"), size=size)
     except (ValueError, NotImplementedError) as exc:
         _fail(exc)
@@ -394,12 +395,33 @@ def run(
 DbFlag = Annotated[Optional[str], typer.Option("--db", help="SQLite file (default: bench.sqlite in the user data dir, or MIXPREC_DB).")]
 
 
+def _writable_path(path: str | None, flag: str) -> None:
+    """Refuse, before any work, an output path that cannot be written (a whole search or run would be lost)."""
+    if path is None:
+        return
+    if not path.strip():
+        raise ValueError(f"{flag}: empty path")
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise ValueError(f"{flag} {path!r}: is a directory; give a file name")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.exists():
+        raise ValueError(f"{flag} {path!r}: directory {str(parent)!r} does not exist")
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path!r}: {str(parent)!r} is a file, not a directory")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise ValueError(f"{flag} {path!r}: the file is not writable")
+    if not target.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path!r}: cannot create files in {str(parent)!r}")
+
+
 def _open_store(db: str | None):
     from mixprec.bench.store import Store, StoreError
 
     try:
+        _writable_path(db, "--db")
         return Store(db)
-    except StoreError as exc:
+    except (StoreError, ValueError) as exc:
         _fail(exc)
 
 
@@ -488,6 +510,10 @@ def bench(
         if not math.isfinite(timeout) or timeout <= 0:
             raise ValueError(f"--timeout {timeout}: must be a finite, positive number of seconds")
         run_seed = _as_int(seed, "--seed")
+        for flag, path in (("--html", html), ("--json", json_out), ("--csv", csv_out)):
+            _writable_path(path, flag)
+        if not any(p.strip() for p in pipeline.split(",")):
+            raise ValueError(f"--pipeline {pipeline!r}: give at least one pipeline (see mixprec pipelines)")
         names = [_checked_pipeline(p.strip(), size, run_seed, batches[0], device) for p in pipeline.split(",") if p.strip()]
         hw = hardware.probe(device)
         specs, notes = parse_configs(configs, hw)
@@ -662,6 +688,10 @@ def tune_cmd(
         n_repeat = _as_int(repeat, "--repeat")
         if n_repeat < 1:
             raise ValueError(f"--repeat {repeat!r}: expected at least 1")
+        _writable_path(out, "--out")
+        _writable_path(html, "--html")
+        if not pipeline.strip():
+            raise ValueError(f"--pipeline {pipeline!r}: give a pipeline (see mixprec pipelines)")
         pipeline = _checked_pipeline(pipeline, size, 0, 1, None)
     except (ValueError, NotImplementedError) as exc:
         _fail(exc)
