@@ -161,6 +161,7 @@ def test_outputs_and_inputs_are_checked_before_any_work(tmp_path):
         (["bench", "--pipeline", "minilm", "--size", "test", "--db", db, "--html", str(folder)], "--html", "is a directory"),
         (["bench", "--pipeline", "minilm", "--size", "test", "--db", db, "--json", str(tmp_path / "no" / "r.json")], "--json", "does not exist"),
         (["bench", "--pipeline", "", "--db", db], "--pipeline ''", "at least one pipeline"),
+        (["bench", "--pipeline", "minilm", "--size", "huge", "--db", db], "'huge'", "valid sizes: default, test"),
         (["tune", "--pipeline", "minilm", "--size", "test", "--db", db, "--out", str(folder)], "--out", "is a directory"),
         (["tune", "--pipeline", "minilm", "--size", "test", "--db", db, "--bound", "sqnr>=1e999"], "1e999", "not a finite number"),
         (["run", "--pipeline", "minilm", "--size", "test", "--out", str(folder)], "--out", "is a directory"),
@@ -175,3 +176,19 @@ def test_outputs_and_inputs_are_checked_before_any_work(tmp_path):
         locked.mkdir(mode=0o500)
         result = runner.invoke(app, ["bench", "--pipeline", "minilm", "--size", "test", "--db", str(locked / "s.sqlite")])
         assert result.exit_code == 2 and "cannot create files" in result.output
+
+
+def test_a_submodule_shared_by_two_components_is_stored_in_the_wider_dtype_with_a_warning():
+    shared = torch.nn.Linear(4, 4)
+    a, b = torch.nn.Sequential(shared, torch.nn.ReLU()), torch.nn.Sequential(torch.nn.Linear(4, 4), shared)
+    before = shared.weight.detach().clone()
+    policy = Policy((Rule("a", storage="bf16"), Rule("b", storage="fp16")))
+    with pytest.warns(UserWarning, match=r"shared by a\.0, b\.1 planned as bf16, fp16: stored in bf16"):
+        applied = mixprec.apply({"a": a, "b": b}, policy)
+    assert shared.weight.dtype == torch.bfloat16
+    rows = {r["module"]: r for r in applied.explain()}
+    assert rows["a.0"]["storage"] == rows["b.1"]["storage"] == "bf16"  # explain tells the truth
+    with torch.no_grad():
+        assert torch.isfinite(b(torch.randn(2, 4))).all()
+    applied.revert()
+    assert shared.weight.dtype == torch.float32 and torch.equal(shared.weight, before)

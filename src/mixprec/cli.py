@@ -438,6 +438,9 @@ def _checked_pipeline(name: str, size: str, seed: int, batch: int, device: str |
     if not pipelines.is_factory_spec(name):
         if name not in pipelines.available():
             pipelines.get(name)  # raises the registry's error, which lists the pipelines
+        if size not in ("default", "test"):
+            pipelines.get(name, size=size, seed=seed)  # an unknown size: the pipeline's own error, before any worker
+            gc.collect()
         return name
     spec = pipelines.normalize_spec(name)
     pipe = pipelines.get(spec, size=size, seed=seed, **({"device": device} if device else {}))
