@@ -488,7 +488,7 @@ def bench(
     batch: Annotated[str, typer.Option("--batch", help="Comma-separated batch sizes.")] = "1",
     repeat: Annotated[str, typer.Option("--repeat", help="Timed runs per configuration.")] = "3",
     warmup: Annotated[str, typer.Option("--warmup", help="Untimed runs first.")] = "1",
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds each configuration may spend running, per batch size.")] = 60.0,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", help="Seconds each configuration may spend running, per batch size (default: 20x the fp32 reference's measured time, at least 30 s; the reference itself is not timed out).")] = None,
     size: SizeFlag = "default",
     seed: Annotated[str, typer.Option("--seed", help="Seed of weights and inputs.")] = "0",
     device: Annotated[str, typer.Option("--device", help="cpu or cuda")] = "cpu",
@@ -510,7 +510,7 @@ def bench(
         n_repeat, n_warmup = _as_int(repeat, "--repeat"), _as_int(warmup, "--warmup")
         if n_repeat < 1 or n_warmup < 0:
             raise ValueError(f"--repeat must be >= 1 and --warmup >= 0, got {n_repeat} and {n_warmup}")
-        if not math.isfinite(timeout) or timeout <= 0:
+        if timeout is not None and (not math.isfinite(timeout) or timeout <= 0):
             raise ValueError(f"--timeout {timeout}: must be a finite, positive number of seconds")
         run_seed = _as_int(seed, "--seed")
         for flag, path in (("--html", html), ("--json", json_out), ("--csv", csv_out)):

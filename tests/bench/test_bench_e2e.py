@@ -70,6 +70,9 @@ def test_crashing_and_slow_configurations_are_recorded_and_the_run_goes_on(tmp_p
         assert by_name["memory"]["status"] == "failed" and "no-such-pipeline" in by_name["memory"]["error"]
         assert by_name["fp32"]["status"] == "ok" and by_name["fast"]["status"] == "ok"
         assert run["status"] == "complete"
+        # No --timeout: the limit follows the reference's measured time, and says so.
+        (limit,) = [n for n in run["notes"] if n.startswith("batch 1: time limit")]
+        assert "x the fp32 reference's" in limit and "the reference itself is not timed out" in limit
 
         slow = run_bench(BenchOptions(pipeline="minilm", configs=specs[:2], repeat=2, warmup=0, size="test", timeout=1e-4),
                          hw, store)

@@ -30,6 +30,12 @@ from mixprec.hardware import Hardware
 __all__ = ["BenchOptions", "BenchCancelled", "run_bench", "machine_fingerprint"]
 
 LOAD_TIMEOUT_S = 600.0
+#: Safety cap on the fp32 reference when no --timeout is given (it is never timed out otherwise).
+REFERENCE_LIMIT_S = 3600.0
+#: Without --timeout, a configuration may take this many times the reference's measured time ...
+RELATIVE_LIMIT = 20.0
+#: ... and at least this many seconds.
+MIN_LIMIT_S = 30.0
 
 
 @dataclass
@@ -42,7 +48,11 @@ class BenchOptions:
         batches: batch sizes.
         repeat: timed runs per configuration and batch.
         warmup: untimed runs before them.
-        timeout: seconds each configuration may spend in its runs (per batch size).
+        timeout: seconds each configuration may spend in its runs (per batch size), the
+            reference included; ``None`` (the default): the fp32 reference is not timed out
+            (a one-hour safety cap) and every other configuration may take
+            :data:`RELATIVE_LIMIT` times the reference's measured time, at least
+            :data:`MIN_LIMIT_S`: a limit that follows the machine, not a constant.
         size: pipeline size (``default`` or ``test``).
         seed: seed of weights and inputs (identical in every worker).
         device: ``cpu`` or ``cuda``.
@@ -54,7 +64,7 @@ class BenchOptions:
     batches: list[int] = field(default_factory=lambda: [1])
     repeat: int = 3
     warmup: int = 1
-    timeout: float = 60.0
+    timeout: float | None = None
     size: str = "default"
     seed: int = 0
     device: str = "cpu"
@@ -150,10 +160,10 @@ def run_bench(
     run_id = store.start_run(pipeline=options.pipeline, size=options.size, machine=hardware.to_dict(),
                              fingerprint=machine_fingerprint(hardware), versions=_versions(), notes=options.notes,
                              command=options.command)
-    status, notes = "complete", None
+    status, notes = "complete", list(options.notes)
     try:
         for batch in options.batches:
-            _run_batch(options, batch, hardware, store, run_id, executor, step)
+            notes += _run_batch(options, batch, hardware, store, run_id, executor, step)
     except BenchCancelled:
         status = "cancelled"
     except KeyboardInterrupt:
@@ -161,7 +171,8 @@ def run_bench(
         raise
     except BaseException as exc:
         # A crash of the runner itself: never stored as complete.
-        status, notes = "failed", [*options.notes, f"the benchmark runner failed: {type(exc).__name__}: {exc}"]
+        status = "failed"
+        notes.append(f"the benchmark runner failed: {type(exc).__name__}: {exc}")
         raise
     finally:
         store.finish_run(run_id, status=status, notes=notes)
@@ -169,7 +180,9 @@ def run_bench(
 
 
 def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Store, run_id: int,
-               executor: Executor, step: Callable[[str, int], None]) -> None:
+               executor: Executor, step: Callable[[str, int], None]) -> list[str]:
+    """Measure one batch size; returns notes for the run (the time limits chosen)."""
+    notes: list[str] = []
     slots: list[_Slot] = []
     for position, spec in enumerate(options.configs):
         slot = _Slot(spec, store.add_config(run_id, position=position, name=spec.name, batch=batch))
@@ -185,13 +198,23 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
             step(f"batch {batch}: loaded {slot.spec.name}", 0)
 
         reference = slots[0]
+        ref_limit = options.timeout if options.timeout is not None else REFERENCE_LIMIT_S
         if reference.alive:
-            reference.first = _call(reference, store, options.timeout, "run", {"want_output": True})
+            reference.first = _call(reference, store, ref_limit, "run", {"want_output": True})
             step(f"batch {batch}: fp32 reference", 1)
+        limit = options.timeout
+        if limit is None:
+            per_run = (reference.first or {}).get("seconds")
+            runs = options.warmup + options.repeat + 1
+            limit = max(MIN_LIMIT_S, RELATIVE_LIMIT * per_run * runs) if per_run else REFERENCE_LIMIT_S
+            notes.append(f"batch {batch}: time limit {limit:.0f} s per configuration"
+                         + (f" ({RELATIVE_LIMIT:g}x the fp32 reference's {per_run:.2f} s per run over {runs} runs, "
+                            f"at least {MIN_LIMIT_S:g} s)" if per_run else "")
+                         + "; the reference itself is not timed out")
         tokens = (reference.first or {}).get("extras", {}).get("speech_tokens")
         for slot in slots[1:]:
             if slot.alive:
-                _call(slot, store, options.timeout, "reference", tokens)
+                _call(slot, store, limit, "reference", tokens)
 
         for round_index in range(options.warmup + options.repeat):
             timed = round_index >= options.warmup
@@ -199,7 +222,7 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
                 if not slot.alive or (slot is reference and round_index == 0 and options.warmup > 0):
                     continue  # fp32's reference run was its first warm-up
                 want = slot.first is None
-                result = _call(slot, store, options.timeout, "run", {"want_output": want})
+                result = _call(slot, store, ref_limit if slot is reference else limit, "run", {"want_output": want})
                 if result is None:
                     continue
                 if want:
@@ -211,12 +234,13 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
 
         for slot in slots:
             if slot.alive:
-                slot.done = _call(slot, store, options.timeout + 60, "finish") or {}
+                slot.done = _call(slot, store, (ref_limit if slot is reference else limit) + 60, "finish") or {}
     finally:
         _record(options, batch, slots, store)
         for slot in slots:
             if slot.worker is not None:
                 slot.worker.close()
+    return notes
 
 
 def _record(options: BenchOptions, batch: int, slots: list[_Slot], store: Store) -> None:
