@@ -65,3 +65,24 @@ def overflowing_lyric_encoder(seed: int = 0) -> LyricEncoder:
 
 def tokens(seed: int = 0) -> torch.Tensor:
     return torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(seed))
+
+
+class OverflowingMLP(nn.Module):
+    """Its first layer reaches 8e4 (inf in fp16); the result is scaled back into range."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(4, 8)
+        self.down = nn.Linear(8, 4)
+        with torch.no_grad():
+            self.up.weight.fill_(2e4)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)) * 1e-3)
+
+
+class KeywordOnlyMLP(OverflowingMLP):
+    """The same, called only with keyword arguments (``m(x=x)``)."""
+
+    def forward(self, *, x):
+        return super().forward(x)

@@ -19,8 +19,8 @@ from mixprec import backends
 from mixprec._guard import FallbackStore
 from mixprec.policy import Policy, Rule
 
-from guard_models import overflowing_lyric_encoder, tokens
-from realcode_models import Cond, tiny_tts, tts_inputs
+from guard_models import KeywordOnlyMLP, overflowing_lyric_encoder, tokens
+from realcode_models import tiny_tts, tts_inputs
 from spectral_models import spectral_vocoder
 
 BF16 = Policy((Rule("*", storage="bf16"),), name="bf16")
@@ -262,18 +262,7 @@ def test_fallback_rerun_draws_the_same_noise_as_a_clean_run(store):
 
 
 def test_a_keyword_only_call_is_rerun_with_the_callers_fp32_inputs(store):
-    class KeywordOnly(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.up = torch.nn.Linear(4, 8)
-            self.down = torch.nn.Linear(8, 4)
-            with torch.no_grad():
-                self.up.weight.fill_(2e4)  # 8e4 in fp16: inf
-
-        def forward(self, *, x):
-            return self.down(torch.relu(self.up(x)) * 1e-3)
-
-    model = KeywordOnly()
+    model = KeywordOnlyMLP()
     x = torch.ones(2, 4)
     with torch.no_grad():
         expected = model(x=x)

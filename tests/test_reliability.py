@@ -11,21 +11,9 @@ import mixprec
 from mixprec._guard import FallbackStore
 from mixprec.policy import Policy, Rule
 
-from guard_models import overflowing_lyric_encoder, tokens
+from guard_models import OverflowingMLP, overflowing_lyric_encoder, tokens
 
 FP16 = Policy((Rule("*", storage="fp16"),))
-
-
-class Overflowing(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.up = torch.nn.Linear(4, 8)
-        self.down = torch.nn.Linear(8, 4)
-        with torch.no_grad():
-            self.up.weight.fill_(2e4)  # 8e4 in fp16: inf
-
-    def forward(self, x):
-        return self.down(torch.relu(self.up(x)) * 1e-3)
 
 
 @pytest.fixture
@@ -50,7 +38,7 @@ def test_nonfinite_input_is_blamed_not_a_module(store, bad, mode):
 
 
 def test_fallback_works_on_a_bare_module(store):
-    model = Overflowing()
+    model = OverflowingMLP()
     x = torch.ones(2, 4)
     with torch.no_grad():
         expected = model(x)
