@@ -15,10 +15,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-import rich.markup
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 import mixprec
 from mixprec.config import ConfigError
@@ -62,7 +62,7 @@ def _cli_values(matmul: str | None, conv: str | None, fp16: str | None, bf16: st
 def _fail(exc: Exception) -> None:
     # The message repeats what the user passed (paths, values): printed as is, never as
     # Rich markup ("[red]p.toml" must not become "p.toml").
-    err_console.print("[bold red]error:[/] " + rich.markup.escape(str(exc)), highlight=False, soft_wrap=True)
+    err_console.print(Text.assemble(("error:", "bold red"), " ", str(exc)), highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
 
 
@@ -775,13 +775,12 @@ def ui_cmd(
     lang: Annotated[str, typer.Option("--lang", help="Initial language: en, zh, ja or he.")] = "en",
 ) -> None:
     """Serve the web UI: run, benchmark, diagnose and tune in the browser (needs pip install 'mixprec\\[ui]')."""
-    from rich.markup import escape
 
     try:
         from mixprec.ui.app import launch
         from mixprec.ui.i18n import check_language
     except ImportError as exc:
-        _fail(ImportError(escape(str(exc))))
+        _fail(exc)
     try:
         check_language(lang)
     except ValueError as exc:
