@@ -180,3 +180,16 @@ def test_a_submodule_shared_by_two_components_is_stored_in_the_wider_dtype_with_
         assert torch.isfinite(b(torch.randn(2, 4))).all()
     applied.revert()
     assert shared.weight.dtype == torch.float32 and torch.equal(shared.weight, before)
+
+
+def test_the_ui_shows_stores_without_creating_them_and_survives_absurd_paths(tmp_path):
+    pytest.importorskip("gradio")
+    from mixprec.ui.bench_tab import list_runs, show_run
+
+    new = tmp_path / "sub" / "new.sqlite"
+    text = show_run(str(new), 1, lang="en")
+    assert "new.sqlite" in text and not new.exists() and not new.parent.exists()
+    long = "/tmp/" + "x" * 100_000
+    text, choices = list_runs(long, lang="en")
+    assert choices == [] and len(text) < 2_000
+    assert len(show_run(long, 1, lang="en")) < 2_000

@@ -82,13 +82,13 @@ def list_runs(path: str | None, *, lang: str = DEFAULT_LANGUAGE) -> tuple[str, l
     from mixprec.bench.store import Store, StoreError
 
     where = store_location(path)
-    if not Path(where).is_file():
-        return t("bench.none", lang, path=where), []
     try:
+        if not Path(where).is_file():
+            return t("bench.none", lang, path=_short(where)), []
         with Store(where) as store:
             runs = store.runs()
     except (StoreError, OSError, ValueError) as exc:
-        return t("bench.error", lang, message=str(exc)), []
+        return t("bench.error", lang, message=_short(str(exc))), []
     if not runs:
         return t("bench.none", lang, path=where), []
     cols = ("id", "started", "status", "pipeline", "size", "configs")
@@ -98,6 +98,11 @@ def list_runs(path: str | None, *, lang: str = DEFAULT_LANGUAGE) -> tuple[str, l
     return t("bench.found", lang, count=len(runs), path=where) + "\n\n" + table, choices
 
 
+def _short(text: str, limit: int = 300) -> str:
+    """A path or message clipped for display (a 100,000-character path is not echoed whole)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def show_run(path: str | None, run_id: int | None, *, lang: str = DEFAULT_LANGUAGE) -> str:
     """The HTML report of one stored run, embedded in an iframe."""
     from mixprec.bench.report import render_html
@@ -105,11 +110,14 @@ def show_run(path: str | None, run_id: int | None, *, lang: str = DEFAULT_LANGUA
 
     if run_id is None:
         return html.escape(t("bench.pick_first", lang))
+    where = store_location(path)
     try:
-        with Store(store_location(path)) as store:
+        if not Path(where).is_file():  # showing never creates a store
+            return html.escape(t("bench.none", lang, path=_short(where)))
+        with Store(where) as store:
             page = render_html([store.load_run(int(run_id))])
     except (StoreError, OSError, ValueError) as exc:
-        return html.escape(t("bench.error", lang, message=str(exc)))
+        return html.escape(t("bench.error", lang, message=_short(str(exc))))
     return f'<iframe id="bench-report-frame" srcdoc="{html.escape(page, quote=True)}" style="width:100%;height:900px;border:0"></iframe>'
 
 
