@@ -14,7 +14,7 @@ import functools
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -28,8 +28,10 @@ from mixprec._hooks import (
     LeafCast,
     UpcastScope,
     add_method_hook,
+    called_children,
     cast_floats,
     entry_methods,
+    first_weight_owner,
     first_float_dtype,
     is_container,
     is_torch_layer,
@@ -284,7 +286,7 @@ def dtype_read_warnings(plans: list[ModulePlan]) -> list[str]:
     warnings_out: list[str] = []
     for root in (p for p in plans if "." not in p.qualname):
         reads = []
-        callees = [by_id[id(m)] for m in _entries(root.module) if id(m) in by_id and m._modules]
+        callees = [by_id[id(m)] for m in called_children(root.module) if id(m) in by_id and m._modules]
         for plan in (root, *callees):
             if plan.compute_dtype != "fp32":
                 continue
@@ -292,10 +294,9 @@ def dtype_read_warnings(plans: list[ModulePlan]) -> list[str]:
             if own is not None:
                 owner = own[1]
             else:
-                first = next((name for name, t in plan.module.named_parameters() if t.is_floating_point()), None)
-                if first is None:
+                owner = first_weight_owner(plan.module)
+                if owner is None:
                     continue
-                owner = plan.module.get_submodule(first.rpartition(".")[0]) if "." in first else plan.module
             owner_plan = by_id.get(id(owner))
             if owner_plan is not None and owner_plan.storage != "fp32":
                 reads.append((plan.qualname or "(root)", owner_plan.qualname or "(root)", owner_plan.storage))
@@ -477,15 +478,6 @@ def _owns_float_weights(module: nn.Module) -> bool:
     return not module._modules and any(b is not None and b.is_floating_point() for b in module._buffers.values())
 
 
-def _entries(module: nn.Module) -> Iterator[nn.Module]:
-    """Direct children that are called, looking through ModuleList / ModuleDict."""
-    for child in module.children():
-        if is_container(child):
-            yield from _entries(child)
-        else:
-            yield child
-
-
 def _install_hooks(applied: Applied, comps: dict[str, nn.Module], by_module: dict[int, ModulePlan]) -> None:
     handles = applied._handles
     for cname, root in comps.items():
@@ -554,7 +546,7 @@ def _install_hooks(applied: Applied, comps: dict[str, nn.Module], by_module: dic
 
         gate = EntryGate()
         handles.extend(gate.install(root))
-        for child in _entries(root):
+        for child in called_children(root):
             entry = EntryBoundary(child, _dtype_fn(by_module[id(child)], by_module), gate)
             handles.append(child.register_forward_pre_hook(entry.pre, with_kwargs=True))
             handles.append(child.register_forward_hook(entry.post, with_kwargs=True, always_call=True))

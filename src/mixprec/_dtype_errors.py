@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from mixprec._hooks import is_container
+from mixprec._hooks import called_children, first_weight_owner, is_container
 from mixprec.policy import ModulePlan, Policy
 
 __all__ = ["is_dtype_error", "DtypeErrorReport", "PrecisionDtypeError", "locate", "candidate_scopes"]
@@ -165,21 +165,6 @@ def locate(exc: BaseException, component: str, root: nn.Module, plans: list[Modu
                             error=_first_line(exc), stack=tuple(frames))
 
 
-def _first_param_owner(module: nn.Module) -> nn.Module | None:
-    """The module owning ``next(module.parameters())``: what ``self.dtype`` code reads."""
-    for name, param in module.named_parameters():
-        if param.is_floating_point():
-            return module.get_submodule(name.rpartition(".")[0]) if "." in name else module
-    return None
-
-
-def _callees(module: nn.Module) -> list[nn.Module]:
-    out = []
-    for child in module.children():
-        out.extend(_callees(child) if is_container(child) else [child])
-    return out
-
-
 def candidate_scopes(report: DtypeErrorReport, plans: list[ModulePlan]) -> list[str]:
     """Scopes a fallback may pin to fp32, narrowest first.
 
@@ -206,8 +191,8 @@ def candidate_scopes(report: DtypeErrorReport, plans: list[ModulePlan]) -> list[
         plan = by_name.get(frame.module)
         if plan is None:
             continue
-        for sub in (plan.module, *_callees(plan.module)):
-            owner = _first_param_owner(sub)
+        for sub in (plan.module, *called_children(plan.module)):
+            owner = first_weight_owner(sub)
             owner_plan = by_id.get(id(owner)) if owner is not None else None
             add(owner_plan.qualname if owner_plan is not None else None)
     name = report.module

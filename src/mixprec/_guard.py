@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from mixprec._apply import DTYPES, Applied
-from mixprec._hooks import add_method_hook, entry_methods
-from mixprec._dtype_errors import DtypeErrorReport, PrecisionDtypeError, _callees, add_note, candidate_scopes, is_dtype_error, locate
+from mixprec._hooks import add_method_hook, called_children, entry_methods
+from mixprec._dtype_errors import DtypeErrorReport, PrecisionDtypeError, add_note, candidate_scopes, is_dtype_error, locate
 from mixprec.hardware import Hardware, cache_dir, probe
 from mixprec.policy import Rule, iter_modules
 
@@ -335,7 +335,7 @@ class Guard:
                 self._wrap(cname, root, name)
             # Its direct children too, when called from outside any of those methods,
             # through __call__ or directly (tokenizer.forward(...), vocoder.inference(...)).
-            for child in _callees(root):
+            for child in called_children(root):
                 for name in entry_methods(child):
                     self._wrap(cname, child, name)
             if self.mode == "modules":

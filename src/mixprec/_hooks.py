@@ -10,7 +10,7 @@ import copy
 import dataclasses
 import functools
 import inspect
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -19,7 +19,7 @@ from mixprec._upcast import UpcastAttentionMode
 
 __all__ = [
     "Boundary", "EntryGate", "EntryBoundary", "Fp32Compute", "LeafCast", "UpcastScope", "pin_fp32", "cast_floats", "own_tensors",
-    "is_container", "is_torch_layer", "entry_methods",
+    "is_container", "is_torch_layer", "entry_methods", "called_children", "first_weight_owner",
     "add_method_hook", "MethodHookHandle", "first_float_dtype",
 ]
 
@@ -216,6 +216,23 @@ def is_torch_layer(module: nn.Module) -> bool:
 def is_container(module: nn.Module) -> bool:
     """``ModuleList`` / ``ModuleDict`` / parameter containers: held, never called."""
     return isinstance(module, (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict))
+
+
+def called_children(module: nn.Module) -> Iterator[nn.Module]:
+    """Direct children that are called, looking through ModuleList / ModuleDict."""
+    for child in module.children():
+        if is_container(child):
+            yield from called_children(child)
+        else:
+            yield child
+
+
+def first_weight_owner(module: nn.Module) -> nn.Module | None:
+    """The module owning ``next(module.parameters())`` among floating ones: what ``self.dtype`` code reads."""
+    for name, param in module.named_parameters():
+        if param.is_floating_point():
+            return module.get_submodule(name.rpartition(".")[0]) if "." in name else module
+    return None
 
 
 class EntryGate:

@@ -23,6 +23,8 @@ from typing import Iterable
 
 from torch import nn
 
+from mixprec._hooks import first_weight_owner
+
 __all__ = ["ROLES", "output_heads", "Declaration", "declarations", "is_projection", "dtype_sources", "dtype_property_source"]
 
 _FRAMEWORKS = ("torch.", "transformers.", "diffusers.", "huggingface_hub.")
@@ -139,13 +141,6 @@ def _own_dtype_property(module: nn.Module) -> tuple[str, property] | None:
     return None
 
 
-def _first_float_owner(module: nn.Module) -> nn.Module | None:
-    for name, param in module.named_parameters():
-        if param.is_floating_point():
-            return module.get_submodule(name.rpartition(".")[0]) if "." in name else module
-    return None
-
-
 def dtype_property_source(module: nn.Module) -> tuple[str, nn.Module] | None:
     """``(class name, module whose weights it reads)`` for a model's own ``dtype`` property."""
     found = _own_dtype_property(module)
@@ -153,7 +148,7 @@ def dtype_property_source(module: nn.Module) -> tuple[str, nn.Module] | None:
         return None
     cls_name, prop = found
     read = [module._modules[n] for n in prop.fget.__code__.co_names if n in module._modules and module._modules[n] is not None]
-    owner = _first_float_owner(read[0]) if read else _first_float_owner(module)
+    owner = first_weight_owner(read[0]) if read else first_weight_owner(module)
     return (cls_name, owner) if owner is not None else None
 
 
