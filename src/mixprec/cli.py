@@ -11,6 +11,7 @@ import math
 import os
 import platform
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -59,7 +60,7 @@ def _cli_values(matmul: str | None, conv: str | None, fp16: str | None, bf16: st
     }
 
 
-def _fail(exc: Exception) -> None:
+def _fail(exc: Exception | str) -> None:
     # The message repeats what the user passed (paths, values): printed as is, never as
     # Rich markup ("[red]p.toml" must not become "p.toml").
     err_console.print(Text.assemble(("error:", "bold red"), " ", str(exc)), highlight=False, soft_wrap=True)
@@ -100,7 +101,9 @@ def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
 
 
 def _gib(n: int | None) -> str | None:
-    return None if n is None else f"{n / 2**30:.1f} GiB"
+    if n is None:
+        return None
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 @app.command()
@@ -496,12 +499,14 @@ def bench(
     html: Annotated[Optional[str], typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
     json_out: Annotated[Optional[str], typer.Option("--json", help="Write the runs as JSON here.")] = None,
     csv_out: Annotated[Optional[str], typer.Option("--csv", help="Write one CSV row per configuration here.")] = None,
+    budget: Annotated[Optional[str], typer.Option("--budget", help="Fit the whole benchmark into this time (e.g. 6m, 360s): the fp32 reference's first run calibrates, then warm-up and timed runs (at most --warmup and --repeat) and, if needed, the pipeline's steps are chosen to fit; the choice is printed.")] = None,
+    force_batch: Annotated[bool, typer.Option("--force-batch", help="Skip the check that every --batch fits in free memory.")] = False,
 ) -> None:
     """Measure speed, memory and quality per precision configuration, side by side."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from mixprec import hardware
-    from mixprec.bench import report
+    from mixprec.bench import plan, report
     from mixprec.bench.configs import parse_configs
     from mixprec.bench.runner import BenchOptions, run_bench
 
@@ -513,6 +518,7 @@ def bench(
         if timeout is not None and (not math.isfinite(timeout) or timeout <= 0):
             raise ValueError(f"--timeout {timeout}: must be a finite, positive number of seconds")
         run_seed = _as_int(seed, "--seed")
+        budget_s = plan.parse_budget(budget, "--budget") if budget is not None else None
         for flag, path in (("--html", html), ("--json", json_out), ("--csv", csv_out)):
             _writable_path(path, flag)
         if not any(p.strip() for p in pipeline.split(",")):
@@ -524,18 +530,28 @@ def bench(
         _fail(exc)
     store = _open_store(db)
     command = "mixprec bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "mixprec bench"
+    if max(batches) > 1 and not force_batch:
+        for name in names:
+            _check_batches(BenchOptions(pipeline=name, configs=specs, size=size, seed=run_seed, device=device,
+                                        timeout=timeout), batches, hw)
     run_ids = []
-    total = len(specs) * (n_warmup + n_repeat) * len(batches)
+    deadline = time.monotonic() + budget_s if budget_s is not None else None
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, transient=False) as bar:
-        for name in names:
-            task = bar.add_task(f"{name}: starting {len(specs)} workers", total=total)
+        for index, name in enumerate(names):
+            task = bar.add_task(f"{name}: starting {len(specs)} workers", total=_steps(len(specs), n_warmup, n_repeat) * len(batches))
 
             def step(description: str, n: int, task=task, name=name) -> None:
                 bar.update(task, advance=n, description=f"{name}: {description}")
 
+            def planned(batch_size: int, chosen: plan.Plan, task=task, name=name) -> None:
+                bar.console.print(f"{name}: batch {batch_size}: {chosen.reason}", highlight=False, markup=False)
+                bar.update(task, total=_steps(len(specs), chosen.warmup, chosen.repeat) * len(batches))
+
+            share = None if deadline is None else (deadline - time.monotonic()) / (len(names) - index)
             options = BenchOptions(pipeline=name, configs=specs, batches=batches, repeat=n_repeat, warmup=n_warmup,
-                                   timeout=timeout, size=size, seed=run_seed, device=device, notes=notes, command=command)
+                                   timeout=timeout, size=size, seed=run_seed, device=device, notes=notes, command=command,
+                                   budget=share, on_plan=planned)
             run_ids.append(run_bench(options, hw, store, progress=step))
     runs = [store.load_run(i) for i in run_ids]
     for run in runs:
@@ -548,6 +564,41 @@ def bench(
     if csv_out:
         Path(csv_out).write_text(report.to_csv(runs))
     console.print(f"stored as run(s) {', '.join(map(str, run_ids))} in {store.path}", highlight=False)
+
+
+def _steps(configs: int, warmup: int, repeat: int) -> int:
+    """Progress steps of one batch size: every run, the reference's first one included."""
+    return configs * (warmup + repeat) + (0 if warmup else 1)
+
+
+def _check_batches(options: Any, batches: list[int], hw: Any) -> None:
+    """Refuse batch sizes that cannot fit in free memory, before any run is stored.
+
+    The fp32 reference is loaded and run once at batch 1 to measure the weights and
+    the memory one item takes; every configuration's worker holds both at once.
+    """
+    from mixprec.bench.plan import batch_limit
+    from mixprec.bench.runner import calibrate
+    from mixprec.bench.worker import WorkerError, WorkerTimeout
+    from mixprec.hardware import available_memory
+
+    free = available_memory(options.device)
+    if free is None:
+        return
+    err_console.print(f"{options.pipeline}: measuring the memory of one item to check --batch {max(batches)} ...",
+                      highlight=False, markup=False)
+    try:
+        cal = calibrate(options, hw, batch=1)
+    except (WorkerError, WorkerTimeout) as exc:
+        _fail(f"{options.pipeline}: the fp32 reference failed while measuring memory for --batch: {exc}")
+    workers = len(options.configs)
+    limit = batch_limit(cal, workers=workers, available_bytes=free)
+    too_big = [b for b in batches if b > limit]
+    if too_big:
+        _fail(f"--batch {max(too_big)}: at most {limit} fit{'s' if limit == 1 else ''} in the {_gib(free)} free on this "
+              f"machine for {options.pipeline} ({workers} configuration workers, each holding the weights "
+              f"({_gib(cal.weight_bytes)}) and about {_gib(max(1 << 20, cal.peak_bytes))} per item, measured at batch 1); "
+              f"use a smaller --batch, fewer --configs, or --force-batch to try anyway")
 
 
 runs_app = typer.Typer(help="Benchmark runs in the store.", no_args_is_help=True)

@@ -27,7 +27,7 @@ import torch
 
 from mixprec import backends
 
-__all__ = ["DtypeSpeed", "Hardware", "probe", "cache_dir", "DTYPES", "classify"]
+__all__ = ["DtypeSpeed", "Hardware", "probe", "cache_dir", "available_memory", "DTYPES", "classify"]
 
 #: The precisions the probe measures, by short name.
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -157,6 +157,28 @@ def _cpu_info() -> tuple[str, tuple[str, ...]]:
 def _system_memory() -> int | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def available_memory(device: str | torch.device | None = None) -> int | None:
+    """Bytes that can be allocated now: free CUDA memory, or the system's ``MemAvailable``.
+
+    ``None`` where the platform does not say.
+    """
+    dev = _resolve_device(device)
+    if dev.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(dev)
+        return int(free)
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
 

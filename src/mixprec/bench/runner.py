@@ -12,6 +12,7 @@ when it ran to its end, and a crash of the runner itself stores it as ``failed``
 
 from __future__ import annotations
 
+import os
 import platform
 import time
 from dataclasses import dataclass, field
@@ -23,11 +24,12 @@ import torch
 import mixprec
 from mixprec.bench import metrics as bench_metrics
 from mixprec.bench.configs import ConfigSpec
+from mixprec.bench.plan import Calibration, Plan, config_cost, plan_runs
 from mixprec.bench.store import Store
 from mixprec.bench.worker import Executor, LocalProcessExecutor, WorkerError, WorkerTimeout, job_for
 from mixprec.hardware import Hardware
 
-__all__ = ["BenchOptions", "BenchCancelled", "run_bench", "machine_fingerprint"]
+__all__ = ["BenchOptions", "BenchCancelled", "run_bench", "machine_fingerprint", "calibrate", "size_label"]
 
 LOAD_TIMEOUT_S = 600.0
 #: Safety cap on the fp32 reference when no --timeout is given (it is never timed out otherwise).
@@ -57,6 +59,14 @@ class BenchOptions:
         seed: seed of weights and inputs (identical in every worker).
         device: ``cpu`` or ``cuda``.
         notes: lines the report should carry (configurations left out, ...).
+        budget: seconds the whole run may take (all batch sizes), or ``None``. With a
+            budget, ``warmup`` and ``repeat`` are the most to make: after the fp32
+            reference's first run (the calibration) :func:`mixprec.bench.plan.plan_runs`
+            picks what fits, and may lower the pipeline's work option (see
+            :attr:`mixprec.pipelines.Pipeline.work_option`); the choice is in the notes.
+        overrides: pipeline options every worker builds the pipeline with.
+        on_plan: called with ``(batch, plan)`` when a budget plan is made.
+        cores: how many workers load at once (for the plan's estimate).
     """
 
     pipeline: str
@@ -70,6 +80,24 @@ class BenchOptions:
     device: str = "cpu"
     notes: list[str] = field(default_factory=list)
     command: str = ""
+    budget: float | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    on_plan: Callable[[int, Plan], None] | None = None
+    cores: int = field(default_factory=lambda: max(1, os.cpu_count() or 1))
+
+    @property
+    def size_label(self) -> str:
+        return size_label(self.size, self.overrides)
+
+
+def size_label(size: str, overrides: dict[str, Any]) -> str:
+    """The size as a run stores it: ``default``, or ``default (steps=6)`` with overrides.
+
+    Runs of different labels are never compared by ``gate`` or ``compare``.
+    """
+    if not overrides:
+        return size
+    return f"{size} ({', '.join(f'{k}={v}' for k, v in sorted(overrides.items()))})"
 
 
 class BenchCancelled(Exception):
@@ -157,13 +185,16 @@ def run_bench(
         if should_stop is not None and should_stop():
             raise BenchCancelled(description)
 
-    run_id = store.start_run(pipeline=options.pipeline, size=options.size, machine=hardware.to_dict(),
+    run_id = store.start_run(pipeline=options.pipeline, size=options.size_label, machine=hardware.to_dict(),
                              fingerprint=machine_fingerprint(hardware), versions=_versions(), notes=options.notes,
                              command=options.command)
     status, notes = "complete", list(options.notes)
+    deadline = time.monotonic() + options.budget if options.budget else None
+    state = _RunState(dict(options.overrides))
     try:
-        for batch in options.batches:
-            notes += _run_batch(options, batch, hardware, store, run_id, executor, step)
+        for index, batch in enumerate(options.batches):
+            share = None if deadline is None else (deadline - time.monotonic()) / (len(options.batches) - index)
+            notes += _run_batch(options, batch, hardware, store, run_id, executor, step, share, state)
     except BenchCancelled:
         status = "cancelled"
     except KeyboardInterrupt:
@@ -175,37 +206,114 @@ def run_bench(
         notes.append(f"the benchmark runner failed: {type(exc).__name__}: {exc}")
         raise
     finally:
-        store.finish_run(run_id, status=status, notes=notes)
+        store.finish_run(run_id, status=status, notes=notes, size=size_label(options.size, state.overrides))
     return run_id
 
 
+def calibrate(options: BenchOptions, hardware: Hardware, *, batch: int = 1, executor: Executor | None = None) -> Calibration:
+    """Load the fp32 reference alone, run it once at ``batch`` and measure its memory.
+
+    Used before a run starts, to bound ``--batch`` by what fits in memory.
+
+    Raises:
+        WorkerError, WorkerTimeout: the reference failed to load or run.
+    """
+    executor = executor or LocalProcessExecutor()
+    worker = executor.start(job_for(options.configs[0], pipeline=options.pipeline, size=options.size, seed=options.seed,
+                                    batch=batch, hardware=hardware, device=options.device, overrides=options.overrides))
+    try:
+        start = time.perf_counter()
+        ready = worker.wait_ready(LOAD_TIMEOUT_S)
+        load_s = time.perf_counter() - start
+        ran = worker.request("run", None, timeout=options.timeout or REFERENCE_LIMIT_S)
+        done = worker.request("finish", None, timeout=60)
+    finally:
+        worker.close()
+    return _calibration(ready, load_s, float(ran["seconds"]), int(done.get("peak_mem_bytes") or 0))
+
+
+@dataclass
+class _RunState:
+    """What a run's batches share: the pipeline options a budget plan chose."""
+
+    overrides: dict[str, Any]
+
+
+def _start(options: BenchOptions, spec: ConfigSpec, position: int, batch: int, hardware: Hardware, store: Store,
+           run_id: int, executor: Executor, overrides: dict[str, Any], config_id: int | None = None) -> _Slot:
+    if config_id is None:
+        config_id = store.add_config(run_id, position=position, name=spec.name, batch=batch)
+    slot = _Slot(spec, config_id)
+    slot.worker = executor.start(job_for(spec, pipeline=options.pipeline, size=options.size, seed=options.seed,
+                                         batch=batch, hardware=hardware, device=options.device, overrides=overrides))
+    return slot
+
+
+def _wait_ready(slot: _Slot) -> float:
+    """Wait for the worker's model; returns the seconds it took."""
+    start = time.perf_counter()
+    try:
+        slot.ready = slot.worker.wait_ready(LOAD_TIMEOUT_S)
+    except (WorkerError, WorkerTimeout) as exc:
+        _fail(slot, exc)
+    return time.perf_counter() - start
+
+
+def _calibration(ready: dict[str, Any], load_s: float, run_s: float, peak_bytes: int = 0) -> Calibration:
+    """A calibration from a worker's ``ready`` message and what its first run measured."""
+    work = ready.get("work")
+    return Calibration(load_s=load_s, run_s=run_s, weight_bytes=int(ready.get("weight_bytes") or 0), peak_bytes=peak_bytes,
+                       work=(work[0], int(work[1])) if work else None, work_min=int(work[2]) if work else None)
+
+
 def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Store, run_id: int,
-               executor: Executor, step: Callable[[str, int], None]) -> list[str]:
-    """Measure one batch size; returns notes for the run (the time limits chosen)."""
+               executor: Executor, step: Callable[[str, int], None], budget: float | None, state: _RunState) -> list[str]:
+    """Measure one batch size; returns notes for the run (the plan and time limits chosen).
+
+    The fp32 reference worker loads and runs first, alone; its run is the reference
+    output and, with a ``budget``, the calibration the plan is made from. Then the
+    other workers load (in parallel) and the rounds begin.
+    """
+    began = time.monotonic()
     notes: list[str] = []
     slots: list[_Slot] = []
-    for position, spec in enumerate(options.configs):
-        slot = _Slot(spec, store.add_config(run_id, position=position, name=spec.name, batch=batch))
-        slot.worker = executor.start(job_for(spec, pipeline=options.pipeline, size=options.size, seed=options.seed,
-                                             batch=batch, hardware=hardware, device=options.device))
-        slots.append(slot)
+    warmup, repeat = options.warmup, options.repeat
+    ref_limit = options.timeout if options.timeout is not None else REFERENCE_LIMIT_S
     try:
-        for slot in slots:  # all workers load in parallel; collect them in order
-            try:
-                slot.ready = slot.worker.wait_ready(LOAD_TIMEOUT_S)
-            except (WorkerError, WorkerTimeout) as exc:
-                _fail(slot, exc)
-            step(f"batch {batch}: loaded {slot.spec.name}", 0)
-
-        reference = slots[0]
-        ref_limit = options.timeout if options.timeout is not None else REFERENCE_LIMIT_S
+        reference = _start(options, options.configs[0], 0, batch, hardware, store, run_id, executor, state.overrides)
+        slots.append(reference)
+        load_s = _wait_ready(reference)
+        step(f"batch {batch}: loaded {reference.spec.name}", 0)
         if reference.alive:
             reference.first = _call(reference, store, ref_limit, "run", {"want_output": True})
             step(f"batch {batch}: fp32 reference", 1)
+        if budget is not None and reference.alive and reference.first:
+            costs = [config_cost(spec, hardware) for spec in options.configs]
+            plan = plan_runs(_calibration(reference.ready, load_s, float(reference.first["seconds"])), costs, budget_s=budget - (time.monotonic() - began), max_warmup=warmup,
+                             max_repeat=repeat, cores=options.cores)
+            warmup, repeat = plan.warmup, plan.repeat
+            notes.append(f"batch {batch}: {plan.reason}")
+            if options.on_plan is not None:
+                options.on_plan(batch, plan)
+            if plan.work:
+                # The reference is rebuilt at the smaller work size and run again.
+                state.overrides.update(plan.work)
+                reference.worker.close()
+                slots[0] = reference = _start(options, options.configs[0], 0, batch, hardware, store, run_id, executor,
+                                              state.overrides, config_id=reference.config_id)
+                _wait_ready(reference)
+                if reference.alive:
+                    reference.first = _call(reference, store, ref_limit, "run", {"want_output": True})
+        for position, spec in enumerate(options.configs[1:], start=1):
+            slots.append(_start(options, spec, position, batch, hardware, store, run_id, executor, state.overrides))
+        for slot in slots[1:]:  # the other workers load in parallel; collect them in order
+            _wait_ready(slot)
+            step(f"batch {batch}: loaded {slot.spec.name}", 0)
+
         limit = options.timeout
         if limit is None:
             per_run = (reference.first or {}).get("seconds")
-            runs = options.warmup + options.repeat + 1
+            runs = warmup + repeat + 1
             limit = max(MIN_LIMIT_S, RELATIVE_LIMIT * per_run * runs) if per_run else REFERENCE_LIMIT_S
             notes.append(f"batch {batch}: time limit {limit:.0f} s per configuration"
                          + (f" ({RELATIVE_LIMIT:g}x the fp32 reference's {per_run:.2f} s per run over {runs} runs, "
@@ -216,10 +324,10 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
             if slot.alive:
                 _call(slot, store, limit, "reference", tokens)
 
-        for round_index in range(options.warmup + options.repeat):
-            timed = round_index >= options.warmup
+        for round_index in range(warmup + repeat):
+            timed = round_index >= warmup
             for slot in slots:
-                if not slot.alive or (slot is reference and round_index == 0 and options.warmup > 0):
+                if not slot.alive or (slot is reference and round_index == 0 and warmup > 0):
                     continue  # fp32's reference run was its first warm-up
                 want = slot.first is None
                 result = _call(slot, store, ref_limit if slot is reference else limit, "run", {"want_output": want})
@@ -236,14 +344,14 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
             if slot.alive:
                 slot.done = _call(slot, store, (ref_limit if slot is reference else limit) + 60, "finish") or {}
     finally:
-        _record(options, batch, slots, store)
+        _record(repeat, batch, slots, store)
         for slot in slots:
             if slot.worker is not None:
                 slot.worker.close()
     return notes
 
 
-def _record(options: BenchOptions, batch: int, slots: list[_Slot], store: Store) -> None:
+def _record(repeat: int, batch: int, slots: list[_Slot], store: Store) -> None:
     reference = slots[0]
     ref_out = (reference.first or {}).get("output")
     base = bench_metrics.latency_stats(reference.samples) if reference.samples else None
@@ -284,8 +392,8 @@ def _record(options: BenchOptions, batch: int, slots: list[_Slot], store: Store)
         status, error = slot.status, slot.error
         if status == "running":
             # Cut short (cancel, Ctrl-C, a crash of the runner): "ok" only with every sample.
-            status = "ok" if len(slot.samples) == options.repeat else "partial"
+            status = "ok" if len(slot.samples) == repeat else "partial"
             if status == "partial":
-                error = f"stopped after {len(slot.samples)} of {options.repeat} timed runs"
+                error = f"stopped after {len(slot.samples)} of {repeat} timed runs"
         policy = slot.ready.get("policy") if slot.ready else None
         store.finish_config(slot.config_id, status=status, metrics=metrics, error=error, policy=policy)

@@ -228,9 +228,12 @@ class Store:
             db.executemany("INSERT OR REPLACE INTO metrics(config_id, name, value) VALUES (?, ?, ?)",
                            [(config_id, k, _num(v)) for k, v in metrics.items() if isinstance(v, (int, float)) or v is None])
 
-    def finish_run(self, run_id: int, *, status: str = "complete", notes: list[str] | None = None) -> None:
+    def finish_run(self, run_id: int, *, status: str = "complete", notes: list[str] | None = None,
+                   size: str | None = None) -> None:
         with self._tx() as db:
             db.execute("UPDATE runs SET finished=?, status=? WHERE id=?", (_now(), status, run_id))
+            if size is not None:
+                db.execute("UPDATE runs SET size=? WHERE id=?", (size, run_id))
             if notes is not None:
                 db.execute("UPDATE runs SET notes_json=? WHERE id=?", (json.dumps(notes), run_id))
 

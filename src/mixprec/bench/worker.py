@@ -105,7 +105,8 @@ def _serve(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs i
     if job.get("threads"):
         torch.set_num_threads(int(job["threads"]))
     hardware = Hardware.from_dict(job["hardware"]) if job.get("hardware") else None
-    pipe = pipelines.get(job["pipeline"], size=job["size"], seed=job["seed"], device=job.get("device", "cpu"))
+    pipe = pipelines.get(job["pipeline"], size=job["size"], seed=job["seed"], device=job.get("device", "cpu"),
+                         **job.get("overrides", {}))
     inputs = pipe.example_inputs(job["batch"], job["seed"])
     spec = ConfigSpec(**job["spec"])
     context, info = setup(spec, pipe, hardware)
@@ -115,8 +116,10 @@ def _serve(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs i
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    work = getattr(pipe, "work_option", None)
     conn.send(("ready", {"weight_bytes": mixprec.weight_bytes(pipe), "policy": info["policy"], "pid": os.getpid(),
-                         "output_kind": pipe.output_kind}))
+                         "output_kind": pipe.output_kind,
+                         "work": (work[0], int(getattr(pipe.config, work[0])), int(work[1])) if work else None}))
     kwargs: dict[str, Any] = {}
     while True:
         command, payload = conn.recv()
@@ -209,13 +212,15 @@ def portable_spec(pipeline: str) -> str:
 
 
 def job_for(spec: Any, *, pipeline: str, size: str, seed: int, batch: int, hardware: Any, device: str = "cpu",
-            threads: int | None = None) -> dict[str, Any]:
+            threads: int | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """The picklable description of one worker's job.
 
     A factory spec's file path is made absolute (see
     :func:`mixprec.pipelines.normalize_spec`), so the worker finds the file
     whatever its current directory; a spec that cannot be resolved is sent as
-    given and the worker reports why it fails.
+    given and the worker reports why it fails. ``overrides`` are pipeline options
+    (e.g. ``{"steps": 6}``) the worker builds the pipeline with.
     """
     return {"spec": asdict(spec), "pipeline": portable_spec(pipeline), "size": size, "seed": seed, "batch": batch,
-            "hardware": hardware.to_dict() if hardware is not None else None, "device": device, "threads": threads}
+            "hardware": hardware.to_dict() if hardware is not None else None, "device": device, "threads": threads,
+            "overrides": dict(overrides or {})}

@@ -177,6 +177,10 @@ class Pipeline:
             such as ``"vocoder.conv_post"``, shell-style globs such as
             ``"t3.model.layers.*.input_layernorm"``, or ``"type:LayerNorm"`` to
             select every module whose class is called ``LayerNorm``.
+        work_option: ``(option, smallest value)``: the config option a run's work
+            grows in proportion to (denoising steps, generated tokens) and its
+            smallest useful value. A benchmark with a time budget lowers it when even
+            one timed run per configuration would not fit; ``None``: never changed.
 
     Args:
         components: Ordered mapping of component name -> module.  Names are
@@ -188,6 +192,7 @@ class Pipeline:
     output_kind: str = ""
     sample_rate: int | None = None
     sensitive: tuple[str, ...] = ()
+    work_option: tuple[str, int] | None = None
 
     def __init__(
         self, components: Mapping[str, nn.Module], *, device: str | torch.device = "cpu"

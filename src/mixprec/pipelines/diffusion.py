@@ -101,6 +101,7 @@ class DiffusionPipeline(Pipeline):
 
     name = "diffusion"
     output_kind = "image"
+    work_option = ("steps", 2)
     sensitive = (
         "type:GroupNorm",
         "type:LayerNorm",

@@ -121,6 +121,7 @@ class TTSPipeline(Pipeline):
     name = "tts"
     output_kind = "audio"
     sample_rate = 24000
+    work_option = ("num_tokens", 10)
     sensitive = (
         "type:LayerNorm",
         "type:LlamaRMSNorm",

@@ -1,0 +1,184 @@
+"""Fit a benchmark into a time budget, from what this machine measures.
+
+The fp32 reference worker is loaded and run once first (its run is the reference
+output, so the calibration costs nothing extra). From its load time and run time the
+benchmark's length is estimated for each choice of warm-up and timed runs, and the
+richest choice that fits the budget is taken. When even one timed run per
+configuration does not fit, a pipeline that declares a work option (the diffusion
+pipeline's denoising ``steps``, the TTS pipeline's ``num_tokens``) is shortened in
+proportion, never below the option's smallest useful value.
+
+Every choice is explained in :attr:`Plan.reason`, which the run's notes carry.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Calibration", "Plan", "plan_runs", "config_cost", "parse_budget", "batch_limit",
+           "OTHER_CONFIG_COST", "PLAN_MARGIN"]
+
+#: A configuration other than fp32 may take this many times the reference's run time
+#: (measured on 2-core CPUs: 0.8x to 1.25x for the presets and matmul levels).
+OTHER_CONFIG_COST = 1.3
+#: The estimate must fit in this fraction of the budget (the rest absorbs noise).
+PLAN_MARGIN = 0.85
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the fp32 reference worker measured before anything else ran.
+
+    Attributes:
+        load_s: seconds from starting the worker to its model being loaded.
+        run_s: seconds of its first (reference) run.
+        weight_bytes: bytes of the pipeline's weights.
+        peak_bytes: memory its reference run took above the loaded model (RSS or CUDA).
+        work: the pipeline's work option and its value, e.g. ``("steps", 10)``, if it has one.
+        work_min: that option's smallest useful value.
+    """
+
+    load_s: float
+    run_s: float
+    weight_bytes: int = 0
+    peak_bytes: int = 0
+    work: tuple[str, int] | None = None
+    work_min: int | None = None
+
+
+@dataclass
+class Plan:
+    """How many runs to make, and at what work size.
+
+    Attributes:
+        warmup: untimed runs per configuration.
+        repeat: timed runs per configuration.
+        work: ``{option: value}`` to rebuild the pipeline with (empty: as it is).
+        estimate_s: the expected seconds for this batch size.
+        reason: one line saying what was measured and why this was chosen.
+    """
+
+    warmup: int
+    repeat: int
+    work: dict[str, int] = field(default_factory=dict)
+    estimate_s: float = 0.0
+    reason: str = ""
+
+
+def parse_budget(text: str, source: str = "--budget") -> float:
+    """Seconds from ``"420"``, ``"420s"``, ``"7m"``, ``"6m30s"`` or ``"1h"``.
+
+    Raises:
+        ValueError: naming ``source``, the value and the accepted forms.
+    """
+    import re
+
+    raw = str(text).strip().lower()
+    match = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?", raw)
+    if raw and match and any(match.groups()):
+        hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+        total = hours * 3600 + minutes * 60 + seconds
+        if math.isfinite(total) and total > 0:
+            return total
+    raise ValueError(f"{source} {text!r}: expected a positive duration such as 420, 420s, 7m or 6m30s")
+
+
+def config_cost(spec: Any, hardware: Any) -> float:
+    """Expected seconds per run of ``spec``, in units of the fp32 reference's run.
+
+    A configuration that computes in a dtype the probe measured as emulated costs
+    the inverse of the measured speed ratio; any other configuration
+    :data:`OTHER_CONFIG_COST` (fp32 itself: 1).
+    """
+    if spec.kind == "baseline":
+        return 1.0
+    dtype = getattr(spec, "dtype", None)
+    if dtype and hardware is not None and dtype in hardware.dtypes:
+        speed = hardware.dtypes[dtype]
+        if speed.emulated and speed.ratio:
+            return max(OTHER_CONFIG_COST, 1.0 / speed.ratio)
+    return OTHER_CONFIG_COST
+
+
+def _estimate(cal: Calibration, costs: list[float], warmup: int, repeat: int, scale: float, cores: int) -> float:
+    """Seconds for one batch size: loading the other workers, then every run.
+
+    The reference's calibration run counts as its first warm-up run (it makes one more
+    run when there is no warm-up); the other workers load in parallel, ``cores`` at a time.
+    """
+    others = len(costs) - 1
+    loads = cal.load_s * math.ceil(others / max(1, cores)) if others else 0.0
+    runs = warmup + repeat
+    per_round = cal.run_s * scale * sum(costs)
+    reference_extra = 0.0 if warmup > 0 else cal.run_s * scale
+    return loads + per_round * runs + reference_extra
+
+
+def plan_runs(cal: Calibration, costs: list[float], *, budget_s: float, max_warmup: int, max_repeat: int,
+              cores: int = 1) -> Plan:
+    """The richest (warm-up, timed runs, work size) whose estimate fits ``budget_s``.
+
+    Preference: the asked warm-up and timed runs; then fewer timed runs (down to 2),
+    no warm-up, one timed run; then, with one timed run and no warm-up, the work option
+    lowered in proportion (not below its minimum). When nothing fits, the smallest
+    choice is taken and the reason says by how much the budget will be exceeded.
+
+    Args:
+        cal: what the reference worker measured.
+        costs: per configuration (fp32 first), its run time in reference runs
+            (see :func:`config_cost`).
+        budget_s: seconds this batch size may take from now on.
+        max_warmup, max_repeat: the most to make (the user's ``--warmup`` and ``--repeat``).
+        cores: how many workers load at once.
+    """
+    usable = budget_s * PLAN_MARGIN
+    measured = (f"fp32 reference {cal.run_s:.2f} s per run, load {cal.load_s:.1f} s, {len(costs)} configurations, "
+                f"{budget_s:.0f} s of the budget left")
+    candidates: list[tuple[int, int]] = []
+    for repeat in range(max_repeat, 1, -1):
+        candidates.append((max_warmup, repeat))
+    candidates += [(min(max_warmup, 1), 1), (0, 2), (0, 1)]
+    seen: set[tuple[int, int]] = set()
+    for warmup, repeat in candidates:
+        if (warmup, repeat) in seen or repeat > max_repeat or warmup > max_warmup:
+            continue
+        seen.add((warmup, repeat))
+        estimate = _estimate(cal, costs, warmup, repeat, 1.0, cores)
+        if estimate <= usable:
+            asked = (warmup, repeat) == (max_warmup, max_repeat)
+            why = "as asked" if asked else f"the asked {max_warmup} warm-up + {max_repeat} timed would take about {_estimate(cal, costs, max_warmup, max_repeat, 1.0, cores):.0f} s"
+            return Plan(warmup, repeat, {}, estimate,
+                        f"{warmup} warm-up + {repeat} timed runs per configuration, about {estimate:.0f} s ({why}; {measured})")
+    smallest = _estimate(cal, costs, 0, 1, 1.0, cores)
+    if cal.work is not None and cal.work_min is not None and cal.work[1] > cal.work_min:
+        option, value = cal.work
+        fixed = _estimate(cal, costs, 0, 1, 0.0, cores)
+        variable = smallest - fixed
+        scale = max(0.0, (usable - fixed) / variable) if variable > 0 else 1.0
+        new = max(cal.work_min, min(value, math.floor(value * scale)))
+        if new < value:
+            estimate = _estimate(cal, costs, 0, 1, new / value, cores)
+            over = "" if estimate <= budget_s else f"; still about {estimate - budget_s:.0f} s over the budget at the smallest {option}"
+            return Plan(0, 1, {option: new}, estimate,
+                        f"{option} {value} -> {new} and 1 timed run, no warm-up, about {estimate:.0f} s: even one timed run "
+                        f"at {option}={value} would take about {smallest:.0f} s ({measured}){over}")
+    if cal.work is None:
+        why = "it has no work option to shorten"
+    else:
+        why = f"its {cal.work[0]} ({cal.work[1]}) cannot go lower"
+    return Plan(0, 1, {}, smallest,
+                f"1 timed run, no warm-up, about {smallest:.0f} s: the budget is too small for this pipeline on this "
+                f"machine and {why} ({measured})")
+
+
+def batch_limit(cal: Calibration, *, workers: int, available_bytes: int, batch_measured: int = 1) -> int:
+    """The largest batch ``workers`` workers can hold at once in ``available_bytes``.
+
+    Each worker holds the weights and, per item, what the reference run took above the
+    loaded model at ``batch_measured`` items (at least 1 MiB per item).
+    """
+    per_item = max(1 << 20, cal.peak_bytes // max(1, batch_measured))
+    room = available_bytes // max(1, workers) - cal.weight_bytes
+    return max(0, int(room // per_item))
