@@ -39,11 +39,13 @@ def test_the_plan_takes_what_was_asked_when_it_fits():
 def test_the_plan_lowers_timed_runs_then_warm_up_to_fit():
     cal = Calibration(load_s=5.0, run_s=2.0)
     costs = [1.0] + [1.3] * 5  # 15 s a round; the other 5 workers load 3 at a time: 15 s
-    rich = plan_runs(cal, costs, budget_s=100, max_warmup=1, max_repeat=5, cores=2)
+    rich = plan_runs(cal, costs, budget_s=90, max_warmup=1, max_repeat=5, cores=2)
     assert (rich.warmup, rich.repeat) == (1, 3) and rich.estimate_s == pytest.approx(75)
-    assert "the asked 1 warm-up + 5 timed would take about 105 s" in rich.reason
+    assert "the asked 1 warm-up + 5 timed runs would take about 105 s" in rich.reason
+    spread = plan_runs(cal, costs, budget_s=60, max_warmup=1, max_repeat=5, cores=2)
+    assert (spread.warmup, spread.repeat) == (0, 2)  # 15 + 2 x 15 + the reference's extra 2 s
     lean = plan_runs(cal, costs, budget_s=40, max_warmup=1, max_repeat=5, cores=2)
-    assert (lean.warmup, lean.repeat) == (0, 1)
+    assert (lean.warmup, lean.repeat) == (0, 1) and "1 timed run per configuration" in lean.reason
     assert lean.estimate_s <= 40
 
 
