@@ -86,3 +86,10 @@ class KeywordOnlyMLP(OverflowingMLP):
 
     def forward(self, *, x):
         return super().forward(x)
+
+
+class MixedCallMLP(OverflowingMLP):
+    """The same, called with a positional input and keyword options (``m(x, scale=s, extra={...})``)."""
+
+    def forward(self, x, *, scale, extra=None):
+        return super().forward(x) * scale + (extra or {}).get("bias", 0.0)

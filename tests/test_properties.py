@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -157,6 +158,12 @@ def test_apply_then_revert_is_bit_exact_on_any_tree(case, keep):
             out = tree(batch)
         assert out.dtype == torch.float32
         assert batch["x"] is x and x.dtype == torch.float32  # the caller's objects are untouched
+        # A second policy on any part of the applied tree is refused and changes nothing.
+        part = tree.blocks[len(tree.blocks) - 1]
+        state = {k: (v.dtype, v.clone()) for k, v in tree.state_dict().items()}
+        with pytest.raises(mixprec.ApplyError):
+            mixprec.apply(part, Policy((Rule("*", storage="fp16"),)))
+        assert all(v.dtype == state[k][0] and torch.equal(v, state[k][1]) for k, v in tree.state_dict().items())
     finally:
         applied.revert()
     after = tree.state_dict(keep_vars=True)

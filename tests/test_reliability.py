@@ -11,7 +11,7 @@ import mixprec
 from mixprec._guard import FallbackStore
 from mixprec.policy import Policy, Rule
 
-from guard_models import OverflowingMLP, overflowing_lyric_encoder, tokens
+from guard_models import MixedCallMLP, OverflowingMLP, overflowing_lyric_encoder, tokens
 
 FP16 = Policy((Rule("*", storage="fp16"),))
 
@@ -34,6 +34,56 @@ def test_nonfinite_input_is_blamed_not_a_module(store, bad, mode):
             model(x)
     assert guard.pins == {} and store.load() == {}
     assert applied.policy.rules == FP16.rules and model[0].weight.dtype == torch.float16
+    applied.revert()
+
+
+def test_a_nonfinite_keyword_argument_is_named_and_nothing_falls_back(store):
+    model = MixedCallMLP()
+    applied = mixprec.apply({"m": model}, FP16)
+    guard = mixprec.guard(applied, on_nonfinite="fallback", store=store)
+    bias = torch.zeros(4)
+    bias[2] = math.nan
+    with pytest.raises(mixprec.NonFiniteInputError, match=r"non-finite values in argument 'extra'"), torch.no_grad():
+        model(torch.ones(2, 4), scale=torch.ones(4), extra={"bias": bias})
+    assert guard.pins == {} and model.up.weight.dtype == torch.float16
+    applied.revert()
+
+
+def test_fallback_fixes_a_mixed_positional_and_keyword_call_and_leaves_the_callers_objects(store):
+    model = MixedCallMLP()
+    x, scale, extra = torch.ones(2, 4), torch.full((4,), 2.0), {"bias": torch.ones(4)}
+    args_list, args_tuple = [x], (x,)
+    with torch.no_grad():
+        expected = model(x, scale=scale, extra=extra)
+    applied = mixprec.apply({"m": model}, FP16)
+    guard = mixprec.guard(applied, on_nonfinite="fallback", store=store)
+    with pytest.warns(UserWarning, match="pinned"), torch.no_grad():
+        out = model(*args_tuple, scale=scale, extra=extra)
+    assert torch.isfinite(out).all() and torch.allclose(out, expected, rtol=1e-2, atol=1e-2)
+    assert guard.pins
+    # Nothing the caller owns changed: the tensors, the dict, the list and the tuple.
+    assert x.dtype == scale.dtype == extra["bias"].dtype == torch.float32
+    assert list(extra) == ["bias"] and args_list[0] is x and args_tuple[0] is x
+    applied.revert()
+
+
+def test_lists_and_tuples_passed_in_are_cast_into_new_ones():
+    class Pair(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, pair, extra):
+            return self.lin(pair[0] + pair[1]) + self.lin(extra[0])
+
+    model = Pair()
+    applied = mixprec.apply(model, Policy((Rule("*", storage="bf16"),)))
+    a, b = torch.randn(2, 4), torch.randn(2, 4)
+    pair, extra = [a, b], (a,)
+    with torch.no_grad():
+        out = model(pair, extra)
+    assert out.dtype == torch.float32
+    assert pair == [a, b] and pair[0] is a and extra[0] is a and a.dtype == b.dtype == torch.float32
     applied.revert()
 
 
@@ -114,6 +164,10 @@ def test_error_listings_are_capped_and_long_values_clipped(tmp_path, clean_env):
         mixprec.init(env_file=env)
     message = str(excinfo.value)
     assert message.count("malformed .env line") == 20 and "... and 4980 more problems" in message
+    env.write_text("MIXPREC_FLOAT32_MATMUL_PRECISION=" + "z" * 5_000_000 + "\n")  # a 5 MB value in a .env file
+    with pytest.raises(mixprec.ConfigError) as excinfo:
+        mixprec.init(env_file=env)
+    assert len(str(excinfo.value)) < 2_000 and "characters)" in str(excinfo.value)
     clean_env.setenv("MIXPREC_FLOAT32_MATMUL_PRECISION", "x" * 100_000)
     clean_env.setenv("MIXPREC_CONV_TF32", "y" * 100_000)
     with pytest.raises(mixprec.ConfigError) as excinfo:
@@ -148,6 +202,11 @@ def test_outputs_and_inputs_are_checked_before_any_work(tmp_path):
         (["bench", "--pipeline", "minilm", "--size", "test", "--db", str(afile / "x.sqlite")], "--db", "is a file, not a directory"),
         (["bench", "--pipeline", "minilm", "--size", "test", "--db", db, "--html", str(folder)], "--html", "is a directory"),
         (["bench", "--pipeline", "minilm", "--size", "test", "--db", db, "--json", str(tmp_path / "no" / "r.json")], "--json", "does not exist"),
+        (["bench", "--pipeline", "minilm", "--size", "test", "--db", db, "--json", str(folder)], "--json", "is a directory"),
+        (["bench", "--pipeline", "minilm", "--size", "test", "--db", db, "--csv", str(folder)], "--csv", "is a directory"),
+        (["bench", "--pipeline", "minilm", "--size", "test", "--db", db, "--timeout", "nan"], "--timeout", "finite, positive"),
+        (["bench", "--pipeline", "minilm", "--size", "test", "--db", db, "--budget", "forever"], "--budget", "positive duration"),
+        (["tune", "--pipeline", "minilm", "--size", "huge", "--db", db], "'huge'", "valid sizes: default, test"),
         (["bench", "--pipeline", "", "--db", db], "--pipeline ''", "at least one pipeline"),
         (["bench", "--pipeline", "minilm", "--size", "huge", "--db", db], "'huge'", "valid sizes: default, test"),
         (["tune", "--pipeline", "minilm", "--size", "test", "--db", db, "--out", str(folder)], "--out", "is a directory"),

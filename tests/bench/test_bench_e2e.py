@@ -133,6 +133,19 @@ def test_a_run_is_complete_only_when_it_ran_to_its_end(tmp_path):
         assert any("runner failed: OverflowError" in n for n in crashed_run["notes"])
         assert {c["status"] for c in crashed_run["configs"]} == {"partial"}
 
+        # Ctrl-C after 2 of 3 timed rounds: incomplete, every configuration partial, the interrupt goes on.
+        def interrupt(description, n, seen=[]):
+            seen.append(description)
+            if sum("run " in d for d in seen) >= 4:
+                raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            run_bench(options, hw, store, progress=interrupt)
+        interrupted = store.load_run(max(r["id"] for r in store.runs(10)))
+        assert interrupted["status"] == "incomplete"
+        assert [c["status"] for c in interrupted["configs"]] == ["partial", "partial"]
+        assert all("stopped after 2 of 3 timed runs" in c["error"] for c in interrupted["configs"])
+
 
 def test_bench_refuses_a_timeout_that_is_not_finite(tmp_path):
     runner = CliRunner()

@@ -70,6 +70,19 @@ def test_gate_never_passes_what_it_could_not_check():
     assert any("(partial)" in v for v in partial)
 
 
+def test_gate_refuses_another_size_a_budget_shortened_run_and_no_batch_in_common():
+    base = _full(1)
+    assert any("size 'default', baseline 1 is 'test'" in v for v in gate(_full(2) | {"size": "default"}, base, Thresholds()))
+    # A run a time budget shortened records its steps in the size: never gated against the full one.
+    shortened = gate(_full(2) | {"size": "test (steps=2)"}, base, Thresholds())
+    assert any("size 'test (steps=2)'" in v for v in shortened)
+    other_batch = _full(2)
+    other_batch["configs"] = [{**c, "batch": 4} for c in other_batch["configs"]]
+    assert any("no batch in common: run has [4], baseline [1]" in v for v in gate(other_batch, base, Thresholds()))
+    failed_base = gate(_full(2), _full(1, status="failed"), Thresholds())
+    assert any("baseline 1 is failed" in v or "run 1 is failed" in v for v in failed_base), failed_base
+
+
 def test_compare_refuses_different_pipelines():
     with pytest.raises(ValueError, match="cannot compare these runs: run 2 is pipeline 'diffusion'"):
         compare(_full(1), _full(2, pipeline="diffusion"))
@@ -82,12 +95,12 @@ def test_compare_flags_changes_beyond_noise():
     assert not same["fast"]["latency_significant"]
 
 
-def _store_run(store, latency, pipeline="tts"):
+def _store_run(store, latency, pipeline="tts", status="complete"):
     run_id = store.start_run(pipeline=pipeline, size="test", machine={"name": "m"}, fingerprint="f", versions={}, notes=[])
     for position, (name, snr) in enumerate((("fp32", float("inf")), ("fast", 30.0))):
         cid = store.add_config(run_id, position=position, name=name, batch=1)
         store.finish_config(cid, status="ok", metrics={"latency_median": latency, "snr_db": snr, "peak_mem_bytes": 1e8, "nonfinite": 0})
-    store.finish_run(run_id)
+    store.finish_run(run_id, status=status)
     return run_id
 
 
@@ -114,3 +127,10 @@ def test_gate_cli_exit_codes(tmp_path):
     assert refused.exit_code == 2 and "cannot compare these runs" in refused.output
     different = runner.invoke(app, ["gate", str(other), "--baseline", str(base), "--db", db])
     assert different.exit_code == 1 and "pipeline 'diffusion'" in different.output
+    with Store(db) as store:
+        unfinished = {status: _store_run(store, 1.0, status=status) for status in ("incomplete", "cancelled", "failed")}
+    for status, run_id in unfinished.items():
+        as_run = runner.invoke(app, ["gate", str(run_id), "--baseline", str(base), "--db", db])
+        assert as_run.exit_code == 1 and f"is {status}, not complete" in as_run.output, as_run.output
+        as_base = runner.invoke(app, ["gate", str(same), "--baseline", str(run_id), "--db", db])
+        assert as_base.exit_code == 1 and status in as_base.output, as_base.output
