@@ -24,7 +24,6 @@ from mixprec._hooks import (
     Boundary,
     EntryBoundary,
     EntryGate,
-    Fp32Compute,
     LeafCast,
     UpcastScope,
     add_method_hook,
@@ -39,6 +38,7 @@ from mixprec._hooks import (
     pin_fp32,
 )
 from mixprec._roles import dtype_property_source
+from mixprec._fp32compute import Fp32Compute
 from mixprec._spectral import SpectralScope, uses_spectral_ops
 from mixprec._upcast import is_attention_module, sdpa_overflows
 from mixprec.policy import ModulePlan, Policy, PolicyError, closest_names, resolve_modules
@@ -520,9 +520,7 @@ def _install_hooks(applied: Applied, comps: dict[str, nn.Module], by_module: dic
 
             fp32_compute = plan.compute == "fp32" and not plan.keep_fp32 and plan.storage != "fp32"
             if fp32_compute:
-                upcast = Fp32Compute(module)
-                handles.append(module.register_forward_pre_hook(upcast.pre, with_kwargs=True))
-                handles.append(module.register_forward_hook(upcast.post, always_call=True))
+                handles.append(Fp32Compute().install(module))
             elif mixed and not bounded and _owns_float_weights(module):
                 handles.append(LeafCast(_dtype_fn(plan, by_module), 0 if layer else 2).install(module))
 

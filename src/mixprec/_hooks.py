@@ -18,7 +18,7 @@ from torch import nn
 from mixprec._upcast import UpcastAttentionMode
 
 __all__ = [
-    "Boundary", "EntryGate", "EntryBoundary", "Fp32Compute", "LeafCast", "UpcastScope", "pin_fp32", "cast_floats", "own_tensors",
+    "Boundary", "EntryGate", "EntryBoundary", "LeafCast", "UpcastScope", "pin_fp32", "cast_floats", "own_tensors",
     "is_container", "is_torch_layer", "entry_methods", "called_children", "first_weight_owner",
     "add_method_hook", "MethodHookHandle", "first_float_dtype",
 ]
@@ -275,35 +275,6 @@ class EntryBoundary(Boundary):
 
     def post(self, module, args, kwargs, output):
         return super().post(module, args, kwargs, output) if (self.active.pop() if self.active else False) else None
-
-
-class Fp32Compute:
-    """fp16/bf16 storage, fp32 compute: upcast own weights for the duration of a forward.
-
-    Floating inputs are upcast too (losslessly): code that casts its input to the
-    parameters' storage dtype (``x.to(self.dtype)``, common in real models) would
-    otherwise hand a 16-bit tensor to fp32 weights, which many kernels (RNNs,
-    convolutions) refuse.
-    """
-
-    def __init__(self, module: nn.Module):
-        self.module = module
-        self.stash: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
-
-    def pre(self, module, args, kwargs):
-        saved = []
-        for _, t in own_tensors(module):
-            if t.is_floating_point() and t.dtype != torch.float32:
-                saved.append((t, t.data))
-                t.data = t.data.float()
-        self.stash.append(saved)
-        cast_args = cast_floats(args, torch.float32)
-        cast_kwargs = cast_floats(kwargs, torch.float32) if kwargs else kwargs
-        return None if (cast_args is args and cast_kwargs is kwargs) else (cast_args, cast_kwargs)
-
-    def post(self, module, args, output):
-        for t, data in self.stash.pop() if self.stash else []:
-            t.data = data
 
 
 _METHOD_TABLE = "_mixprec_method_hooks"

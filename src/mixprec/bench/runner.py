@@ -1,8 +1,10 @@
 """Run a benchmark: every configuration in its own worker, repetitions interleaved.
 
-For each batch size all configuration workers are started (and load) first. The fp32
-worker runs once to produce the reference output (and, for ``tts``, the speech tokens
-every other configuration is then teacher-forced on). Then warm-up rounds, then timed
+For each batch size the fp32 worker loads and runs first, alone, to produce the
+reference output (and, for ``tts``, the speech tokens every other configuration is then
+teacher-forced on); with a time budget that run is also the calibration the plan is made
+from (:mod:`mixprec.bench.plan`). Then the other workers load in parallel, then warm-up
+rounds, then timed
 rounds: each round runs every configuration once, so the noise of a shared machine
 spreads over all of them. A configuration that raises, dies or exceeds its time limit
 is recorded as failed or timed out and the run goes on. A configuration cut short (the

@@ -1,0 +1,168 @@
+"""fp16/bf16 storage, fp32 compute, without touching the stored parameters.
+
+A module stored in 16 bits that computes in fp32 gets a ``forward`` that reads upcast
+copies of its own weights. Nothing is written to a parameter: the copies are ordinary
+tensors made inside the call, so ``torch.compile`` traces them as part of the graph
+(an earlier version swapped ``param.data`` for the call, which Dynamo cannot trace and
+which broke the graph at every such layer), revert has nothing to undo in the weights,
+and a compiled graph holds no fp32 copy between calls: inductor takes the parameters
+as graph inputs and makes the copies per call.
+
+The common layers get a functional forward of their own (the same ``torch.nn.functional``
+call their class makes, with the weights upcast): ``Linear``, ``Conv1d/2d/3d`` and their
+transposes, ``Embedding``, ``LayerNorm``, ``GroupNorm``, ``RMSNorm`` and ``BatchNorm`` in
+inference. Every other module (an LSTM, a custom module with its own ``nn.Parameter``)
+runs its own forward with its parameters temporarily replaced by the upcast copies
+(:func:`torch.nn.utils.stateless._reparametrize_module`, what
+:func:`torch.func.functional_call` uses).
+
+Floating inputs are upcast too (losslessly): code that casts its input to the
+parameters' storage dtype (``x.to(self.dtype)``) would otherwise hand a 16-bit tensor
+to fp32 weights, which many kernels refuse.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.utils import stateless
+
+from mixprec._hooks import cast_floats
+
+__all__ = ["Fp32Compute", "fp32_forward_kind"]
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _up(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else (t.float() if t.dtype in _HALF else t)
+
+
+def _linear(m: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, _up(m.weight), _up(m.bias))
+
+
+def _conv(m: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    return m._conv_forward(x, _up(m.weight), _up(m.bias))
+
+
+_TRANSPOSED: dict[type, tuple[int, Callable[..., torch.Tensor]]] = {
+    nn.ConvTranspose1d: (1, F.conv_transpose1d),
+    nn.ConvTranspose2d: (2, F.conv_transpose2d),
+    nn.ConvTranspose3d: (3, F.conv_transpose3d),
+}
+
+
+def _conv_transpose(m: nn.ConvTranspose2d, x: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
+    spatial, fn = next(v for k, v in _TRANSPOSED.items() if isinstance(m, k))
+    output_padding = m._output_padding(x, output_size, m.stride, m.padding, m.kernel_size, spatial, m.dilation)
+    return fn(x, _up(m.weight), _up(m.bias), m.stride, m.padding, output_padding, m.groups, m.dilation)
+
+
+def _embedding(m: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+    return F.embedding(ids, _up(m.weight), m.padding_idx, None, m.norm_type, m.scale_grad_by_freq, m.sparse)
+
+
+def _layer_norm(m: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, m.normalized_shape, _up(m.weight), _up(m.bias), m.eps)
+
+
+def _group_norm(m: nn.GroupNorm, x: torch.Tensor) -> torch.Tensor:
+    return F.group_norm(x, m.num_groups, _up(m.weight), _up(m.bias), m.eps)
+
+
+def _rms_norm(m: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    return F.rms_norm(x, m.normalized_shape, _up(m.weight), m.eps)
+
+
+def _batch_norm(m: _BatchNorm, x: torch.Tensor) -> torch.Tensor:
+    m._check_input_dim(x)
+    return F.batch_norm(x, _up(m.running_mean), _up(m.running_var), _up(m.weight), _up(m.bias), False, 0.0, m.eps)
+
+
+def fp32_forward_kind(module: nn.Module) -> Callable[..., torch.Tensor] | None:
+    """The functional fp32 forward for ``module``, or ``None`` when it needs the generic path.
+
+    Chosen by the class's ``forward`` (a subclass that overrides it, such as a LoRA
+    layer, takes the generic path) and by the options the functional form covers.
+    """
+    forward = type(module).forward
+    if forward is nn.Linear.forward:
+        return _linear
+    if forward in (nn.Conv1d.forward, nn.Conv2d.forward, nn.Conv3d.forward):
+        return _conv
+    if any(forward is cls.forward for cls in _TRANSPOSED) and module.padding_mode == "zeros":
+        return _conv_transpose
+    if forward is nn.Embedding.forward and module.max_norm is None:  # max_norm renormalises the weight in place
+        return _embedding
+    if forward is nn.LayerNorm.forward:
+        return _layer_norm
+    if forward is nn.GroupNorm.forward:
+        return _group_norm
+    if hasattr(nn, "RMSNorm") and forward is nn.RMSNorm.forward:
+        return _rms_norm
+    if forward is _BatchNorm.forward and module.track_running_stats and module.running_mean is not None:
+        return _batch_norm  # inference only: see Fp32Compute.install
+    return None
+
+
+class Fp32Compute:
+    """Wrap a module's ``forward`` so that it computes in fp32 from its 16-bit weights.
+
+    Installed as an instance attribute (like :class:`mixprec._hooks.LeafCast`), removed
+    by :meth:`remove`; inert if someone wrapped ``forward`` again on top of it.
+    """
+
+    __slots__ = ("module", "wrapper", "previous", "active")
+
+    def __init__(self) -> None:
+        self.active = False
+
+    def install(self, module: nn.Module) -> Fp32Compute:
+        self.module, self.previous = module, module.__dict__.get("forward")
+        forward = module.forward
+        functional = fp32_forward_kind(module) if self.previous is None else None
+
+        def upcast_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            return cast_floats(args, torch.float32), (cast_floats(kwargs, torch.float32) if kwargs else kwargs)
+
+        def generic(*args: Any, **kwargs: Any) -> Any:
+            args, kwargs = upcast_inputs(args, kwargs)
+            copies = {name: t.float() for name, t in _own_half(module)}
+            if not copies:
+                return forward(*args, **kwargs)
+            with stateless._reparametrize_module(module, copies):
+                return forward(*args, **kwargs)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not self.active:
+                return forward(*args, **kwargs)
+            if functional is not None and not (functional is _batch_norm and module.training):
+                args, kwargs = upcast_inputs(args, kwargs)
+                return functional(module, *args, **kwargs)
+            return generic(*args, **kwargs)
+
+        functools.update_wrapper(wrapper, forward)  # inspect.signature(module.forward) stays the model's
+        self.wrapper = wrapper
+        self.active = True
+        module.__dict__["forward"] = wrapper
+        return self
+
+    def remove(self) -> None:
+        self.active = False
+        if self.module.__dict__.get("forward") is self.wrapper:
+            if self.previous is None:
+                del self.module.__dict__["forward"]
+            else:
+                self.module.__dict__["forward"] = self.previous
+
+
+def _own_half(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    own = [(n, p) for n, p in module._parameters.items() if p is not None]
+    own += [(n, b) for n, b in module._buffers.items() if b is not None]
+    return [(n, t) for n, t in own if t.dtype in _HALF]
