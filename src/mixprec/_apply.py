@@ -40,6 +40,7 @@ from mixprec._hooks import (
 from mixprec._roles import dtype_property_source
 from mixprec._fp32compute import Fp32Compute
 from mixprec._spectral import SpectralScope, uses_spectral_ops
+from mixprec._upcast import sdpa_upcast_table
 from mixprec._upcast import is_attention_module, sdpa_overflows
 from mixprec.policy import ModulePlan, Policy, PolicyError, closest_names, resolve_modules
 
@@ -171,7 +172,7 @@ class Applied:
             if missing:
                 raise RevertError(f"{path} lacks {len(missing)} of the {len(self._originals)} original tensors; the policy "
                                   "is still applied and nothing was changed: reload the model from its checkpoint")
-        for handle in self._handles:
+        for handle in reversed(self._handles):  # wrappers of one method come off in the order they went on
             handle.remove()
         self._handles.clear()
         for module in self._pinned:
@@ -488,6 +489,7 @@ def _install_hooks(applied: Applied, comps: dict[str, nn.Module], by_module: dic
         # get their boundaries as if they hung from the container's own parent.
         parent_of: dict[int, nn.Module | None] = {id(root): None}
         upcast_scoped: set[int] = set()
+        sdpa_table = None
         for name, module in root.named_modules():
             container = is_container(module)
             for child in module.children():
@@ -515,8 +517,11 @@ def _install_hooks(applied: Applied, comps: dict[str, nn.Module], by_module: dic
                     min_ndim=0 if layer else 2,
                     fallback=applied._entry_dtypes[cname] if is_root else None,
                 )
-                handles.append(module.register_forward_pre_hook(boundary.pre, with_kwargs=True))
-                handles.append(module.register_forward_hook(boundary.post, with_kwargs=True, always_call=True))
+                if is_root:
+                    handles.append(add_method_hook(module, "forward", boundary.around))
+                else:
+                    handles.append(module.register_forward_pre_hook(boundary.pre, with_kwargs=True))
+                    handles.append(module.register_forward_hook(boundary.post, with_kwargs=True, always_call=True))
 
             fp32_compute = plan.compute == "fp32" and not plan.keep_fp32 and plan.storage != "fp32"
             if fp32_compute:
@@ -527,7 +532,9 @@ def _install_hooks(applied: Applied, comps: dict[str, nn.Module], by_module: dic
             if plan.upcast_attention and id(parent) not in upcast_scoped:
                 direct = plan.decided_by.get("upcast_attention") is not None and policy_matches_directly(applied.policy, plan)
                 if is_attention_module(module) or (direct and not any(is_attention_module(m) for m in module.modules())):
-                    scope = UpcastScope()
+                    if sdpa_table is None:
+                        sdpa_table = sdpa_upcast_table({p.device.type for p in root.parameters()} or {"cpu"})
+                    scope = UpcastScope(sdpa_table)
                     handles.append(module.register_forward_pre_hook(scope.pre))
                     handles.append(module.register_forward_hook(scope.post, always_call=True))
                     upcast_scoped.add(id(module))

@@ -60,7 +60,11 @@ def cast_floats(obj: Any, dtype: torch.dtype, *, min_ndim: int = 0) -> Any:
             return obj
         if type(obj) is dict:
             return {**obj, **changed}
-        copied = copy.copy(obj)  # ModelOutput and other dict subclasses keep their type
+        if dataclasses.is_dataclass(obj):
+            # transformers' ModelOutput: rebuilt through its constructor, which torch.compile
+            # traces (copy.copy of it breaks the graph); it keeps its type and field order.
+            return type(obj)(**{**obj, **changed})
+        copied = copy.copy(obj)  # other dict subclasses keep their type
         for key, value in changed.items():
             copied[key] = value
         return copied
@@ -121,6 +125,22 @@ class Boundary:
         caller = self.caller_dtypes.pop() if self.caller_dtypes else None
         target = self.output() or caller or self.fallback
         return output if target is None else cast_floats(output, target)
+
+    def around(self, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """The boundary as a method hook on ``forward`` (see :func:`add_method_hook`).
+
+        Used on components: their forward and its casts then form one Python frame,
+        which ``torch.compile`` traces as one graph (a forward hook on the module being
+        compiled is a frame, and a graph, of its own).
+        """
+        args, kwargs = self.pre(self.module, args, kwargs)
+        try:
+            output = call(*args, **kwargs)
+        except BaseException:
+            if self.caller_dtypes:
+                self.caller_dtypes.pop()
+            raise
+        return self.post(self.module, args, kwargs, output)
 
 
 class LeafCast:
@@ -344,11 +364,12 @@ def add_method_hook(module: nn.Module, name: str, hook: Callable[..., Any], *, p
 
 
 class UpcastScope:
-    def __init__(self) -> None:
+    def __init__(self, sdpa_upcast: dict[tuple[str, torch.dtype], bool] | None = None) -> None:
         self.modes: list[UpcastAttentionMode] = []
+        self.sdpa_upcast = sdpa_upcast
 
     def pre(self, module, args):
-        mode = UpcastAttentionMode()
+        mode = UpcastAttentionMode(self.sdpa_upcast)
         mode.__enter__()
         self.modes.append(mode)
 

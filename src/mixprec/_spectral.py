@@ -43,6 +43,9 @@ _MATMULS = {
 }
 _SOURCE_PATTERN = re.compile(r"(?:\bfft\.\w+|\b(?:stft|istft|rfft|irfft|fbank|view_as_complex|polar)|\w*spectrogram|torch\.complex)\s*\(")
 _local = threading.local()
+# The importing thread's stack exists from the start: created lazily inside a compiled
+# region, its appearance after the first call would be a guard failure (a recompile).
+_local.stack = []
 
 
 def _stack() -> list[tuple[int, SpectralUpcastMode | None]]:

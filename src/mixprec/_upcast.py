@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["UpcastAttentionMode", "sdpa_overflows", "is_attention_module"]
+__all__ = ["UpcastAttentionMode", "sdpa_overflows", "sdpa_upcast_table", "is_attention_module"]
 
 _HALF = (torch.float16, torch.bfloat16)
 _MATMULS = {
@@ -77,8 +77,30 @@ def sdpa_overflows(device_type: str, dtype: torch.dtype) -> bool:
     return not torch.allclose(out, reference, atol=tol, rtol=tol)
 
 
+def sdpa_upcast_table(device_types: set[str]) -> dict[tuple[str, torch.dtype], bool]:
+    """:func:`sdpa_overflows` measured now for these device types and both 16-bit dtypes.
+
+    The mode reads this table instead of measuring while it runs: a measurement made
+    inside a ``torch.compile`` region (it builds a ``torch.Generator``) breaks the graph.
+    """
+    return {(d, dtype): sdpa_overflows(d, dtype) for d in device_types for dtype in _HALF}
+
+
 class UpcastAttentionMode(TorchFunctionMode):
-    """Run the score path of attention in fp32 while active (see module docstring)."""
+    """Run the score path of attention in fp32 while active (see module docstring).
+
+    Args:
+        sdpa_upcast: ``{(device type, dtype): upcast?}`` for SDPA, measured beforehand
+            (:func:`sdpa_upcast_table`); a pair missing from it is measured on first use.
+    """
+
+    def __init__(self, sdpa_upcast: dict[tuple[str, torch.dtype], bool] | None = None) -> None:
+        super().__init__()
+        self.sdpa_upcast = sdpa_upcast or {}
+
+    def _sdpa_overflows(self, device_type: str, dtype: torch.dtype) -> bool:
+        known = self.sdpa_upcast.get((device_type, dtype))
+        return sdpa_overflows(device_type, dtype) if known is None else known
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -90,7 +112,7 @@ class UpcastAttentionMode(TorchFunctionMode):
             return func(*args, **kwargs)
         if func is F.scaled_dot_product_attention:
             q = args[0] if args else kwargs.get("query")
-            if isinstance(q, torch.Tensor) and q.dtype in _HALF and sdpa_overflows(q.device.type, q.dtype):
+            if isinstance(q, torch.Tensor) and q.dtype in _HALF and self._sdpa_overflows(q.device.type, q.dtype):
                 up_args = _up(args)
                 up_kwargs = {k: (_up(v) if k in ("query", "key", "value", "attn_mask") else v) for k, v in kwargs.items()}
                 return func(*up_args, **up_kwargs).to(q.dtype)
