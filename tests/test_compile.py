@@ -172,3 +172,68 @@ def test_fp32_compute_compiles_without_touching_weights_and_reverts_bit_exact():
     applied.revert()
     for key, (dtype, value) in before.items():
         assert net.state_dict()[key].dtype == dtype and torch.equal(net.state_dict()[key], value), key
+
+
+def test_policy_compile_round_trips_and_bad_settings_are_refused():
+    policy = Policy((Rule("*", storage="bf16"),), compile=mixprec.CompileSettings(mode="max-autotune", dynamic=False))
+    for text in (policy.to_toml(), policy.to_json()):
+        loaded = Policy.from_toml(text) if text.lstrip().startswith(("version", "name")) else Policy.from_json(text)
+        assert loaded == policy
+    assert Policy.from_toml('compile = true\n[[rules]]\nmatch = "*"\nstorage = "bf16"\n').compile == mixprec.CompileSettings()
+    for bad, message in ((b'compile = {mode = "fastest"}', r"compile.*unknown mode 'fastest'.*valid: default"),
+                         (b'compile = {dynamic = "yes"}', r"compile dynamic: expected true or false"),
+                         (b'compile = {mod = "default"}', r"unknown key 'mod'.*did you mean 'mode'"),
+                         (b'compile = 3', r"key 'compile': expected a table")):
+        with pytest.raises(mixprec.PolicyError, match=message):
+            Policy.from_toml(bad.decode())
+
+
+def test_apply_compiles_each_component_and_revert_drops_it_bit_exact(monkeypatch):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 4)).eval()
+    x = torch.randn(3, 8)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    counter = CompileCounter()
+    policy = Policy((Rule("*", storage="bf16", compute="fp32"),), compile=mixprec.CompileSettings(backend="eager"))
+    monkeypatch.setattr(mixprec.CompileSettings, "backend", property(lambda self: counter), raising=False)
+    applied = mixprec.apply(model, policy)
+    with torch.no_grad():
+        for _ in range(3):
+            out = model(x)
+    assert counter.frame_count == 1  # one graph: the casts, the fp32 compute and the model, no recompile
+    assert out.dtype == torch.float32 and model[0].weight.dtype == torch.bfloat16
+    applied.revert()
+    assert model._compiled_call_impl is None
+    assert all(torch.equal(before[k], v) and v.dtype == before[k].dtype for k, v in model.state_dict().items())
+
+
+def test_inductor_without_a_compiler_is_a_clear_error_before_anything_is_cast(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(mixprec.ApplyError, match=r"needs a C\+\+ compiler.*no-such-compiler.*'aot_eager' or 'eager'"):
+        mixprec.apply(model, Policy((Rule("*", storage="bf16"),), compile=mixprec.CompileSettings()))
+    assert model.weight.dtype == torch.float32 and model._compiled_call_impl is None
+
+
+def test_guard_checks_a_compiled_component_and_falls_back_on_an_eager_rerun(tmp_path):
+    from guard_models import OverflowingMLP
+    from mixprec._guard import FallbackStore
+
+    model = OverflowingMLP()
+    x = torch.ones(2, 4)
+    with torch.no_grad():
+        expected = model(x)
+    policy = Policy((Rule("*", storage="fp16"),), compile=mixprec.CompileSettings(backend="eager"))
+    applied = mixprec.apply({"m": model}, policy)
+    guard = mixprec.guard(applied, on_nonfinite="fallback", store=FallbackStore(tmp_path / "f.json"))
+    counters.clear()
+    with pytest.warns(UserWarning, match="pinned"), torch.no_grad():
+        out = model(x)
+    assert counters["graph_break"] == {}  # the guard stepped aside inside the compiled call
+    assert torch.isfinite(out).all() and torch.allclose(out, expected, rtol=1e-2, atol=1e-2)
+    assert "m.up" in guard.pins and guard.reports[0].module == "m.up"
+    assert model._compiled_call_impl is not None  # re-applied with the pin, compiled again
+    with torch.no_grad():
+        assert torch.isfinite(model(x)).all()
+    applied.revert()

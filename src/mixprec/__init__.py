@@ -22,7 +22,7 @@ from mixprec.config import ConfigError, Resolved, resolve
 from mixprec._profile import Profile, profile
 from mixprec._guard import FallbackStore, Guard, NonFiniteError, NonFiniteInputError, OverflowReport, Pin, PrecisionDtypeError, guard
 from mixprec._tune import Bound, TuneResult, parse_bound, tune
-from mixprec.policy import Policy, PolicyError, Rule
+from mixprec.policy import CompileSettings, Policy, PolicyError, Rule
 from mixprec.presets import PRESETS, preset
 from mixprec.settings import MATMUL_LEVELS, NumericSettings
 
@@ -47,6 +47,7 @@ __all__ = [
     "ApplyError",
     "PRESETS",
     "Policy",
+    "CompileSettings",
     "PolicyError",
     "RevertError",
     "Rule",

@@ -11,6 +11,7 @@ back any global numeric flag the policy changed.
 from __future__ import annotations
 
 import functools
+import os
 import tempfile
 import warnings
 from pathlib import Path
@@ -230,6 +231,8 @@ class Applied:
         if not isinstance(policy, Policy):
             raise ApplyError(f"policy must be a mixprec Policy, got {type(policy).__name__}")
         plans = _validate(self.components, policy, strict)
+        if policy.compile is not None:
+            check_compiler(policy.compile, self.components)
         if self._active:
             self.revert()
         self.policy, self.plans, self.original_bytes = policy, plans, 0
@@ -371,6 +374,8 @@ def apply(
                     f"({type(module).__name__}); revert that one before applying another"
                 )
     plans = _validate(comps, policy, strict)
+    if policy.compile is not None:
+        check_compiler(policy.compile, comps)
 
     applied = Applied(policy, comps, plans, keep_original)
     _materialize(applied)
@@ -445,12 +450,52 @@ def _materialize(applied: Applied) -> None:
         if policy.numerics is not None:
             applied._numerics = backends.apply_settings(policy.numerics)
         _install_hooks(applied, comps, by_module)
+        if policy.compile is not None:
+            for root in comps.values():
+                applied._handles.append(_Compiled(root, policy.compile))
     except BaseException:
         applied.revert()
         raise
     for root in comps.values():
         for module in root.modules():
             module.__dict__[_MARK] = True
+
+
+class _Compiled:
+    """A component compiled by the policy (``nn.Module.compile``); :meth:`remove` undoes it.
+
+    The compiled region is the component's call: its forward, mixprec's casts and
+    scopes, and its children (traced without graph breaks, see ``tests/test_compile.py``).
+    Removing it drops the compiled code, so nothing compiled keeps the policy's dtypes.
+    """
+
+    def __init__(self, root: nn.Module, settings: Any) -> None:
+        self.root = root
+        root.compile(mode=settings.mode, dynamic=settings.dynamic, backend=settings.backend)
+
+    def remove(self) -> None:
+        self.root._compiled_call_impl = None
+
+
+def check_compiler(settings: Any, comps: dict[str, nn.Module]) -> None:
+    """Refuse a compile setting this machine cannot honour, before anything is cast.
+
+    The inductor backend generates C++ for CPU tensors and needs a compiler (``$CXX``,
+    else ``g++``, ``c++`` or ``clang++`` on ``PATH``).
+
+    Raises:
+        ApplyError: naming what is missing and what would work instead.
+    """
+    import shutil
+
+    if settings.backend != "inductor":
+        return
+    on_cpu = any(p.device.type == "cpu" for root in comps.values() for p in root.parameters())
+    candidates = [c for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c]
+    if on_cpu and not any(shutil.which(c) for c in candidates):
+        raise ApplyError("policy compile: the inductor backend needs a C++ compiler for CPU tensors and none was found "
+                         f"(looked for {', '.join(candidates)}); install g++, set CXX, or use compile backend "
+                         "'aot_eager' or 'eager' (traced, no generated code)")
 
 
 def _dtype_fn(plan: ModulePlan, by_module: dict[int, ModulePlan]) -> Callable[[], torch.dtype]:

@@ -344,22 +344,50 @@ class Guard:
                         self._handles.append(sub.register_forward_hook(self._module_check(cname, name)))
 
     def _wrap(self, cname: str, root: nn.Module, name: str) -> None:
-        pending: list[tuple[tuple, dict]] = []
+        pending: list[_Call] = []
+        checked = [False]
         if name == "forward":
             # What the caller passed, before the policy's boundary hooks cast it: a re-run
             # goes through __call__ again with the caller's own inputs, so the re-applied
-            # policy's hooks (and gates) see a fresh call.
+            # policy's hooks (and gates) see a fresh call. Never traced by torch.compile:
+            # it runs before a compiled call, as the check after it does.
             def remember(module, args, kwargs):
+                if torch.compiler.is_compiling():
+                    return  # a child inside a compiled component: traced away, no graph break
                 if not self._busy and not self._depth[cname]:
-                    pending[:] = [(args, kwargs)]
+                    pending[:] = [_Call.record(root, args, kwargs)]
+                    checked[0] = False
 
+            # A compiled component (Policy.compile, module.compile(), torch.compile) runs
+            # `entry` below as traced code, where the guard steps aside (a check there
+            # would break the graph). This hook runs after the compiled call, eagerly,
+            # checks its output, and on a non-finite one localises and falls back on an
+            # eager re-run of the same call.
+            @torch.compiler.disable
+            def after_compiled(module, args, output):
+                if self._busy or self._depth[cname] or checked[0] or not pending:
+                    return None
+                call = pending.pop()
+                if all_finite(output):
+                    return None
+                with torch.compiler.set_stance("force_eager"):
+                    return self._handle(cname, root, call, output)
+
+            component = root is self.applied.components.get(cname)
+            if component:
+                # The component's own hooks run outside any compiled region (torch.compile
+                # does not trace the module call that runs them): eager, always.
+                remember = torch.compiler.disable(remember)
             self._handles.append(root.register_forward_pre_hook(remember, with_kwargs=True, prepend=True))
+            if component:
+                self._handles.append(root.register_forward_hook(after_compiled))
 
         def entry(method: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-            if self._busy or self._depth[cname]:
+            if torch.compiler.is_compiling() or self._busy or self._depth[cname]:
                 return method(*args, **kwargs)
+            checked[0] = True
             if pending:
-                call = _Call.record(root, *pending.pop())
+                call = pending.pop()
             else:  # forward called directly (module.forward(...)): no hook ran before it
                 call = _Call.record(method, args, kwargs)
             self._depth[cname] += 1

@@ -167,6 +167,57 @@ class Rule:
             raise PolicyError(f"{where}: {exc}") from None
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@dataclass(frozen=True)
+class CompileSettings:
+    """How ``apply`` compiles each component (``torch.compile``).
+
+    Attributes:
+        mode: one of :data:`COMPILE_MODES`.
+        dynamic: ``True``/``False`` as ``torch.compile(dynamic=...)``; ``None`` lets
+            Dynamo decide (static first, dynamic after a shape changes).
+        backend: the ``torch.compile`` backend (``inductor``; ``eager`` or
+            ``aot_eager`` trace without generating code).
+    """
+
+    mode: str = "default"
+    dynamic: bool | None = None
+    backend: str = "inductor"
+
+    def __post_init__(self) -> None:
+        if self.mode not in COMPILE_MODES:
+            raise PolicyError(f"compile mode: unknown mode {self.mode!r}{did_you_mean(str(self.mode), COMPILE_MODES)}; "
+                              f"valid: {', '.join(COMPILE_MODES)}")
+        _opt_bool(self.dynamic, "compile dynamic")
+        if not isinstance(self.backend, str) or not self.backend:
+            raise PolicyError(f"compile backend: expected a backend name such as inductor, got {self.backend!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"mode": self.mode, "backend": self.backend}
+        if self.dynamic is not None:
+            data["dynamic"] = self.dynamic
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "compile") -> CompileSettings:
+        if data is True:
+            return cls()
+        if not isinstance(data, dict):
+            raise PolicyError(f"{where}: expected a table (mode, dynamic, backend) or true, got {type(data).__name__} {data!r}")
+        known = ["mode", "dynamic", "backend"]
+        for key in data:
+            if key not in known:
+                raise PolicyError(f"{where}: unknown key {key!r}{did_you_mean(key, known)}; valid keys: {', '.join(known)}")
+        try:
+            return cls(**data)
+        except PolicyError as exc:
+            raise PolicyError(f"{where}: {exc}") from None
+        except TypeError as exc:
+            raise PolicyError(f"{where}: {exc}") from None
+
+
 @dataclass(frozen=True)
 class Policy:
     """A serialisable precision policy: global numerics plus ordered rules.
@@ -180,6 +231,8 @@ class Policy:
         model_declarations: honour the precision the models declare themselves
             (transformers' and diffusers' ``_keep_in_fp32_modules``, diffusers'
             ``_skip_layerwise_casting_patterns``, a VAE's ``force_upcast``).
+        compile: compile each component after applying (:class:`CompileSettings`),
+            or ``None`` to leave them as they are. Revert undoes it.
 
     Example:
         >>> Policy(rules=(Rule("*", storage="bf16"), Rule("type:*Norm", keep_fp32=True)))
@@ -190,9 +243,12 @@ class Policy:
     name: str = "custom"
     version: int = 1
     model_declarations: bool = True
+    compile: CompileSettings | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", tuple(self.rules))
+        if self.compile is not None and not isinstance(self.compile, CompileSettings):
+            raise PolicyError(f"policy compile must be CompileSettings or None, got {type(self.compile).__name__}")
         if not isinstance(self.model_declarations, bool):
             raise PolicyError(f"policy model_declarations: expected true or false, got {self.model_declarations!r}")
         for rule in self.rules:
@@ -210,6 +266,8 @@ class Policy:
             data["numerics"] = {k: v for k, v in self.numerics.to_dict().items() if k != "version"}
         if not self.model_declarations:
             data["model_declarations"] = False
+        if self.compile is not None:
+            data["compile"] = self.compile.to_dict()
         data["rules"] = [r.to_dict() for r in self.rules]
         return data
 
@@ -217,7 +275,7 @@ class Policy:
     def from_dict(cls, data: dict[str, Any], where: str = "policy") -> Policy:
         if not isinstance(data, dict):
             raise PolicyError(f"{where}: expected a table, got {type(data).__name__}")
-        known = ["version", "name", "numerics", "model_declarations", "rules"]
+        known = ["version", "name", "numerics", "model_declarations", "compile", "rules"]
         for key in data:
             if key not in known:
                 raise PolicyError(f"{where}: unknown key {key!r}{did_you_mean(key, known)}; valid keys: {', '.join(known)}")
@@ -241,11 +299,15 @@ class Policy:
         declared = data.get("model_declarations", True)
         if not isinstance(declared, bool):
             raise PolicyError(f"{where} key 'model_declarations': expected true or false, got {type(declared).__name__} {declared!r}")
+        compile_settings = data.get("compile")
+        if compile_settings is not None and compile_settings is not False:
+            compile_settings = CompileSettings.from_dict(compile_settings, f"{where} key 'compile'")
         return cls(
             rules=tuple(Rule.from_dict(r, f"{where} rules[{i}]") for i, r in enumerate(rules)),
             numerics=numerics,
             name=name,
             model_declarations=declared,
+            compile=compile_settings or None,
         )
 
     def to_toml(self) -> str:
