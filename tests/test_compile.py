@@ -237,3 +237,51 @@ def test_guard_checks_a_compiled_component_and_falls_back_on_an_eager_rerun(tmp_
     with torch.no_grad():
         assert torch.isfinite(model(x)).all()
     applied.revert()
+
+
+def test_tune_tries_compiling_as_its_last_local_move_and_keeps_it_only_if_faster():
+    from mixprec._tune import InProcessEvaluator, tune
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()) for _ in range(4)]).eval()
+
+    def make_inputs(seed):
+        return torch.randn(8, 64, generator=torch.Generator().manual_seed(seed))
+
+    evaluator = InProcessEvaluator(model, make_inputs, model, seeds=(0, 1), repeat=3, name="mlp")
+    result = tune("mlp", "sqnr>=30", evaluator=evaluator, dtypes=(), budget=30, final_rounds=0, try_compile=True)
+    tried = [c for c in result.path if c.step == "local: toggle compile"]
+    assert tried and tried[0].policy.compile is not None and tried[0].met
+    round_trip = Policy.from_toml(tried[0].policy.to_toml())
+    assert round_trip.compile == mixprec.CompileSettings()
+    # Kept only where it measured faster than every uncompiled candidate that meets the bound.
+    uncompiled = min(c.evaluation.latency_s for c in result.path if c.met and c.policy.compile is None)
+    if result.policy.compile is not None:
+        assert result.chosen.evaluation.latency_s < uncompiled
+    else:
+        assert all(c.evaluation.latency_s >= uncompiled * 0.97 for c in tried) or result.chosen.evaluation.latency_s <= uncompiled
+    assert model._compiled_call_impl is None  # every evaluation reverted its policy, compiled or not
+
+
+def test_bench_measures_compiled_configurations_with_their_compile_time(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from mixprec.bench.store import Store
+    from mixprec.cli import app
+
+    db = tmp_path / "b.sqlite"
+    result = CliRunner().invoke(app, ["bench", "--pipeline", "minilm", "--size", "test", "--configs", "fp32,memory+compile",
+                                      "--repeat", "1", "--warmup", "0", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    by_name = {c["name"]: c for c in Store(db).load_run(1)["configs"]}
+    compiled = by_name["memory+compile"]
+    assert compiled["status"] == "ok" and compiled["metrics"]["compile_s"] > 0
+    assert "compile_s" not in by_name["fp32"]["metrics"]
+    assert compiled["policy"]["compile"] == {"mode": "default", "backend": "inductor"}
+    assert compiled["metrics"]["sqnr_db"] > 30  # bf16 weights, fp32 compute, compiled: same numbers as eager
+    assert compiled["metrics"]["weight_bytes"] < by_name["fp32"]["metrics"]["weight_bytes"] * 0.6
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    refused = CliRunner().invoke(app, ["bench", "--pipeline", "minilm", "--size", "test", "--configs", "fp32",
+                                       "--compile", "--db", str(db)])
+    assert refused.exit_code == 2 and "needs a C++ compiler" in refused.output

@@ -232,7 +232,7 @@ class Applied:
             raise ApplyError(f"policy must be a mixprec Policy, got {type(policy).__name__}")
         plans = _validate(self.components, policy, strict)
         if policy.compile is not None:
-            check_compiler(policy.compile, self.components)
+            check_compiler(policy.compile, _on_cpu(self.components))
         if self._active:
             self.revert()
         self.policy, self.plans, self.original_bytes = policy, plans, 0
@@ -375,7 +375,7 @@ def apply(
                 )
     plans = _validate(comps, policy, strict)
     if policy.compile is not None:
-        check_compiler(policy.compile, comps)
+        check_compiler(policy.compile, _on_cpu(comps))
 
     applied = Applied(policy, comps, plans, keep_original)
     _materialize(applied)
@@ -477,7 +477,7 @@ class _Compiled:
         self.root._compiled_call_impl = None
 
 
-def check_compiler(settings: Any, comps: dict[str, nn.Module]) -> None:
+def check_compiler(settings: Any, on_cpu: bool) -> None:
     """Refuse a compile setting this machine cannot honour, before anything is cast.
 
     The inductor backend generates C++ for CPU tensors and needs a compiler (``$CXX``,
@@ -490,12 +490,15 @@ def check_compiler(settings: Any, comps: dict[str, nn.Module]) -> None:
 
     if settings.backend != "inductor":
         return
-    on_cpu = any(p.device.type == "cpu" for root in comps.values() for p in root.parameters())
     candidates = [c for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c]
     if on_cpu and not any(shutil.which(c) for c in candidates):
         raise ApplyError("policy compile: the inductor backend needs a C++ compiler for CPU tensors and none was found "
                          f"(looked for {', '.join(candidates)}); install g++, set CXX, or use compile backend "
                          "'aot_eager' or 'eager' (traced, no generated code)")
+
+
+def _on_cpu(comps: dict[str, nn.Module]) -> bool:
+    return any(p.device.type == "cpu" for root in comps.values() for p in root.parameters())
 
 
 def _dtype_fn(plan: ModulePlan, by_module: dict[int, ModulePlan]) -> Callable[[], torch.dtype]:

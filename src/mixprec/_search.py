@@ -29,7 +29,7 @@ import torch
 from mixprec._apply import apply, components_of
 from mixprec._profile import profile
 from mixprec.bench import metrics as bench_metrics
-from mixprec.policy import Policy, Rule
+from mixprec.policy import CompileSettings, Policy, Rule
 from mixprec.settings import MATMUL_LEVELS, NumericSettings
 
 __all__ = [
@@ -140,8 +140,13 @@ class Session:
                 "quality": quality}
 
     def time(self, policy: Policy, repeat: int = 1) -> list[float]:
-        """Seconds of ``repeat`` runs under ``policy`` on the first seed (no quality runs)."""
+        """Seconds of ``repeat`` runs under ``policy`` on the first seed (no quality runs).
+
+        A compiled policy first makes one untimed call, which compiles.
+        """
         with apply(self.target, policy), torch.inference_mode():
+            if policy.compile is not None:
+                self.run(self.inputs[self.seeds[0]])
             samples = []
             for _ in range(max(1, repeat)):
                 start = time.perf_counter()
@@ -299,6 +304,7 @@ class Config:
         storage: per-group storage overrides.
         upcast: per-group attention upcast settings.
         matmul: global float32 matmul level (``None``: leave the flags alone).
+        compile: compile the components (``Policy.compile``, inductor defaults).
     """
 
     base: str
@@ -307,6 +313,7 @@ class Config:
     storage: tuple[tuple[str, str], ...] = ()
     upcast: tuple[tuple[str, bool], ...] = ()
     matmul: str | None = None
+    compile: bool = False
 
     def policy(self, name: str = "candidate") -> Policy:
         """The policy: base rule, per-group storage and upcast overrides, then the fp32 pins."""
@@ -319,7 +326,7 @@ class Config:
         for unit in self.keep:
             rules.append(Rule(unit, keep_fp32=True, reason="the bound fails when this module is 16-bit"))
         numerics = NumericSettings(matmul=self.matmul) if self.matmul else None
-        return Policy(tuple(rules), numerics, name=name)
+        return Policy(tuple(rules), numerics, name=name, compile=CompileSettings() if self.compile else None)
 
 
 @dataclass
@@ -422,7 +429,7 @@ class Search:
 
 
 def run_search(search: Search, evaluator: Any, fast: list[str], notes: list[str], local_search: bool,
-               improvement: float, presets: Sequence[tuple[str, Policy]] = ()) -> None:
+               improvement: float, presets: Sequence[tuple[str, Policy]] = (), *, try_compile: bool = False) -> None:
     """Baseline, all-16-bit start(s), the presets, keep-fp32 bisection if needed, then local search.
 
     Every candidate lands on ``search.path``; remarks are appended to ``notes``.
@@ -483,7 +490,7 @@ def run_search(search: Search, evaluator: Any, fast: list[str], notes: list[str]
                              "(quality is not monotone here); the best measured candidate is used")
                 return
     if local_search:
-        improve_locally(search, evaluator, config, cand, fast, improvement)
+        improve_locally(search, evaluator, config, cand, fast, improvement, try_compile=try_compile)
 
 
 def _component_of(unit: str, groups: Sequence[str]) -> str | None:
@@ -520,7 +527,7 @@ def _component_pass(search: Search, config: Config, cand: Candidate, order: list
     return trial_config, trial, scope
 
 
-def _moves(groups: list[str], fast: list[str]) -> list[tuple[str, Callable[[Config], Config | None]]]:
+def _moves(groups: list[str], fast: list[str], try_compile: bool = False) -> list[tuple[str, Callable[[Config], Config | None]]]:
     """Local moves, each a label and a function of the current configuration (``None``: no change)."""
     moves: list[tuple[str, Callable[[Config], Config | None]]] = []
 
@@ -547,11 +554,14 @@ def _moves(groups: list[str], fast: list[str]) -> list[tuple[str, Callable[[Conf
         moves += [(f"local: {group} storage {dtype}", storage_move(group, dtype)) for dtype in [*fast, "fp32"]]
         if fast:  # with no 16-bit compute, attention scores are fp32 already
             moves.append((f"local: {group} toggle upcast_attention", upcast_move(group)))
+    if try_compile:
+        # Last: compiling pays off only on the configuration the other moves settled on.
+        moves.append(("local: toggle compile", lambda cfg: dataclasses.replace(cfg, compile=not cfg.compile)))
     return moves
 
 
 def improve_locally(search: Search, evaluator: Any, config: Config, cand: Candidate, fast: list[str],
-                    improvement: float, *, passes: int = 2) -> None:
+                    improvement: float, *, passes: int = 2, try_compile: bool = False) -> None:
     """Greedy local search from ``config``: accept a move when it keeps the bound and improves the objective.
 
     Moves: the global float32 matmul level first, then per group (component) storage
@@ -559,7 +569,7 @@ def improve_locally(search: Search, evaluator: Any, config: Config, cand: Candid
     after ``passes`` passes, or when the budget runs out (:class:`BudgetExhausted`).
     A latency gain counts only above the ``improvement`` fraction (timing noise).
     """
-    moves = _moves(evaluator.groups(), fast)
+    moves = _moves(evaluator.groups(), fast, try_compile)
     for _ in range(passes):
         improved = False
         for step, move in moves:

@@ -346,6 +346,7 @@ def tune(
     hardware: Hardware | None = None,
     dtypes: Sequence[str] | None = None,
     local_search: bool = True,
+    try_compile: bool = False,
     improvement: float = 0.03,
     final_rounds: int = 3,
 ) -> TuneResult:
@@ -373,6 +374,9 @@ def tune(
         hardware: the probed device (default :func:`mixprec.hardware.probe`).
         dtypes: 16-bit storage types to try (default: those the probe measured fast).
         local_search: run the greedy local search after the bisection.
+        try_compile: the local search also tries compiling the components
+            (``Policy.compile``) as its last move, kept where it measures faster
+            (its compiling first call is not timed). Needs a C++ compiler on CPU.
         improvement: relative latency gain a local move must show to be accepted,
             and a finalist must show over the fastest preset to replace it.
         final_rounds: for the latency objective, re-time the three fastest candidates
@@ -424,7 +428,7 @@ def tune(
                              f"{needed} evaluations (baseline + all-16-bit + {len(preset_policies)} presets + a bisection pass)")
         search = Search(evaluator, bound, objective, budget, store, progress, machine_fingerprint(hw), should_stop)
         try:
-            run_search(search, evaluator, fast, notes, local_search, improvement, preset_policies)
+            run_search(search, evaluator, fast, notes, local_search, improvement, preset_policies, try_compile=try_compile)
         except BudgetExhausted:
             notes.append("stopped on request; the result holds what was measured" if search.cancelled
                          else f"budget of {budget} evaluations exhausted")

@@ -461,7 +461,7 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 
 _TERMINAL_COLUMNS = ("config", "batch", "status", "latency", "ci", "speedup", "throughput", "tokens_per_s", "rtf",
-                     "peak_mem", "weights", "snr", "psnr", "sqnr", "token_agreement", "nonfinite", "fallbacks", "error")
+                     "peak_mem", "weights", "compile", "snr", "psnr", "sqnr", "token_agreement", "nonfinite", "fallbacks", "error")
 
 
 def _print_run(run: dict) -> None:
@@ -501,6 +501,7 @@ def bench(
     csv_out: Annotated[Optional[str], typer.Option("--csv", help="Write one CSV row per configuration here.")] = None,
     budget: Annotated[Optional[str], typer.Option("--budget", help="Fit the whole benchmark into this time (e.g. 6m, 360s): the fp32 reference's first run calibrates, then warm-up and timed runs (at most --warmup and --repeat) and, if needed, the pipeline's steps are chosen to fit; the choice is printed.")] = None,
     force_batch: Annotated[bool, typer.Option("--force-batch", help="Skip the check that every --batch fits in free memory.")] = False,
+    compiled: Annotated[bool, typer.Option("--compile", help="Add a compiled twin (torch.compile, inductor) of every configuration; or name them: fast+compile.")] = False,
 ) -> None:
     """Measure speed, memory and quality per precision configuration, side by side."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -525,8 +526,12 @@ def bench(
             raise ValueError(f"--pipeline {pipeline!r}: give at least one pipeline (see mixprec pipelines)")
         names = [_checked_pipeline(p.strip(), size, run_seed, batches[0], device) for p in pipeline.split(",") if p.strip()]
         hw = hardware.probe(device)
-        specs, notes = parse_configs(configs, hw)
-    except (ValueError, NotImplementedError) as exc:
+        specs, notes = parse_configs(configs, hw, compiled_twins=compiled)
+        if any(s.compile for s in specs):
+            from mixprec._apply import check_compiler
+
+            check_compiler(mixprec.CompileSettings(), device == "cpu")
+    except (ValueError, NotImplementedError, mixprec.ApplyError) as exc:
         _fail(exc)
     store = _open_store(db)
     command = "mixprec bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "mixprec bench"
@@ -718,6 +723,7 @@ def tune_cmd(
     out: Annotated[Optional[str], typer.Option("--out", help="Write the chosen policy as TOML here.")] = None,
     html: Annotated[Optional[str], typer.Option("--html", help="Write the frontier and search path as HTML here.")] = None,
     as_json: JsonFlag = False,
+    try_compile: Annotated[bool, typer.Option("--try-compile", help="The local search also tries compiling the components (torch.compile), kept where it measures faster.")] = False,
 ) -> None:
     """Find the fastest (or smallest) policy that meets a quality bound, by measurement.
 
@@ -747,6 +753,10 @@ def tune_cmd(
         if not pipeline.strip():
             raise ValueError(f"--pipeline {pipeline!r}: give a pipeline (see mixprec pipelines)")
         pipeline = _checked_pipeline(pipeline, size, 0, 1, None)
+        if try_compile:
+            from mixprec._apply import check_compiler
+
+            check_compiler(mixprec.CompileSettings(), True)
     except (ValueError, NotImplementedError) as exc:
         _fail(exc)
     store = _open_store(db)
@@ -763,7 +773,7 @@ def tune_cmd(
 
         try:
             result = mixprec.tune(pipeline, parsed, objective=objective, budget=n_budget, seeds=seed_list, store=store,
-                                  progress=progress, size=size, repeat=n_repeat)
+                                  progress=progress, size=size, repeat=n_repeat, try_compile=try_compile)
         except ValueError as exc:
             _fail(exc)
     if out:

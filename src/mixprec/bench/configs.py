@@ -7,6 +7,7 @@ a pipeline inside a worker process and returns a context manager for each run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,14 +48,19 @@ class ConfigSpec:
     """One configuration to measure.
 
     Attributes:
-        name: as given by the user (``fast``, ``naive-fp16``, ``my_policy.toml``).
+        name: as given by the user (``fast``, ``naive-fp16``, ``my_policy.toml``,
+            ``memory+compile``).
         kind: ``baseline``, ``matmul``, ``autocast``, ``naive``, ``preset`` or ``policy``.
         arg: the matmul level, dtype name, preset name or policy file path.
+        compile: the configuration's components are compiled (``torch.compile``,
+            inductor) after it is set up; the worker times the first call, which
+            compiles, separately.
     """
 
     name: str
     kind: str
     arg: str | None = None
+    compile: bool = False
 
     @property
     def dtype(self) -> str | None:
@@ -64,7 +70,12 @@ class ConfigSpec:
         return None
 
 
+COMPILE_SUFFIX = "+compile"
+
+
 def _spec(name: str) -> ConfigSpec:
+    if name.endswith(COMPILE_SUFFIX) and len(name) > len(COMPILE_SUFFIX):
+        return dataclasses.replace(_spec(name[: -len(COMPILE_SUFFIX)]), name=name, compile=True)
     if name in BUILTIN:
         kind, arg, _ = BUILTIN[name]
         if isinstance(arg, torch.dtype):
@@ -78,19 +89,39 @@ def _spec(name: str) -> ConfigSpec:
         Policy.load(name)  # validate now, before any worker starts
         return ConfigSpec(name, "policy", os.path.abspath(name))
     raise UnknownConfigError(
-        f"unknown configuration {name!r}{did_you_mean(name, list(BUILTIN))}; valid: {', '.join(BUILTIN)}, or a policy .toml/.json file"
+        f"unknown configuration {name!r}{did_you_mean(name, list(BUILTIN))}; valid: {', '.join(BUILTIN)}, or a policy "
+        f".toml/.json file; any of them with {COMPILE_SUFFIX} (e.g. fast{COMPILE_SUFFIX}) runs compiled"
     )
 
 
-def parse_configs(text: str | None, hardware: Hardware) -> tuple[list[ConfigSpec], list[str]]:
+def parse_configs(text: str | None, hardware: Hardware, *, compiled_twins: bool = False) -> tuple[list[ConfigSpec], list[str]]:
     """Parse ``--configs`` (comma-separated); ``None`` gives the defaults for this hardware.
+
+    ``compiled_twins`` (``--compile``) adds a ``+compile`` twin after every
+    configuration that is not compiled already.
 
     Returns:
         (configurations, notes for the report). ``fp32`` is always measured (first), as
         the reference for quality and speed-up.
     """
     if text is None:
-        return default_configs(hardware)
+        specs, notes = default_configs(hardware)
+        return (_with_twins(specs) if compiled_twins else specs), notes
+    specs, notes = _parse_names(text)
+    return (_with_twins(specs) if compiled_twins else specs), notes
+
+
+def _with_twins(specs: list[ConfigSpec]) -> list[ConfigSpec]:
+    names = {s.name for s in specs}
+    out = []
+    for spec in specs:
+        out.append(spec)
+        if not spec.compile and spec.name + COMPILE_SUFFIX not in names:
+            out.append(dataclasses.replace(spec, name=spec.name + COMPILE_SUFFIX, compile=True))
+    return out
+
+
+def _parse_names(text: str) -> tuple[list[ConfigSpec], list[str]]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise UnknownConfigError(f"--configs {text!r} names no configuration; valid: {', '.join(BUILTIN)}")
@@ -122,10 +153,30 @@ def default_configs(hardware: Hardware) -> tuple[list[ConfigSpec], list[str]]:
 def setup(spec: ConfigSpec, pipe: Any, hardware: Hardware | None = None) -> tuple[Callable[[], ContextManager], dict[str, Any]]:
     """Change ``pipe`` as ``spec`` says (inside a worker process).
 
+    A ``+compile`` configuration is then compiled: a preset or policy through its
+    ``compile`` setting (:class:`mixprec.CompileSettings`, so the guard checks outside
+    the compiled code), any other configuration by compiling each component.
+
     Returns:
         (a factory of the context manager each run executes in, details: ``policy``
         dict or ``None``, and ``guard`` for presets and policies).
+
+    Raises:
+        mixprec.ApplyError: a compiled configuration on a machine without a C++ compiler.
     """
+    import mixprec
+    from mixprec._apply import check_compiler
+
+    context, info = _configure(spec, pipe, hardware)
+    if spec.compile and spec.kind not in ("preset", "policy"):
+        settings = mixprec.CompileSettings()
+        check_compiler(settings, any(p.device.type == "cpu" for c in pipe.components.values() for p in c.parameters()))
+        for component in pipe.components.values():
+            component.compile(mode=settings.mode, dynamic=settings.dynamic, backend=settings.backend)
+    return context, info
+
+
+def _configure(spec: ConfigSpec, pipe: Any, hardware: Hardware | None) -> tuple[Callable[[], ContextManager], dict[str, Any]]:
     import mixprec
 
     info: dict[str, Any] = {"policy": None, "guard": None}
@@ -148,6 +199,8 @@ def setup(spec: ConfigSpec, pipe: Any, hardware: Hardware | None = None) -> tupl
         policy = mixprec.preset(spec.arg, hardware=hardware, hints=tuple(getattr(pipe, "sensitive", ())))
     else:
         policy = mixprec.Policy.load(spec.arg)
+    if spec.compile and policy.compile is None:
+        policy = dataclasses.replace(policy, compile=mixprec.CompileSettings())
     applied = mixprec.apply(pipe, policy, keep_original="cpu")
     info["policy"] = policy.to_dict()
     info["guard"] = mixprec.guard(applied, on_nonfinite="fallback", hardware=hardware, remember=False)

@@ -44,7 +44,7 @@ MISSING = "—"
 METRIC_ORDER: tuple[str, ...] = (
     "latency_median", "latency_p10", "latency_p90", "latency_mean", "latency_ci_low", "latency_ci_high",
     "latency_ci_exact", "speedup", "throughput_items_per_s", "tokens_per_s", "rtf", "peak_mem_bytes",
-    "weight_bytes", "max_abs_err", "rel_err", "cosine", "sqnr_db", "snr_db", "lsd_db", "psnr_db", "ssim",
+    "weight_bytes", "compile_s", "max_abs_err", "rel_err", "cosine", "sqnr_db", "snr_db", "lsd_db", "psnr_db", "ssim",
     "embedding_cosine_mean", "embedding_cosine_min", "token_agreement", "nonfinite", "fallbacks",
 )
 
@@ -161,6 +161,7 @@ _METRIC_COLUMNS: tuple[tuple[str, str, str, Callable[[Any], str]], ...] = (
     ("rtf", "RTF", "rtf", _fmt_sig()),
     ("peak_mem", "Peak mem", "peak_mem_bytes", _fmt_mib),
     ("weights", "Weights", "weight_bytes", _fmt_mib),
+    ("compile", "Compile", "compile_s", _fmt_with("{:.1f} s")),
     ("max_abs_err", "Max abs err", "max_abs_err", _fmt_with("{:.3g}")),
     ("rel_err", "Rel err", "rel_err", _fmt_with("{:.3g}")),
     ("cosine", "Cosine", "cosine", _fmt_with("{:.6f}")),

@@ -369,6 +369,8 @@ def _record(repeat: int, batch: int, slots: list[_Slot], store: Store) -> None:
                 metrics["speedup"] = base["median"] / median
         if slot.ready:
             metrics["weight_bytes"] = slot.ready.get("weight_bytes")
+            if slot.ready.get("compile_seconds") is not None:
+                metrics["compile_s"] = slot.ready["compile_seconds"]
         if slot.done:
             metrics["peak_mem_bytes"] = slot.done.get("peak_mem_bytes")
             metrics["fallbacks"] = slot.done.get("fallbacks", 0)
