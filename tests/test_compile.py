@@ -285,3 +285,33 @@ def test_bench_measures_compiled_configurations_with_their_compile_time(tmp_path
     refused = CliRunner().invoke(app, ["bench", "--pipeline", "minilm", "--size", "test", "--configs", "fp32",
                                        "--compile", "--db", str(db)])
     assert refused.exit_code == 2 and "needs a C++ compiler" in refused.output
+
+
+def test_a_preset_takes_a_compile_override():
+    policy = mixprec.preset("memory", overrides={"compile": {"mode": "reduce-overhead", "dynamic": False}})
+    assert policy.compile == mixprec.CompileSettings(mode="reduce-overhead", dynamic=False)
+    assert mixprec.preset("memory", overrides={"compile": True}).compile == mixprec.CompileSettings()
+    with pytest.raises(mixprec.PolicyError, match=r"overrides compile: compile mode: unknown mode 'x'"):
+        mixprec.preset("memory", overrides={"compile": {"mode": "x"}})
+
+
+def test_the_compiled_graph_takes_the_16bit_weights_as_inputs_and_holds_no_fp32_copy():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32)).eval()
+    applied = mixprec.apply(model, Policy((Rule("*", storage="bf16", compute="fp32"),)))
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append((gm, example_inputs))
+        return gm.forward
+
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        compiled(torch.randn(4, 32))
+    (gm, inputs), = graphs
+    shapes = {tuple(p.shape) for p in model.parameters()}
+    weight_inputs = [t for t in inputs if isinstance(t, torch.Tensor) and tuple(t.shape) in shapes]
+    assert weight_inputs and all(t.dtype == torch.bfloat16 for t in weight_inputs)  # read per call, not baked in
+    held = [t for t in [*gm.parameters(), *gm.buffers()] if t.dtype == torch.float32 and tuple(t.shape) in shapes]
+    assert held == [] and not any(n.op == "get_attr" for n in gm.graph.nodes)
+    applied.revert()

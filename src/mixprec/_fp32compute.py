@@ -23,7 +23,6 @@ to fp32 weights, which many kernels refuse.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
 import torch
@@ -32,7 +31,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.utils import stateless
 
-from mixprec._hooks import cast_floats
+from mixprec._hooks import ForwardWrapper, cast_floats
 
 __all__ = ["Fp32Compute", "fp32_forward_kind"]
 
@@ -111,14 +110,10 @@ def fp32_forward_kind(module: nn.Module) -> Callable[..., torch.Tensor] | None:
     return None
 
 
-class Fp32Compute:
-    """Wrap a module's ``forward`` so that it computes in fp32 from its 16-bit weights.
+class Fp32Compute(ForwardWrapper):
+    """Wrap a module's ``forward`` so that it computes in fp32 from its 16-bit weights."""
 
-    Installed as an instance attribute (like :class:`mixprec._hooks.LeafCast`), removed
-    by :meth:`remove`; inert if someone wrapped ``forward`` again on top of it.
-    """
-
-    __slots__ = ("module", "wrapper", "previous", "active")
+    __slots__ = ()
 
     def __init__(self) -> None:
         self.active = False
@@ -147,19 +142,8 @@ class Fp32Compute:
                 return functional(module, *args, **kwargs)
             return generic(*args, **kwargs)
 
-        functools.update_wrapper(wrapper, forward)  # inspect.signature(module.forward) stays the model's
-        self.wrapper = wrapper
-        self.active = True
-        module.__dict__["forward"] = wrapper
+        self._set(module, wrapper, forward)
         return self
-
-    def remove(self) -> None:
-        self.active = False
-        if self.module.__dict__.get("forward") is self.wrapper:
-            if self.previous is None:
-                del self.module.__dict__["forward"]
-            else:
-                self.module.__dict__["forward"] = self.previous
 
 
 def _own_half(module: nn.Module) -> list[tuple[str, torch.Tensor]]:

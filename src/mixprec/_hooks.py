@@ -18,7 +18,7 @@ from torch import nn
 from mixprec._upcast import UpcastAttentionMode
 
 __all__ = [
-    "Boundary", "EntryGate", "EntryBoundary", "LeafCast", "UpcastScope", "pin_fp32", "cast_floats", "own_tensors",
+    "Boundary", "EntryGate", "EntryBoundary", "ForwardWrapper", "LeafCast", "UpcastScope", "pin_fp32", "cast_floats", "own_tensors",
     "is_container", "is_torch_layer", "entry_methods", "called_children", "first_weight_owner",
     "add_method_hook", "MethodHookHandle", "first_float_dtype",
 ]
@@ -143,7 +143,32 @@ class Boundary:
         return self.post(self.module, args, kwargs, output)
 
 
-class LeafCast:
+class ForwardWrapper:
+    """A hook installed as the module's ``forward`` instance attribute.
+
+    A module with any forward hook leaves torch's fast call path; a wrapper does not,
+    and ``torch.compile`` traces it with the forward it wraps as one frame. Subclasses
+    build the wrapper and call :meth:`_set`; :meth:`remove` restores what was there and
+    leaves the wrapper inert if someone wrapped ``forward`` again on top of it.
+    """
+
+    __slots__ = ("module", "wrapper", "previous", "active")
+
+    def _set(self, module: nn.Module, wrapper: Callable[..., Any], forward: Callable[..., Any]) -> None:
+        functools.update_wrapper(wrapper, forward)  # inspect.signature(module.forward) stays the model's
+        self.module, self.wrapper, self.active = module, wrapper, True
+        module.__dict__["forward"] = wrapper
+
+    def remove(self) -> None:
+        self.active = False
+        if self.module.__dict__.get("forward") is self.wrapper:
+            if self.previous is None:
+                del self.module.__dict__["forward"]
+            else:
+                self.module.__dict__["forward"] = self.previous
+
+
+class LeafCast(ForwardWrapper):
     """Inputs of a module that owns weights arrive in the dtype it computes in.
 
     Boundaries only see what crosses a module's edge through ``__call__``. Real models
@@ -160,7 +185,7 @@ class LeafCast:
     input already in the right dtype, allocates nothing.
     """
 
-    __slots__ = ("compute", "min_ndim", "module", "wrapper", "previous", "active")
+    __slots__ = ("compute", "min_ndim")
 
     def __init__(self, compute: Callable[[], torch.dtype], min_ndim: int):
         self.compute = compute
@@ -191,19 +216,8 @@ class LeafCast:
                 kwargs = cast_floats(kwargs, dtype, min_ndim=min_ndim) if kwargs else kwargs
             return forward(*args, **kwargs)
 
-        functools.update_wrapper(wrapper, forward)  # inspect.signature(module.forward) stays the model's
-        self.wrapper = wrapper
-        self.active = True
-        module.__dict__["forward"] = wrapper
+        self._set(module, wrapper, forward)
         return self
-
-    def remove(self) -> None:
-        self.active = False  # inert if someone wrapped forward again on top of it
-        if self.module.__dict__.get("forward") is self.wrapper:
-            if self.previous is None:
-                del self.module.__dict__["forward"]
-            else:
-                self.module.__dict__["forward"] = self.previous
 
 
 _FRAMEWORK_MODULES = ("torch.", "transformers.modeling_utils", "transformers.generation", "transformers.integrations",

@@ -22,7 +22,7 @@ import warnings
 from typing import Any, Mapping
 
 from mixprec.hardware import Hardware
-from mixprec.policy import Policy, PolicyError, Rule
+from mixprec.policy import CompileSettings, Policy, PolicyError, Rule
 from mixprec.settings import NumericSettings, did_you_mean
 
 __all__ = ["PRESETS", "resolve", "preset", "UnknownPresetError"]
@@ -135,7 +135,7 @@ def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = 
     return Policy(tuple(rules), NumericSettings(matmul="high"), name=key), reasons
 
 
-_OVERRIDE_KEYS = ("matmul", "storage", "compute", "upcast_attention", "keep_fp32", "rules")
+_OVERRIDE_KEYS = ("matmul", "storage", "compute", "upcast_attention", "keep_fp32", "rules", "compile")
 
 
 def preset(
@@ -153,7 +153,8 @@ def preset(
         hints: the pipeline's sensitive modules.
         overrides: ``matmul`` (global level), ``storage`` / ``compute`` /
             ``upcast_attention`` / ``keep_fp32`` (appended as a rule on ``*``), and
-            ``rules`` (extra :class:`Rule` objects or dicts, appended last so they win).
+            ``rules`` (extra :class:`Rule` objects or dicts, appended last so they win),
+            ``compile`` (a :class:`CompileSettings`, its table, or ``True``).
             Inconsistent combinations warn: an emulated storage dtype, or
             ``keep_fp32`` together with a 16-bit storage.
 
@@ -185,4 +186,7 @@ def preset(
                           f"({hardware.dtypes[rule.storage].ratio}x fp32); consider compute='fp32' or another dtype", stacklevel=2)
         if rule.keep_fp32 and rule.storage in ("bf16", "fp16"):
             warnings.warn(f"override {rule.match!r}: keep_fp32 wins over storage={rule.storage}", stacklevel=2)
-    return Policy(policy.rules + tuple(extra), numerics, name=f"{policy.name}+overrides")
+    compiled = overrides.get("compile")
+    if compiled is not None and compiled is not False and not isinstance(compiled, CompileSettings):
+        compiled = CompileSettings.from_dict(compiled, "overrides compile")
+    return Policy(policy.rules + tuple(extra), numerics, name=f"{policy.name}+overrides", compile=compiled or None)

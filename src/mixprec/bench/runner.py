@@ -136,6 +136,7 @@ class _Slot:
     ready: dict[str, Any] = field(default_factory=dict)
     first: dict[str, Any] | None = None
     done: dict[str, Any] = field(default_factory=dict)
+    compile_s: float | None = None
 
     @property
     def alive(self) -> bool:
@@ -323,7 +324,17 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
                          + "; the reference itself is not timed out")
         tokens = (reference.first or {}).get("extras", {}).get("speech_tokens")
         for slot in slots[1:]:
-            if slot.alive:
+            if not slot.alive:
+                continue
+            if slot.spec.compile:
+                # Its first call compiles: limited like a load, and not part of its runs' time limit.
+                spent = slot.spent
+                answer = _call(slot, store, spent + LOAD_TIMEOUT_S, "reference", tokens)
+                if slot.alive:
+                    slot.compile_s = (answer or {}).get("compile_seconds")
+                    slot.spent = spent
+                step(f"batch {batch}: compiled {slot.spec.name}", 0)
+            else:
                 _call(slot, store, limit, "reference", tokens)
 
         for round_index in range(warmup + repeat):
@@ -369,8 +380,9 @@ def _record(repeat: int, batch: int, slots: list[_Slot], store: Store) -> None:
                 metrics["speedup"] = base["median"] / median
         if slot.ready:
             metrics["weight_bytes"] = slot.ready.get("weight_bytes")
-            if slot.ready.get("compile_seconds") is not None:
-                metrics["compile_s"] = slot.ready["compile_seconds"]
+
+        if slot.compile_s is not None:
+            metrics["compile_s"] = slot.compile_s
         if slot.done:
             metrics["peak_mem_bytes"] = slot.done.get("peak_mem_bytes")
             metrics["fallbacks"] = slot.done.get("fallbacks", 0)

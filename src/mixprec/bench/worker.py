@@ -116,19 +116,9 @@ def _serve(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs i
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    compile_seconds = None
-    if spec.compile:
-        # The first call compiles: timed here, apart from the timed runs. The peak
-        # memory reported includes it (what compiling took is memory the app needs too).
-        start = time.perf_counter()
-        with context():
-            pipe.run(inputs)
-        if cuda:
-            torch.cuda.synchronize()
-        compile_seconds = time.perf_counter() - start
     work = getattr(pipe, "work_option", None)
     conn.send(("ready", {"weight_bytes": mixprec.weight_bytes(pipe), "policy": info["policy"], "pid": os.getpid(),
-                         "output_kind": pipe.output_kind, "compile_seconds": compile_seconds,
+                         "output_kind": pipe.output_kind,
                          "work": (work[0], int(getattr(pipe.config, work[0])), int(work[1])) if work else None}))
     kwargs: dict[str, Any] = {}
     while True:
@@ -136,7 +126,18 @@ def _serve(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs i
         if command == "reference":
             if payload is not None:
                 kwargs = {"speech_tokens": payload}
-            conn.send(("ok", None))
+            compile_seconds = None
+            if spec.compile:
+                # The first call compiles: timed here, on the inputs of the timed runs, one
+                # worker at a time. The peak memory reported includes it (compiling takes
+                # memory the app needs too).
+                start = time.perf_counter()
+                with context():
+                    pipe.run(inputs, **kwargs)
+                if cuda:
+                    torch.cuda.synchronize()
+                compile_seconds = time.perf_counter() - start
+            conn.send(("ok", {"compile_seconds": compile_seconds}))
         elif command == "run":
             if cuda:
                 torch.cuda.synchronize()
