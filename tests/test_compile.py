@@ -77,7 +77,8 @@ def test_presets_compile_without_mixprec_graph_breaks_or_recompiles(name, bf16_c
     hw = hardware.probe()
     pipe = pipelines.get(name, size="test", seed=0)
     inputs = pipe.example_inputs(1, 0)
-    baseline = {c: compile_report(fn, a, k, calls=1)["breaks"] for c, (fn, a, k) in _captured_calls(pipe, inputs).items()}
+    # In fp32, without mixprec, these components trace without a break (the voice
+    # encoder's LSTM aside, MODEL_INHERENT); so every other break would be mixprec's.
     for preset in ("fast", "balanced", "memory"):
         policy = mixprec.preset(preset, hardware=hw, hints=tuple(pipe.sensitive))
         applied = mixprec.apply(pipe, policy)
@@ -85,7 +86,7 @@ def test_presets_compile_without_mixprec_graph_breaks_or_recompiles(name, bf16_c
         calls = _captured_calls(pipe, inputs)
         assert set(calls) >= {c for c in pipe.components if c != "vae"}
         for component, (fn, args, kwargs) in calls.items():
-            report = compile_report(fn, args, kwargs, baseline=baseline[component])
+            report = compile_report(fn, args, kwargs)
             where = f"{name}/{preset}/{component}"
             assert report["mixprec_breaks"] == [], where
             assert report["recompiles"] == 0, where
@@ -188,14 +189,17 @@ def test_policy_compile_round_trips_and_bad_settings_are_refused():
             Policy.from_toml(bad.decode())
 
 
-def test_apply_compiles_each_component_and_revert_drops_it_bit_exact(monkeypatch):
+def test_apply_compiles_each_component_and_revert_drops_it_bit_exact():
+    from torch._dynamo import register_backend
+
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 4)).eval()
     x = torch.randn(3, 8)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     counter = CompileCounter()
-    policy = Policy((Rule("*", storage="bf16", compute="fp32"),), compile=mixprec.CompileSettings(backend="eager"))
-    monkeypatch.setattr(mixprec.CompileSettings, "backend", property(lambda self: counter), raising=False)
+    name = f"mixprec_test_counter_{id(counter)}"
+    register_backend(counter, name=name)  # a named backend, as a policy file would give it
+    policy = Policy((Rule("*", storage="bf16", compute="fp32"),), compile=mixprec.CompileSettings(backend=name))
     applied = mixprec.apply(model, policy)
     with torch.no_grad():
         for _ in range(3):
