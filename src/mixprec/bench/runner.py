@@ -1,10 +1,10 @@
 """Run a benchmark: every configuration in its own worker, repetitions interleaved.
 
-For each batch size the fp32 worker loads and runs first, alone, to produce the
-reference output (and, for ``tts``, the speech tokens every other configuration is then
-teacher-forced on); with a time budget that run is also the calibration the plan is made
-from (:mod:`mixprec.bench.plan`). Then the other workers load in parallel, then warm-up
-rounds, then timed
+For each batch size the fp32 worker runs first to produce the reference output (and,
+for ``tts``, the speech tokens every other configuration is then teacher-forced on).
+With a time budget that run is also the calibration the plan is made from
+(:mod:`mixprec.bench.plan`), so the fp32 worker loads and runs alone and the others load
+after it; without one, all workers load at once. Then warm-up rounds, then timed
 rounds: each round runs every configuration once, so the noise of a shared machine
 spreads over all of them. A configuration that raises, dies or exceeds its time limit
 is recorded as failed or timed out and the run goes on. A configuration cut short (the
@@ -273,18 +273,25 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
                executor: Executor, step: Callable[[str, int], None], budget: float | None, state: _RunState) -> list[str]:
     """Measure one batch size; returns notes for the run (the plan and time limits chosen).
 
-    The fp32 reference worker loads and runs first, alone; its run is the reference
-    output and, with a ``budget``, the calibration the plan is made from. Then the
-    other workers load (in parallel) and the rounds begin.
+    The fp32 reference worker's first run is the reference output. With a ``budget``
+    it loads and runs alone, as the calibration the plan is made from, and the other
+    workers load after it; without one, every worker loads at once. Then the rounds
+    begin.
     """
     began = time.monotonic()
     notes: list[str] = []
     slots: list[_Slot] = []
     warmup, repeat = options.warmup, options.repeat
     ref_limit = options.timeout if options.timeout is not None else REFERENCE_LIMIT_S
+    def start_others() -> None:
+        for position, spec in enumerate(options.configs[1:], start=1):
+            slots.append(_start(options, spec, position, batch, hardware, store, run_id, executor, state.overrides))
+
     try:
         reference = _start(options, options.configs[0], 0, batch, hardware, store, run_id, executor, state.overrides)
         slots.append(reference)
+        if budget is None:
+            start_others()  # nothing to calibrate: every worker loads at once
         load_s = _wait_ready(reference)
         step(f"batch {batch}: loaded {reference.spec.name}", 0)
         if reference.alive:
@@ -307,8 +314,8 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
                 _wait_ready(reference)
                 if reference.alive:
                     reference.first = _call(reference, store, ref_limit, "run", {"want_output": True})
-        for position, spec in enumerate(options.configs[1:], start=1):
-            slots.append(_start(options, spec, position, batch, hardware, store, run_id, executor, state.overrides))
+        if len(slots) == 1:
+            start_others()
         for slot in slots[1:]:  # the other workers load in parallel; collect them in order
             _wait_ready(slot)
             step(f"batch {batch}: loaded {slot.spec.name}", 0)
