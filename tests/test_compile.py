@@ -18,7 +18,7 @@ import mixprec
 from mixprec import hardware, pipelines
 from mixprec.policy import Policy, Rule
 
-from test_upcast import FP16_UPCAST, ExplicitAttention, _overflowing_llama
+from test_upcast import FP16_UPCAST, ExplicitAttention, _overflowing_llama, overflowing_diffusers_attention
 
 #: Breaks that come from the model's own layers wherever they are called from: Dynamo
 #: does not trace RNN modules (in fp32 the same call makes it skip the whole frame, so
@@ -96,17 +96,6 @@ def test_presets_compile_without_mixprec_graph_breaks_or_recompiles(name, bf16_c
 LLAMA_X = torch.ones(1, 6, 64)
 
 
-def _diffusers_attention():
-    from diffusers.models.attention_processor import Attention, AttnProcessor
-
-    torch.manual_seed(0)
-    attn = Attention(query_dim=64, heads=4, dim_head=16, processor=AttnProcessor())
-    with torch.no_grad():
-        attn.to_q.weight.fill_(4.0)
-        attn.to_k.weight.fill_(4.0)
-    return attn
-
-
 def _explicit(sdpa: bool):
     torch.manual_seed(0)
     model = ExplicitAttention(sdpa)
@@ -119,7 +108,7 @@ def _explicit(sdpa: bool):
 def test_upcast_attention_compiles_on_every_path_and_stays_finite(path):
     model, x, kwargs = {
         "transformers-eager": lambda: (_overflowing_llama(), None, {"inputs_embeds": LLAMA_X}),
-        "diffusers-classic": lambda: (_diffusers_attention(), torch.ones(1, 6, 64), {}),
+        "diffusers-classic": lambda: (overflowing_diffusers_attention(), torch.ones(1, 6, 64), {}),
         "explicit-matmul": lambda: (_explicit(False), torch.ones(2, 5, 32), {}),
         "sdpa": lambda: (_explicit(True), torch.ones(2, 5, 32), {}),
     }[path]()

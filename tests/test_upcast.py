@@ -43,7 +43,8 @@ def test_transformers_eager_attention_overflows_without_upcast_and_not_with_it()
     assert torch.allclose(upcast.float(), ref, atol=2e-2, rtol=1e-2)
 
 
-def test_diffusers_classic_attn_processor():
+def overflowing_diffusers_attention():
+    """diffusers' classic attention processor whose fp16 scores overflow on an all-ones input."""
     from diffusers.models.attention_processor import Attention, AttnProcessor
 
     torch.manual_seed(0)
@@ -51,6 +52,12 @@ def test_diffusers_classic_attn_processor():
     with torch.no_grad():
         attn.to_q.weight.fill_(4.0)
         attn.to_k.weight.fill_(4.0)
+    return attn
+
+
+def test_diffusers_classic_attn_processor():
+    attn = overflowing_diffusers_attention()
+    with torch.no_grad():
         x = torch.ones(1, 6, 64)
         ref = attn(x)
         with mixprec.apply(attn, FP16):
