@@ -23,6 +23,7 @@ to fp32 weights, which many kernels refuse.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
@@ -31,7 +32,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.utils import stateless
 
-from mixprec._hooks import ForwardWrapper, cast_floats
+from mixprec._hooks import ForwardWrapper, cast_floats, own_tensors
 
 __all__ = ["Fp32Compute", "fp32_forward_kind"]
 
@@ -57,8 +58,8 @@ _TRANSPOSED: dict[type, tuple[int, Callable[..., torch.Tensor]]] = {
 }
 
 
-def _conv_transpose(m: nn.ConvTranspose2d, x: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
-    spatial, fn = next(v for k, v in _TRANSPOSED.items() if isinstance(m, k))
+def _conv_transpose(spatial: int, fn: Callable[..., torch.Tensor], m: nn.ConvTranspose2d, x: torch.Tensor,
+                    output_size: list[int] | None = None) -> torch.Tensor:
     output_padding = m._output_padding(x, output_size, m.stride, m.padding, m.kernel_size, spatial, m.dilation)
     return fn(x, _up(m.weight), _up(m.bias), m.stride, m.padding, output_padding, m.groups, m.dilation)
 
@@ -95,8 +96,9 @@ def fp32_forward_kind(module: nn.Module) -> Callable[..., torch.Tensor] | None:
         return _linear
     if forward in (nn.Conv1d.forward, nn.Conv2d.forward, nn.Conv3d.forward):
         return _conv
-    if any(forward is cls.forward for cls in _TRANSPOSED) and module.padding_mode == "zeros":
-        return _conv_transpose
+    for cls, (spatial, fn) in _TRANSPOSED.items():
+        if forward is cls.forward and module.padding_mode == "zeros":
+            return functools.partial(_conv_transpose, spatial, fn)  # resolved once, not per call
     if forward is nn.Embedding.forward and module.max_norm is None:  # max_norm renormalises the weight in place
         return _embedding
     if forward is nn.LayerNorm.forward:
@@ -128,7 +130,7 @@ class Fp32Compute(ForwardWrapper):
 
         def generic(*args: Any, **kwargs: Any) -> Any:
             args, kwargs = upcast_inputs(args, kwargs)
-            copies = {name: t.float() for name, t in _own_half(module)}
+            copies = {key[2:]: t.float() for key, t in own_tensors(module) if t.dtype in _HALF}  # "p:weight" -> "weight"
             if not copies:
                 return forward(*args, **kwargs)
             with stateless._reparametrize_module(module, copies):
@@ -145,8 +147,3 @@ class Fp32Compute(ForwardWrapper):
         self._set(module, wrapper, forward)
         return self
 
-
-def _own_half(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    own = [(n, p) for n, p in module._parameters.items() if p is not None]
-    own += [(n, b) for n, b in module._buffers.items() if b is not None]
-    return [(n, t) for n, t in own if t.dtype in _HALF]
