@@ -10,6 +10,11 @@
    weights rounded to the storage dtype and arithmetic in the compute dtype (bf16
    weights with fp32 compute have an error too), on the fp32 module's own input, and
    compares with the fp32 output: the module's **own error**, as SQNR in dB;
+   Enclosing blocks and components get an own error too: a copy of the whole block,
+   each of its modules stored and computed as the policy says, run on the block's fp32
+   input. An error that only appears when sibling layers combine (cancellation between
+   branches, residual sums, normalisation statistics) shows at the block that holds
+   them even when each layer's own error is ordinary;
 2. under the policy, comparing each module's output with the fp32 run's output at the
    same call: the **inherited error**, everything upstream included.
 
@@ -95,6 +100,11 @@ class ModuleStats:
     #: Its integer/bool tensor inputs (token ids, masks) differed between the runs at
     #: a paired call: its inherited error starts from different inputs.
     int_inputs_differ: bool = False
+    #: It owns floating-point parameters itself (a layer); ``False`` for a block or
+    #: component whose own error comes from the layers inside it.
+    owns_weights: bool = False
+    #: Why a block's own error was not measured (its inputs could not be copied).
+    own_skipped: str | None = None
 
     @property
     def fp16_headroom(self) -> float:
@@ -141,10 +151,20 @@ class Profile:
                            "modules": self.rows()}, indent=2)
 
     def suggestions(self, *, min_own_sqnr_db: float = 20.0) -> list[dict[str, Any]]:
-        """Keep-fp32 rules that would fix the risky modules: fp16 overflow, or own SQNR below the bound."""
+        """Keep-fp32 rules that would fix the risky modules: fp16 overflow, or own SQNR below the bound.
+
+        Layers are suggested by their own error. A block is suggested only when its
+        own error is below the bound while no layer inside it is (the error comes from
+        their combination), so a block never repeats what one of its layers explains.
+        """
         out = []
         for s in self.by_risk():
             if s.compute == "fp32" and s.storage == "fp32":
+                continue
+            if not s.owns_weights:
+                reason = self._block_reason(s, min_own_sqnr_db)
+                if reason is not None:
+                    out.append({"match": s.module, "keep_fp32": True, "reason": reason})
                 continue
             if s.own_nonfinite:
                 reason = f"its {s.compute} copy produces inf/NaN on the fp32 input (overflow inside the module)"
@@ -157,6 +177,17 @@ class Profile:
                 continue
             out.append({"match": s.module, "keep_fp32": True, "reason": reason})
         return out
+
+    def _block_reason(self, block: ModuleStats, min_own_sqnr_db: float) -> str | None:
+        own = block.own_sqnr_db
+        if own is None or not own < min_own_sqnr_db:
+            return None
+        inside = [s for s in self.modules if s.module.startswith(block.module + ".") and s.own_sqnr_db is not None]
+        if any(s.own_sqnr_db < min_own_sqnr_db or s.own_nonfinite for s in inside):
+            return None  # a layer (or a smaller block) inside explains it and is suggested itself
+        best = min((s.own_sqnr_db for s in inside), default=math.inf)
+        return (f"own error {own:.1f} dB SQNR as a block (< {min_own_sqnr_db:g} dB) while every module inside "
+                f"stays at {best:.1f} dB or better: the error comes from how they combine")
 
     def suggestions_toml(self, **kwargs: Any) -> str:
         import tomli_w
@@ -278,42 +309,76 @@ class _LowCopy:
     """A private copy of a module (and its subtree) as the policy stores and computes it.
 
     Every floating parameter and buffer is rounded to its module's storage dtype and
-    kept there; for the call they are cast to the compute dtype (bf16 storage with
-    fp32 compute: rounded weights, fp32 arithmetic), as are the floating inputs.
+    kept there; for the call each module's tensors are cast to that module's compute
+    dtype (bf16 storage with fp32 compute: rounded weights, fp32 arithmetic), as are
+    the floating inputs. Inside a block, a module computing in another dtype than its
+    parent gets its inputs cast to its dtype and its outputs cast back to its parent's.
     """
 
     def __init__(self, module: nn.Module, plan: ModulePlan, plans: dict[int, ModulePlan], hook_ids: set[int]):
+        def plan_of(original: nn.Module, parent: ModulePlan) -> ModulePlan:
+            return plans.get(id(original)) or parent
+
+        self.casts: list[tuple[torch.Tensor, torch.dtype]] = []
         with torch.inference_mode(False), torch.no_grad():
             clone = copy.deepcopy(module)
-            for original, sub in zip(module.modules(), clone.modules()):
+            sub_plans: dict[int, ModulePlan] = {id(clone): plan}
+            for (name, original), sub in zip(module.named_modules(), clone.modules()):
                 for table in _HOOK_TABLES:  # the profile's own hooks were copied along
                     hooks = getattr(sub, table, None)
                     for hook_id in [k for k in hooks if k in hook_ids] if hooks else ():
                         del hooks[hook_id]
-                storage = DTYPES[(plans.get(id(original)) or plan).storage]
+                parent = sub_plans.get(id(_parent_of(clone, name)), plan) if name else plan
+                own_plan = sub_plans[id(sub)] = plan_of(original, parent) if name else plan
+                storage, compute = DTYPES[own_plan.storage], DTYPES[own_plan.compute_dtype]
                 for t in _own_tensors(sub):
                     if t.is_floating_point():
                         t.requires_grad_(False)
                         t.data = t.data.to(storage)
+                        if compute != storage:
+                            self.casts.append((t, compute))
+                if name and own_plan.compute_dtype != parent.compute_dtype:
+                    sub.register_forward_pre_hook(_cast_inputs(DTYPES[own_plan.compute_dtype], _min_ndim(sub)),
+                                                  with_kwargs=True)
+                    sub.register_forward_hook(_cast_output(DTYPES[parent.compute_dtype]))
         self.module = clone
         self.compute = DTYPES[plan.compute_dtype]
-        # torch's own layers need every floating input in their dtype; other modules
-        # keep 0-d/1-d floats (timesteps, scales) as they came, as apply's boundaries do.
-        self.min_ndim = 0 if type(module).__module__.startswith("torch.nn.") else 2
+        self.min_ndim = _min_ndim(module)
+        self.nbytes = sum(t.numel() * t.element_size() for sub in clone.modules() for t in _own_tensors(sub))
 
     def __call__(self, args: Any, kwargs: Any) -> Any:
         saved = []
-        for sub in self.module.modules():
-            for t in _own_tensors(sub):
-                if t.is_floating_point() and t.dtype != self.compute:
-                    saved.append((t, t.data))
-                    t.data = t.data.to(self.compute)
+        for t, dtype in self.casts:
+            saved.append((t, t.data))
+            t.data = t.data.to(dtype)
         try:
             return self.module(*cast_floats(args, self.compute, min_ndim=self.min_ndim),
                                **cast_floats(kwargs, self.compute, min_ndim=self.min_ndim))
         finally:
             for t, data in saved:
                 t.data = data
+
+
+def _min_ndim(module: nn.Module) -> int:
+    """torch's own layers need every floating input in their dtype; other modules keep
+    0-d/1-d floats (timesteps, scales) as they came, as apply's boundaries do."""
+    return 0 if type(module).__module__.startswith("torch.nn.") else 2
+
+
+def _parent_of(root: nn.Module, name: str) -> nn.Module:
+    return root.get_submodule(name.rpartition(".")[0]) if "." in name else root
+
+
+def _cast_inputs(dtype: torch.dtype, min_ndim: int) -> Callable[..., Any]:
+    def hook(module: nn.Module, args: Any, kwargs: Any) -> Any:
+        return cast_floats(args, dtype, min_ndim=min_ndim), cast_floats(kwargs, dtype, min_ndim=min_ndim)
+    return hook
+
+
+def _cast_output(dtype: torch.dtype) -> Callable[..., Any]:
+    def hook(module: nn.Module, args: Any, output: Any) -> Any:
+        return cast_floats(output, dtype)
+    return hook
 
 
 class _RngState:
@@ -347,16 +412,21 @@ class _Call:
 
 def _fresh_inputs(inputs: Any, comps: dict[str, nn.Module]) -> Any:
     """A deep copy of ``inputs`` for one run; the components (and their tensors) stay shared."""
+    try:
+        return copy.deepcopy(inputs, _model_memo(comps))
+    except Exception:  # not copyable: both runs share it
+        return inputs
+
+
+def _model_memo(comps: dict[str, nn.Module]) -> dict[int, Any]:
+    """A ``copy.deepcopy`` memo that keeps the components' modules and tensors shared."""
     memo: dict[int, Any] = {}
     for root in comps.values():
         for module in root.modules():
             memo[id(module)] = module
             for t in _own_tensors(module):
                 memo[id(t)] = t
-    try:
-        return copy.deepcopy(inputs, memo)
-    except Exception:  # not copyable: both runs share it
-        return inputs
+    return memo
 
 
 def _default_runner(target: Any) -> Callable[[Any], Any]:
@@ -374,7 +444,8 @@ def _output_sqnr(low: Any, reference: tuple[tuple[int, ...], torch.Tensor] | Non
     return sqnr_db(_sample(y), reference[1])
 
 
-def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], Any] | None = None) -> Profile:
+def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], Any] | None = None,
+            blocks: bool = True) -> Profile:
     """Profile every module of ``target`` on ``inputs`` in fp32 and under ``policy``.
 
     Args:
@@ -385,6 +456,10 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
         run: how to run the target on inputs (default: ``target.run`` or ``target(inputs)``).
             It need not seed itself: both runs start from the same random state, and the
             caller's random state is restored afterwards.
+        blocks: also measure the own error of every block and component that holds a
+            layer the policy rounds (a copy of the block on its fp32 input). Costs a
+            run of each block per call; copies are kept for reuse up to half the
+            model's fp32 weight bytes, larger ones are made per call.
 
     Returns:
         A :class:`Profile`.
@@ -400,8 +475,16 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
     stats: dict[int, ModuleStats] = {}
     for plan in plans:
         stats[id(plan.module)] = ModuleStats(plan.qualname or "(root)", plan.type_name, plan.storage, plan.compute_dtype)
-    lowable = {id(p.module) for p in plans if _is_reduced(p) and _owns_weights(p.module)}
+    layers = {id(p.module) for p in plans if _is_reduced(p) and _owns_weights(p.module)}
+    block_ids = {id(p.module) for p in plans if blocks and not _owns_weights(p.module)
+                 and any(id(sub) in layers for sub in p.module.modules())}
+    lowable = layers | block_ids
+    for plan in plans:
+        stats[id(plan.module)].owns_weights = _owns_weights(plan.module)
     copies: dict[int, _LowCopy] = {}
+    # Block copies are kept up to half the model's fp32 weight bytes; beyond that, made per call.
+    copy_budget = [sum(t.numel() * 4 for root in comps.values() for t in root.parameters() if t.is_floating_point()) // 2]
+    model_memo = _model_memo(comps) if block_ids else {}
     hook_ids: set[int] = set()
 
     reference: dict[tuple[int, int], tuple[tuple[int, ...], torch.Tensor]] = {}
@@ -419,7 +502,15 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
         s.input_absmax = _nanmax(s.input_absmax, _absmax(_first_float((args, kwargs))))
         int_prints[(key, index)] = _int_fingerprint((args, kwargs))
         call = _Call(index)
-        if key in lowable:
+        if key in block_ids:
+            # A block may hand stateful objects down (a KV cache it appends to): its copy
+            # gets its own deep copy of them, the model's modules and weights shared.
+            try:
+                call.args, call.kwargs = copy.deepcopy((args, kwargs), dict(model_memo))
+                call.rng = _RngState()
+            except Exception as exc:  # an input deepcopy cannot copy: this call gets no own error
+                s.own_skipped = f"its inputs could not be copied ({type(exc).__name__}: {exc})"[:200]
+        elif key in lowable:
             call.args, call.kwargs, call.rng = _snapshot(args), _snapshot(kwargs), _RngState()
         stacks.setdefault(key, []).append(call)
 
@@ -436,11 +527,14 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
             s.underflow_fp16 = max(s.underflow_fp16, float((nonzero < _TINY["fp16"]).float().mean()))
             s.underflow_bf16 = max(s.underflow_bf16, float((nonzero < _TINY["bf16"]).float().mean()))
         reference[(key, call.index)] = (tuple(y.shape), _sample(y))
-        if key not in lowable:
+        if key not in lowable or call.rng is None:
             return
         low_copy = copies.get(key)
         if low_copy is None:
-            low_copy = copies[key] = _LowCopy(module, by_id[key], by_id, hook_ids)
+            low_copy = _LowCopy(module, by_id[key], by_id, hook_ids)
+            if key in layers or low_copy.nbytes <= copy_budget[0]:
+                copies[key] = low_copy
+                copy_budget[0] -= low_copy.nbytes if key in block_ids else 0
         # The copy draws what the module drew (same random state as at its call) and
         # leaves the run's generators where the module left them.
         after = _RngState()

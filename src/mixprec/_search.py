@@ -33,7 +33,7 @@ from mixprec.policy import CompileSettings, Policy, Rule
 from mixprec.settings import MATMUL_LEVELS, NumericSettings
 
 __all__ = [
-    "LOWER_IS_BETTER", "METRICS", "Session", "worst_case", "weight_units", "risk_order", "minimal_sufficient",
+    "LOWER_IS_BETTER", "METRICS", "Session", "worst_case", "weight_units", "ModuleTree", "hierarchical_keep", "minimal_sufficient",
     "Evaluation", "Candidate", "BudgetExhausted", "Config", "Search", "TuneProgress", "run_search", "improve_locally",
     "finalists", "retime", "pick_final", "frontier",
     "serve_tune",
@@ -102,16 +102,23 @@ class Session:
         if not seeds:
             raise ValueError("seeds must name at least one seed, got an empty sequence")
         self.target, self.run, self.kind, self.sample_rate = target, run, kind, sample_rate
+        self.make_inputs, self.teacher_force = make_inputs, teacher_force
         self.seeds = tuple(int(s) for s in seeds)
         self.inputs: dict[int, Any] = {}
         self.references: dict[int, torch.Tensor] = {}
+        self._reference(self.seeds)
+
+    def _reference(self, seeds: Sequence[int]) -> None:
+        """Run fp32 on the seeds not seen yet: their inputs and reference outputs."""
         with torch.inference_mode():
-            for seed in self.seeds:
-                inputs = make_inputs(seed)
-                result = run(inputs)
+            for seed in seeds:
+                if seed in self.references:
+                    continue
+                inputs = self.make_inputs(seed)
+                result = self.run(inputs)
                 tensor, _ = _output(result)
                 self.references[seed] = tensor.detach().float().cpu().clone()
-                self.inputs[seed] = teacher_force(inputs, result) if teacher_force is not None else inputs
+                self.inputs[seed] = self.teacher_force(inputs, result) if self.teacher_force is not None else inputs
 
     @property
     def components(self) -> dict[str, torch.nn.Module]:
@@ -129,7 +136,7 @@ class Session:
     def evaluate(self, policy: Policy, repeat: int) -> dict[str, Any]:
         """Apply ``policy``, measure quality on every seed and ``repeat`` timed runs, revert."""
         with apply(self.target, policy) as applied, torch.inference_mode():
-            quality = worst_case([self._quality(seed) for seed in self.seeds])  # the first run warms up
+            per_seed = {seed: self._quality(seed) for seed in self.seeds}  # the first run warms up
             samples = []
             for _ in range(max(1, repeat)):
                 start = time.perf_counter()
@@ -137,7 +144,14 @@ class Session:
                 samples.append(time.perf_counter() - start)
             memory = applied.weight_bytes()
         return {"latency_s": statistics.median(samples), "samples": samples, "memory_bytes": float(memory),
-                "quality": quality}
+                "quality": worst_case(list(per_seed.values())), "per_seed": per_seed}
+
+    def qualities(self, policy: Policy, seeds: Sequence[int]) -> dict[int, dict[str, float]]:
+        """Quality of ``policy`` on each of ``seeds`` (fp32 references computed for new seeds first)."""
+        seeds = [int(s) for s in seeds]
+        self._reference(seeds)
+        with apply(self.target, policy), torch.inference_mode():
+            return {seed: self._quality(seed) for seed in seeds}
 
     def time(self, policy: Policy, repeat: int = 1) -> list[float]:
         """Seconds of ``repeat`` runs under ``policy`` on the first seed (no quality runs).
@@ -155,28 +169,34 @@ class Session:
         return samples
 
     def risk(self, policy: Policy) -> list[dict[str, Any]]:
-        """Weight-owning modules under ``policy``, riskiest first (from :func:`mixprec.profile`)."""
+        """Every module holding weights under ``policy``, riskiest first (from :func:`mixprec.profile`).
+
+        Rows cover the weight-owning layers (``unit`` true) and every block and
+        component enclosing one, each with its own error: the prior of the
+        hierarchical search (:func:`hierarchical_keep`).
+        """
         units = set(weight_units(self.components))
+        enclosing = {unit.rsplit(".", k)[0] for unit in units for k in range(1, unit.count(".") + 1)}
         prof = profile(self.target, self.inputs[self.seeds[0]], policy, run=self.run)
         rows = []
         for stats in prof.modules:
-            if stats.module not in units:
+            if stats.module not in units and stats.module not in enclosing:
                 continue
             own = stats.own_sqnr_db if stats.own_sqnr_db is not None else math.inf
             rows.append({"module": stats.module, "own_sqnr_db": own, "overflows_fp16": bool(stats.overflows_fp16),
-                         "own_nonfinite": bool(stats.own_nonfinite)})
-        rows.sort(key=lambda r: (not (r["overflows_fp16"] or r["own_nonfinite"]),
-                                 r["own_sqnr_db"] if not math.isnan(r["own_sqnr_db"]) else -math.inf))
+                         "own_nonfinite": bool(stats.own_nonfinite), "unit": stats.module in units})
+        rows.sort(key=_risk_key)
         return rows
 
 
-def risk_order(rows: list[dict[str, Any]]) -> list[str]:
-    """Module names of :meth:`Session.risk` rows, in order."""
-    return [r["module"] for r in rows]
+def _risk_key(row: dict[str, Any]) -> tuple[bool, float]:
+    """Riskiest first: overflow or inf/NaN, then the lowest own SQNR."""
+    own = row["own_sqnr_db"]
+    return (not (row["overflows_fp16"] or row["own_nonfinite"]), own if not math.isnan(own) else -math.inf)
 
 
 def minimal_sufficient(units: Sequence[str], suffices: Callable[[frozenset[str]], bool], *,
-                       max_prefix: int | None = None) -> list[str] | None:
+                       max_prefix: int | None = None, empty_fails: bool = False) -> list[str] | None:
     """A minimal subset ``K`` of ``units`` with ``suffices(K)``, assuming ``suffices(units)``.
 
     ``suffices`` should be monotone (a superset of a sufficient set suffices). First a
@@ -190,12 +210,14 @@ def minimal_sufficient(units: Sequence[str], suffices: Callable[[frozenset[str]]
         suffices: whether keeping exactly this set fp32 meets the bound.
         max_prefix: give up (return ``None``) when the shortest sufficient prefix is
             longer than this: the needed set is then too large to be worth pruning.
+        empty_fails: the caller already knows the empty set does not suffice (skip
+            testing it).
 
     Returns:
         The needed units, in ``units`` order (``None`` when ``max_prefix`` is exceeded).
     """
     units = list(units)
-    if not units or suffices(frozenset()):
+    if not units or (not empty_fails and suffices(frozenset())):
         return []
     # galloping: prefixes of 1, 2, 4, ... until one suffices (the full list is assumed to)
     low, high = 0, len(units)  # prefix of length `low` fails, `high` suffices
@@ -217,7 +239,7 @@ def minimal_sufficient(units: Sequence[str], suffices: Callable[[frozenset[str]]
         else:
             low = mid
     last = units[high - 1]
-    rest = _prune(frozenset({last}), units[: high - 1], suffices, changed=True)
+    rest = _prune(frozenset({last}), units[: high - 1], suffices, changed=True) if high > 1 else []
     chosen = set(rest) | {last}
     return [u for u in units if u in chosen]
 
@@ -234,6 +256,131 @@ def _prune(fixed: frozenset[str], candidates: list[str], suffices: Callable[[fro
     need_second = _prune(fixed | frozenset(first), second, suffices, changed=bool(first))
     need_first = _prune(fixed | frozenset(need_second), first, suffices, changed=bool(need_second))
     return need_first + need_second
+
+
+#: A block's layers "look harmless" when each one's own SQNR is more than this many dB
+#: above the block's own SQNR: the block's error then comes from how they combine, and
+#: the search keeps the block rather than searching inside it.
+COMBINED_GAP_DB = 10.0
+
+
+class ModuleTree:
+    """The module tree the hierarchical search walks, with the profile's risk per node.
+
+    Nodes are the weight-owning layers (``units``) and every module enclosing one;
+    ``""`` is the whole target. A node's risk is its own error from
+    :meth:`Session.risk` (an overflow or inf/NaN counts as riskiest); a node the
+    profile did not measure (a ``ModuleList`` is never called) takes its riskiest
+    child's.
+
+    Args:
+        rows: :meth:`Session.risk` rows.
+        units: the weight-owning modules.
+    """
+
+    def __init__(self, rows: Sequence[dict[str, Any]], units: Sequence[str]):
+        self.units = set(units)
+        self.row = {r["module"]: r for r in rows}
+        nodes: set[str] = set()
+        for name in [*units, *self.row]:
+            while name and name not in nodes:
+                nodes.add(name)
+                name = name.rpartition(".")[0]
+        self.children: dict[str, list[str]] = {"": []}
+        for name in sorted(nodes):
+            self.children.setdefault(name, [])
+            self.children.setdefault(name.rpartition(".")[0], []).append(name)
+        self._risk: dict[str, tuple[bool, float]] = {}
+
+    def risk(self, name: str) -> tuple[bool, float]:
+        """Sort key, riskiest first."""
+        if name not in self._risk:
+            row = self.row.get(name)
+            if row is not None and (row["own_sqnr_db"] != math.inf or not self.children.get(name)):
+                self._risk[name] = _risk_key(row)
+            else:
+                self._risk[name] = min((self.risk(c) for c in self.children.get(name, [])), default=(True, math.inf))
+        return self._risk[name]
+
+    def own_db(self, name: str) -> float | None:
+        """The node's own SQNR in dB (``-inf`` for an overflow), ``None`` when not measured."""
+        row = self.row.get(name)
+        if row is None or row["own_sqnr_db"] == math.inf and self.children.get(name):
+            return None
+        key = _risk_key(row)
+        return -math.inf if not key[0] else key[1]
+
+    def ranked(self, names: Sequence[str]) -> list[str]:
+        return sorted(names, key=self.risk)
+
+    def inside(self, name: str) -> list[str]:
+        """What searching inside ``name`` tests: its children, passing through chains of
+        single children (a ``ModuleList`` under a lone encoder) to where the tree branches."""
+        children = self.children.get(name, [])
+        while len(children) == 1 and children[0] not in self.units:
+            children = self.children.get(children[0], [])
+        return list(children)
+
+    def combined(self, name: str, gap_db: float = COMBINED_GAP_DB) -> bool:
+        """Whether ``name``'s error comes from how its children combine: its own SQNR is
+        measured and every child's is more than ``gap_db`` above it."""
+        own = self.own_db(name)
+        if own is None or own == -math.inf:
+            return False
+        for child in self.inside(name):
+            child_db = self.risk(child)
+            if not child_db[0] or child_db[1] <= own + gap_db:
+                return False
+        return True
+
+
+def hierarchical_keep(tree: ModuleTree, top: Sequence[str], suffices: Callable[[frozenset[str]], bool], *,
+                      max_prefix: int | None = None, notes: list[str] | None = None) -> list[str] | None:
+    """A small set of modules to keep fp32, found top down through the module tree.
+
+    At each level the nodes are group-tested riskiest first (:func:`minimal_sufficient`).
+    The search descends into a node it must keep only when the node has more than one
+    child and some child's own error could explain the node's (:meth:`ModuleTree.combined`
+    is false); inside it the children are group-tested with everything else kept as
+    found, and the node stays whole when more than half of its children would be needed.
+    A node whose layers each look harmless is kept whole without further evaluations:
+    its error comes from how they combine.
+
+    Args:
+        tree: the module tree with the profile's risk.
+        top: the first level (for example the children of the model, or of the
+            components that must otherwise stay fp32).
+        suffices: whether keeping exactly this set of nodes fp32 meets the bound.
+        max_prefix: passed to the first level (``None``: no limit).
+        notes: remarks are appended here.
+
+    Returns:
+        The nodes to keep (blocks or layers), or ``None`` when the first level needs more
+        than ``max_prefix`` nodes.
+    """
+    notes = notes if notes is not None else []
+
+    def level(nodes: Sequence[str], fixed: frozenset[str], limit: int | None, empty_fails: bool) -> list[str] | None:
+        needed = minimal_sufficient(tree.ranked(nodes), lambda keep: suffices(fixed | keep), max_prefix=limit,
+                                    empty_fails=empty_fails)
+        if needed is None:
+            return None
+        kept = list(needed)
+        for node in needed:
+            children = tree.inside(node)
+            if len(children) < 2 or node in tree.units:
+                continue
+            if tree.combined(node):
+                notes.append(f"{node}: kept whole, its error comes from how its layers combine "
+                             f"(own {tree.own_db(node):.1f} dB; each part {COMBINED_GAP_DB:g}+ dB better)")
+                continue
+            others = frozenset(k for k in kept if k != node)
+            inner = level(children, fixed | others, len(children) // 2, empty_fails=True)
+            if inner is not None:
+                kept = [k for k in kept if k != node] + inner
+        return kept
+
+    return level(list(top), frozenset(), max_prefix, empty_fails=False)
 
 
 #: Bound metric name -> quality key it reads.
@@ -254,11 +401,14 @@ class Evaluation:
         latency_s: median seconds of the timed runs (first seed).
         memory_bytes: bytes of parameters and buffers under the policy.
         quality: worst case over the seeds of each quality metric.
+        per_seed: seed -> quality on that seed (empty for a measurement reused from a
+            store, which keeps the worst case only).
     """
 
     latency_s: float
     memory_bytes: float
     quality: dict[str, float]
+    per_seed: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
 
 
 @dataclass
@@ -385,13 +535,15 @@ class Search:
         row = self.store.get_tune_eval(self._key(canonical))
         if row is None:
             return None
-        return Evaluation(float(row["latency"]), float(row["memory"]), {k: float(v) for k, v in row["quality"].items()})
+        return Evaluation(float(row["latency"]), float(row["memory"]), {k: float(v) for k, v in row["quality"].items()},
+                          {int(seed): {k: float(v) for k, v in q.items()} for seed, q in row.get("per_seed", {}).items()})
 
     def _save(self, canonical: str, policy: Policy, ev: Evaluation) -> None:
         self.memo[canonical] = ev
         if self.store is not None:
             self.store.put_tune_eval(self._key(canonical), target=self.evaluator.cache_key, policy=policy.to_dict(),
-                                     latency=ev.latency_s, memory=ev.memory_bytes, quality=ev.quality)
+                                     latency=ev.latency_s, memory=ev.memory_bytes, quality=ev.quality,
+                                     per_seed=ev.per_seed)
 
     def evaluate(self, config: Config, step: str) -> Candidate:
         return self.evaluate_policy(config.policy(), step)
@@ -459,58 +611,63 @@ def run_search(search: Search, evaluator: Any, fast: list[str], notes: list[str]
         return
     if not cand.met:
         # profile with native compute: a compute="fp32" start would show no 16-bit error at all
-        order = risk_order(evaluator.risk(dataclasses.replace(config, compute=None).policy()))
-        order += [u for u in evaluator.units() if u not in set(order)]
-        scope = order
+        rows = evaluator.risk(dataclasses.replace(config, compute=None).policy())
+        tree = ModuleTree(rows, evaluator.units())
         groups = [g for g in evaluator.groups() if g != "*"]
+        top = tree.inside("")
+        whole: list[str] = []
         if len(groups) > 1:
-            config, cand, scope = _component_pass(search, config, cand, order, groups, notes)
+            config, cand, whole = _component_pass(search, config, cand, tree, groups, notes)
             if not cand.met:
                 return
+            top = [n for g in whole for n in (tree.inside(g) if len(tree.inside(g)) > 1 else [g])]
 
         base = dataclasses.replace(config, storage=())
 
         def suffices(keep: frozenset[str]) -> bool:
-            trial = dataclasses.replace(base, keep=tuple(u for u in scope if u in keep))
+            trial = dataclasses.replace(base, keep=tuple(n for n in _ordered(tree, top) if n in keep))
             return search.evaluate(trial, f"bisect keep {len(keep)}").met
 
-        # keeping more than half of the modules a component needs buys little over the whole component
-        limit = len(scope) // 2 if len(scope) < len(order) else None
-        keep = minimal_sufficient(scope, suffices, max_prefix=limit)
+        # keeping more than half of what the needed components hold buys little over the whole components
+        keep = hierarchical_keep(tree, top, suffices, max_prefix=len(top) // 2 if whole else None, notes=notes)
         if keep is None:
-            notes.append(f"the bound needs more than half of the {len(scope)} modules of "
-                         f"{', '.join(g for g, _ in config.storage)} in fp32: the whole component(s) stay fp32")
+            notes.append(f"the bound needs more than half of the {len(top)} parts of "
+                         f"{', '.join(whole)} in fp32: the whole component(s) stay fp32")
         else:
-            trial_config = dataclasses.replace(base, keep=tuple(keep))
+            trial_config = dataclasses.replace(base, keep=tuple(n for n in _ordered(tree, top) if n in keep))
             trial = search.evaluate(trial_config, f"verify keep {len(keep)}")
             if trial.met:
                 config, cand = trial_config, trial
-            elif len(scope) == len(order):
-                notes.append("the minimal keep-fp32 set found by bisection does not meet the bound on re-measurement "
-                             "(quality is not monotone here); the best measured candidate is used")
+            elif not whole:
+                notes.append("the minimal keep-fp32 set found by group testing does not meet the bound on "
+                             "re-measurement (quality is not monotone here); the best measured candidate is used")
                 return
     if local_search:
         improve_locally(search, evaluator, config, cand, fast, improvement, try_compile=try_compile)
 
 
-def _component_of(unit: str, groups: Sequence[str]) -> str | None:
-    return next((g for g in groups if unit == g or unit.startswith(g + ".")), None)
+def _ordered(tree: ModuleTree, top: Sequence[str]) -> list[str]:
+    """Every node under ``top`` (themselves included) in tree order: keep rules are written in it."""
+    out: list[str] = []
+
+    def walk(name: str) -> None:
+        out.append(name)
+        for child in tree.children.get(name, []):
+            walk(child)
+
+    for name in top:
+        walk(name)
+    return out
 
 
-def _component_pass(search: Search, config: Config, cand: Candidate, order: list[str], groups: list[str],
+def _component_pass(search: Search, config: Config, cand: Candidate, tree: ModuleTree, groups: list[str],
                     notes: list[str]) -> tuple[Config, Candidate, list[str]]:
     """Group testing over whole components first (riskiest first): few evaluations, and a fallback answer.
 
     Returns the configuration with the needed components stored fp32 (when it meets the
-    bound), its candidate, and the modules of those components in risk order: the scope
-    of the module-level bisection that follows.
+    bound), its candidate, and the needed components: where the search inside goes on.
     """
-    ranked = []
-    for unit in order:
-        group = _component_of(unit, groups)
-        if group is not None and group not in ranked:
-            ranked.append(group)
-    ranked += [g for g in groups if g not in ranked]
+    ranked = tree.ranked([g for g in groups if g in tree.children]) + [g for g in groups if g not in tree.children]
 
     def with_fp32(keep: frozenset[str]) -> Config:
         return dataclasses.replace(config, storage=tuple((g, "fp32") for g in ranked if g in keep))
@@ -521,10 +678,9 @@ def _component_pass(search: Search, config: Config, cand: Candidate, order: list
     if not trial.met:
         notes.append("keeping whole components fp32 does not meet the bound on re-measurement (quality is not "
                      "monotone here); the best measured candidate is used")
-        return config, cand, order
-    scope = [u for u in order if _component_of(u, needed) is not None]
-    notes.append(f"components needed in fp32: {', '.join(needed)}; then searching their {len(scope)} modules")
-    return trial_config, trial, scope
+        return config, cand, []
+    notes.append(f"components needed in fp32: {', '.join(needed)}; then searching inside them")
+    return trial_config, trial, list(needed)
 
 
 def _moves(groups: list[str], fast: list[str], try_compile: bool = False) -> list[tuple[str, Callable[[Config], Config | None]]]:
@@ -682,7 +838,7 @@ def frontier(path: list[Candidate], bound: Any) -> list[Candidate]:
 
 
 def serve_tune(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs in the worker process
-    """Serve ``tune_reference`` / ``tune_profile`` / ``tune_eval`` / ``tune_time`` / ``finish`` for one pipeline."""
+    """Serve ``tune_reference`` / ``tune_profile`` / ``tune_eval`` / ``tune_time`` / ``tune_validate`` / ``finish``."""
     from mixprec import pipelines
 
     if job.get("threads"):
@@ -700,7 +856,7 @@ def serve_tune(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - ru
             session = Session(pipe, lambda seed: pipe.example_inputs(batch, seed), pipe.run, seeds=payload["seeds"],
                               kind=pipe.output_kind, teacher_force=pipe.teacher_forced, sample_rate=pipe.sample_rate)
             conn.send(("ok", {"seconds": time.perf_counter() - start}))
-        elif command in ("tune_eval", "tune_profile", "tune_time") and session is None:
+        elif command in ("tune_eval", "tune_profile", "tune_time", "tune_validate") and session is None:
             conn.send(("error", f"{command} before tune_reference"))
         elif command == "tune_eval":
             conn.send(("ok", session.evaluate(Policy.from_dict(payload["policy"]), int(payload.get("repeat", 3)))))
@@ -708,8 +864,10 @@ def serve_tune(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - ru
             conn.send(("ok", session.time(Policy.from_dict(payload["policy"]), int(payload.get("repeat", 1)))))
         elif command == "tune_profile":
             conn.send(("ok", session.risk(Policy.from_dict(payload["policy"]))))
+        elif command == "tune_validate":
+            conn.send(("ok", session.qualities(Policy.from_dict(payload["policy"]), payload["seeds"])))
         elif command == "finish":
             conn.send(("done", {}))
             return
         else:
-            conn.send(("error", f"unknown command {command!r}; valid: tune_reference, tune_eval, tune_time, tune_profile, finish"))
+            conn.send(("error", f"unknown command {command!r}; valid: tune_reference, tune_eval, tune_time, tune_profile, tune_validate, finish"))

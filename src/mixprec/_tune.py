@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 from mixprec._search import (METRICS, BudgetExhausted, Candidate, Evaluation, Search, Session, TuneProgress, finalists,
-                             frontier, pick_final, retime, run_search, weight_units)
+                             frontier, pick_final, retime, run_search, weight_units, worst_case)
 from mixprec.hardware import Hardware
 from mixprec.policy import Policy
 from mixprec.presets import PRESETS, preset
@@ -113,16 +113,78 @@ def parse_bound(text: str | Bound) -> Bound:
     return Bound(metric, op, value)
 
 
+#: Metrics in dB, metrics that are error amplitudes, and scores in [0, 1] whose shortfall
+#: from 1 behaves like an error power: how a margin in dB moves each one's threshold.
+_DB_METRICS = frozenset({"sqnr", "snr", "psnr"})
+_AMPLITUDE_METRICS = frozenset({"rel_err", "max_abs_err"})
+
+#: The search's default margin: it looks for 1 dB less error than the bound allows.
+DEFAULT_MARGIN_DB = 1.0
+
+
+def tightened(bound: Bound, margin_db: float) -> Bound:
+    """The bound the search works to: ``margin_db`` dB less error than ``bound`` allows.
+
+    A dB metric moves by the margin (``sqnr>=40``, 1 dB: ``sqnr>=41``); an error
+    amplitude by the factor ``10**(-margin/20)`` (``rel_err<=0.01``: ``<=0.00891``);
+    a score in [0, 1] has its shortfall from 1 scaled by ``10**(-margin/10)``
+    (``cosine>=0.99``: ``>=0.99206``), so the threshold never passes 1.
+
+    Example:
+        >>> str(tightened(parse_bound("sqnr>=40"), 1.0))
+        'sqnr>=41'
+    """
+    if not math.isfinite(margin_db) or margin_db < 0:
+        raise ValueError(f"margin {margin_db!r}: expected a finite number of dB >= 0 (0: no margin)")
+    if margin_db == 0:
+        return bound
+    sign = 1.0 if bound.higher_is_better else -1.0  # the direction of "less error"
+    if bound.metric in _DB_METRICS:
+        value = bound.value + sign * margin_db
+    elif bound.metric in _AMPLITUDE_METRICS:
+        value = bound.value * 10 ** (sign * margin_db / 20)
+    else:
+        value = 1.0 - (1.0 - bound.value) * 10 ** (-sign * margin_db / 10)
+    return Bound(bound.metric, bound.op, float(f"{value:.6g}"))
+
+
+def validation_seed_list(spec: int | Sequence[int], search_seeds: Sequence[int]) -> tuple[int, ...]:
+    """The validation seeds: ``spec`` seeds after the search seeds, or the seeds ``spec`` lists.
+
+    Raises:
+        ValueError: a negative count or seed, or seeds shared with the search (both lists named).
+    """
+    search = [int(s) for s in search_seeds]
+    if isinstance(spec, bool):
+        raise ValueError(f"validation seeds {spec!r}: expected a count >= 0 or a list of seeds")
+    if isinstance(spec, int):
+        if spec < 0:
+            raise ValueError(f"validation seeds {spec}: expected a count >= 0 (0 disables validation) or a list of seeds")
+        start = max(search, default=-1) + 1
+        return tuple(range(start, start + spec))
+    seeds = tuple(dict.fromkeys(int(s) for s in spec))
+    if any(s < 0 for s in seeds):
+        raise ValueError(f"validation seeds {list(seeds)}: seeds must be >= 0")
+    shared = sorted(set(seeds) & set(search))
+    if shared:
+        raise ValueError(f"validation seeds {list(seeds)} overlap the search seeds {search} (both hold "
+                         f"{', '.join(map(str, shared))}): validation must use inputs the search never saw")
+    return seeds
+
+
 # -- evaluators -----------------------------------------------------------------------------
 
 
 class Evaluator(Protocol):
     """Measures a policy end to end.
 
-    ``evaluate`` measures one policy; ``risk`` profiles one (weight-owning modules,
-    riskiest first, as dicts with a ``module`` key); ``units`` lists the weight-owning
-    modules; ``groups`` the rule matches the local search varies (component names,
-    or ``*``); ``cache_key`` identifies target, seeds and repeat for a store.
+    ``evaluate`` measures one policy; ``risk`` profiles one (weight-owning modules and
+    the blocks enclosing them, riskiest first, as dicts with a ``module`` key);
+    ``units`` lists the weight-owning modules; ``groups`` the rule matches the local
+    search varies (component names, or ``*``); ``cache_key`` identifies target, seeds
+    and repeat for a store. Optional: ``seeds`` (the search seeds) and
+    ``validate(policy, seeds)`` (seed -> quality on seeds the search never used); an
+    evaluator without ``validate`` cannot check the result on held-out seeds.
     """
 
     cache_key: str
@@ -137,7 +199,8 @@ class Evaluator(Protocol):
 
 
 def _evaluation(raw: dict[str, Any]) -> Evaluation:
-    return Evaluation(float(raw["latency_s"]), float(raw["memory_bytes"]), dict(raw["quality"]))
+    per_seed = {int(seed): dict(q) for seed, q in raw.get("per_seed", {}).items()}
+    return Evaluation(float(raw["latency_s"]), float(raw["memory_bytes"]), dict(raw["quality"]), per_seed)
 
 
 def _fingerprint(components: dict[str, Any]) -> str:
@@ -185,6 +248,10 @@ class InProcessEvaluator:
 
     def risk(self, policy: Policy) -> list[dict[str, Any]]:
         return self.session.risk(policy)
+
+    def validate(self, policy: Policy, seeds: Sequence[int]) -> dict[int, dict[str, float]]:
+        """Seed -> quality of ``policy`` on ``seeds`` (their fp32 references computed on first use)."""
+        return self.session.qualities(policy, seeds)
 
     def groups(self) -> list[str]:
         return _groups(list(self.session.components))
@@ -234,6 +301,12 @@ class WorkerEvaluator:
     def risk(self, policy: Policy) -> list[dict[str, Any]]:
         return self._worker.request("tune_profile", {"policy": policy.to_dict()}, timeout=self.timeout)
 
+    def validate(self, policy: Policy, seeds: Sequence[int]) -> dict[int, dict[str, float]]:
+        """Seed -> quality of ``policy`` on ``seeds`` (their fp32 references computed on first use)."""
+        raw = self._worker.request("tune_validate", {"policy": policy.to_dict(), "seeds": [int(s) for s in seeds]},
+                                   timeout=self.timeout)
+        return {int(seed): dict(q) for seed, q in raw.items()}
+
     def groups(self) -> list[str]:
         return _groups(self.ready["components"])
 
@@ -278,6 +351,21 @@ class TuneResult:
         notes: remarks on the search (fallbacks, budget exhausted...).
         final: candidate index -> seconds of the side-by-side re-timing of the
             finalists (empty when there was none).
+        search_bound: the bound the search worked to: ``bound`` tightened by
+            ``margin_db`` (:func:`tightened`); ``met`` on the path refers to it.
+        margin_db: the margin, in dB of error.
+        search_seeds: the seeds the search measured quality on.
+        validation: the held-out check of the chosen policy (``None`` when validation
+            was disabled or the evaluator cannot run other seeds): ``seeds``,
+            ``worst`` (the bound metric's worst value over them), ``margin`` (how far
+            ``worst`` is on the good side of ``bound``, in the metric's units),
+            ``search_worst``, ``drop`` (search worst minus validation worst, in the
+            good direction), ``met``, and ``tried``: every policy validated, in order
+            (index, worst value, met, quality per seed).
+        validations: policies measured on the validation seeds.
+        seed_summary: for the chosen policy, per quality metric over every seed it
+            was measured on (search and validation): ``worst``, ``median``,
+            ``spread`` (max - min) and ``seeds``.
     """
 
     policy: Policy
@@ -294,6 +382,12 @@ class TuneResult:
     path: list[Candidate]
     notes: list[str] = field(default_factory=list)
     final: dict[int, list[float]] = field(default_factory=dict)
+    search_bound: Bound | None = None
+    margin_db: float = 0.0
+    search_seeds: list[int] = field(default_factory=list)
+    validation: dict[str, Any] | None = None
+    validations: int = 0
+    seed_summary: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def speedup(self) -> float:
@@ -322,7 +416,39 @@ class TuneResult:
                 "frontier": [c.index for c in self.frontier], "evaluations": self.evaluations, "cached": self.cached,
                 "wall_s": self.wall_s, "notes": list(self.notes), "policy": self.policy.to_dict(),
                 "final": {str(k): v for k, v in self.final.items()},
+                "search_bound": str(self.search_bound or self.bound), "margin_db": self.margin_db,
+                "search_seeds": list(self.search_seeds), "validation": _plain_seeds(self.validation),
+                "validations": self.validations, "seed_summary": self.seed_summary,
                 "path": [c.to_dict() for c in self.path]}
+
+
+def _plain_seeds(value: Any) -> Any:
+    """Integer dict keys (seeds) as strings, as JSON writes them."""
+    if isinstance(value, dict):
+        return {str(k): _plain_seeds(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain_seeds(v) for v in value]
+    return value
+
+
+def seed_summary(per_seed: dict[int, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Per quality metric over the seeds: ``worst``, ``median``, ``spread`` (max - min), ``seeds``.
+
+    Example:
+        >>> seed_summary({0: {"sqnr_db": 41.0}, 1: {"sqnr_db": 43.0}, 2: {"sqnr_db": 42.5}})
+        {'sqnr_db': {'worst': 41.0, 'median': 42.5, 'spread': 2.0, 'seeds': 3}}
+    """
+    keys = dict.fromkeys(k for q in per_seed.values() for k in q)
+    out: dict[str, dict[str, float]] = {}
+    for key in keys:
+        values = [float(q[key]) for q in per_seed.values() if q.get(key) is not None]
+        if not values:
+            continue
+        worst = worst_case([{key: v} for v in values])[key]
+        high, low = max(values), min(values)
+        spread = 0.0 if high == low else high - low  # inf - inf (every seed exact) is no spread
+        out[key] = {"worst": worst, "median": statistics.median(values), "spread": spread, "seeds": len(values)}
+    return out
 
 
 def _needed(units: int) -> int:
@@ -349,6 +475,8 @@ def tune(
     try_compile: bool = False,
     improvement: float = 0.03,
     final_rounds: int = 3,
+    validation_seeds: int | Sequence[int] = 3,
+    margin: float | None = None,
 ) -> TuneResult:
     """Find the fastest (or smallest) policy that meets ``bound``, by measurement.
 
@@ -384,13 +512,22 @@ def tune(
             many interleaved rounds; the preset stays the answer unless a finalist is
             faster in every round and by more than ``improvement`` (0: skip; needs an
             evaluator with a ``time`` method).
+        validation_seeds: held-out seeds the chosen policy must also meet the bound
+            on: a count (that many seeds after the search seeds) or a list; 0
+            disables validation (the result says so). When the chosen policy misses
+            the bound on one of them, the next candidate of the frontier that meets
+            it is chosen (each measured on the validation seeds) and a note says so.
+        margin: dB of error the search keeps below the bound (:func:`tightened`), so
+            the answer is not tuned to the edge of what the search seeds allow;
+            default :data:`DEFAULT_MARGIN_DB`; 0: search to the bound itself.
 
     Returns:
         A :class:`TuneResult`.
 
     Raises:
-        ValueError: unknown objective or dtype, a bad bound, or a budget too small
-            for baseline + all-16-bit + one bisection pass (the message says how many).
+        ValueError: unknown objective or dtype, a bad bound, a negative margin, validation
+            seeds shared with the search seeds, or a budget too small for baseline +
+            all-16-bit + one bisection pass (the message says how many).
     """
     from mixprec.bench.runner import machine_fingerprint
     from mixprec.hardware import probe
@@ -401,9 +538,15 @@ def tune(
         raise ValueError(f"unknown objective {objective!r}; valid: latency, memory")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
         raise ValueError(f"budget must be a positive number of evaluations or None, got {budget!r}")
+    margin_db = DEFAULT_MARGIN_DB if margin is None else float(margin)
+    search_bound = tightened(bound, margin_db)
+    search_seeds = [int(x) for x in getattr(evaluator, "seeds", seeds)] if evaluator is not None else [int(x) for x in seeds]
+    held_out = validation_seed_list(validation_seeds, search_seeds)
     hw = hardware if hardware is not None else probe()
     fast = list(dtypes) if dtypes is not None else hw.fast_16bit()
     notes: list[str] = []
+    if margin_db:
+        notes.append(f"search bound {search_bound}: {bound} with a {margin_db:g} dB margin")
     for d in fast:
         if d not in ("bf16", "fp16"):
             raise ValueError(f"unknown 16-bit dtype {d!r}; valid: bf16, fp16")
@@ -426,7 +569,7 @@ def tune(
         if budget is not None and budget < needed:
             raise ValueError(f"budget={budget} is too small for one pass over {len(units)} modules: it needs at least "
                              f"{needed} evaluations (baseline + all-16-bit + {len(preset_policies)} presets + a bisection pass)")
-        search = Search(evaluator, bound, objective, budget, store, progress, machine_fingerprint(hw), should_stop)
+        search = Search(evaluator, search_bound, objective, budget, store, progress, machine_fingerprint(hw), should_stop)
         try:
             run_search(search, evaluator, fast, notes, local_search, improvement, preset_policies, try_compile=try_compile)
         except BudgetExhausted:
@@ -440,12 +583,21 @@ def tune(
                 medians = ", ".join(f"#{i} {statistics.median(v) * 1e3:.1f} ms" for i, v in final.items())
                 notes.append(f"final check: {len(contenders)} finalists re-timed side by side over {final_rounds} "
                              f"interleaved rounds (median): {medians}")
+        if not search.path:
+            raise ValueError("the search was stopped before its first evaluation; nothing was measured")
+        best = _pick(search, final, improvement, notes)
+        validation, summary, validations = None, {}, 0
+        if best is not None and not search.cancelled:
+            best, validation, summary, validations = _held_out(search, evaluator, bound, best, held_out,
+                                                               search_seeds, notes)
     finally:
         if owned:
             evaluator.close()
-    if not search.path:
-        raise ValueError("the search was stopped before its first evaluation; nothing was measured")
-    result = _result(search, bound, objective, notes, time.perf_counter() - start, final, improvement)
+    result = _result(search, bound, objective, notes, time.perf_counter() - start, final, best)
+    result.search_bound, result.margin_db, result.search_seeds = search_bound, margin_db, search_seeds
+    result.validation, result.seed_summary, result.validations = validation, summary, validations
+    if validation is not None and not validation["met"]:
+        result.met, result.miss = False, bound.miss({bound.key: validation["worst"]})
     if store is not None:
         label = str(getattr(pipeline, "name", pipeline))
         store.add_tune_run(pipeline=label, bound=str(bound), objective=objective, met=result.met,
@@ -465,8 +617,8 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _result(search: Search, bound: Bound, objective: str, notes: list[str], wall_s: float,
-            final: dict[int, list[float]], margin: float = 0.0) -> TuneResult:
+def _pick(search: Search, final: dict[int, list[float]], margin: float, notes: list[str]) -> Candidate | None:
+    """The best candidate meeting the search bound: the side-by-side re-timing's winner when there was one."""
     best = search.best()
     if best is not None and final:
         # the presets and the fp32 baseline are the known answers: another policy must clearly beat them
@@ -474,18 +626,99 @@ def _result(search: Search, bound: Bound, objective: str, notes: list[str], wall
         index, why = pick_final(final, known, margin=margin)
         best = search.path[index]
         notes.append(why)
+    return best
+
+
+#: Policies tried on the validation seeds before falling back to the fp32 baseline.
+MAX_VALIDATION_TRIES = 4
+
+
+def _fallbacks(search: Search, failed: Candidate) -> list[Candidate]:
+    """What to validate after ``failed`` misses: frontier candidates meeting the search bound
+    with more quality on the search seeds than ``failed``, cheapest first; then the baseline."""
+    score = search.bound.score(failed.evaluation.quality)
+    better = [c for c in frontier(search.path, search.bound)
+              if c.met and c is not failed and search.bound.score(c.evaluation.quality) > score and c.index != 0]
+    out = sorted(better, key=search.cost)[:MAX_VALIDATION_TRIES - 1]
+    baseline = search.path[0]
+    if baseline.met and failed is not baseline:
+        out.append(baseline)
+    return out
+
+
+def _held_out(search: Search, evaluator: Any, bound: Bound, chosen: Candidate, seeds: Sequence[int],
+              search_seeds: Sequence[int], notes: list[str]
+              ) -> tuple[Candidate, dict[str, Any] | None, dict[str, dict[str, float]], int]:
+    """Check ``chosen`` on the held-out seeds, stepping along the frontier while it misses.
+
+    Returns the candidate finally chosen, the validation record (``None`` when not
+    validated), its quality summary over every seed measured, and the number of
+    policies measured on the validation seeds.
+    """
+    validate = getattr(evaluator, "validate", None)
+    per_search = dict(chosen.evaluation.per_seed)
+    if not seeds or validate is None:
+        notes.append("warning: validation disabled (no validation seeds): the chosen policy was measured on the "
+                     "search seeds only, so a new input may fall below the bound" if not seeds else
+                     "warning: this evaluator cannot measure other seeds (no validate method): the chosen policy "
+                     "was measured on the search seeds only")
+        return chosen, None, seed_summary(per_search) if per_search else {}, 0
+    tried: list[dict[str, Any]] = []
+    queue = [chosen, *_fallbacks(search, chosen)]
+    measured: list[tuple[Candidate, dict[int, dict[str, float]], dict[str, float]]] = []
+    for cand in queue:
+        per_seed = validate(cand.policy, seeds)
+        worst = worst_case(list(per_seed.values()))
+        tried.append({"index": cand.index, "worst": worst.get(bound.key), "met": bound.met(worst), "per_seed": per_seed})
+        measured.append((cand, per_seed, worst))
+        if tried[-1]["met"]:
+            break
+    # the one that met, else the closest tried
+    final, final_seeds, _ = max(measured, key=lambda m: (bound.met(m[2]), bound.score(m[2])))
+    first = tried[0]
+    if not first["met"] and tried[-1]["met"]:
+        notes.append(f"#{chosen.index} ({chosen.step}) met {search.bound} on the search seeds but reached only "
+                     f"{bound.key} {first['worst']:.4g} on a validation seed (bound {bound}); stepped to #{final.index} "
+                     f"({final.step}), which meets it on all {len(seeds)} validation seeds")
+    elif not first["met"]:
+        notes.append(f"no candidate tried ({', '.join('#' + str(t['index']) for t in tried)}) meets {bound} on every "
+                     f"validation seed; #{final.index} is the closest tried")
+    if not final.evaluation.per_seed and search_seeds:  # reused from a store that kept no per-seed quality
+        per_search = validate(final.policy, search_seeds)
+    else:
+        per_search = dict(final.evaluation.per_seed)
+    worst_value = next(t["worst"] for t in tried if t["index"] == final.index)
+    search_worst = final.evaluation.quality.get(bound.key)
+    sign = 1.0 if bound.higher_is_better else -1.0
+    margin = None if worst_value is None else sign * (worst_value - bound.value)
+    drop = None if worst_value is None or search_worst is None else sign * (search_worst - worst_value)
+    allowed = abs(search.bound.value - bound.value)
+    if drop is not None and math.isfinite(drop) and drop > allowed:
+        notes.append(f"{bound.key} dropped by {drop:.3g} from the search seeds' worst case to the validation "
+                     f"seeds' worst case, more than the margin allows ({allowed:.3g}): a larger --margin fits "
+                     f"this model's inputs")
+    record = {"seeds": list(seeds), "worst": worst_value, "margin": margin, "search_worst": search_worst,
+              "drop": drop, "met": bool(tried[-1]["met"]), "tried": tried}
+    return final, record, seed_summary({**per_search, **final_seeds}), len(tried)
+
+
+def _result(search: Search, bound: Bound, objective: str, notes: list[str], wall_s: float,
+            final: dict[int, list[float]], best: Candidate | None) -> TuneResult:
     closest = None
     miss = None
     if best is None:
         closest = min(search.path, key=lambda c: (c.miss, search.cost(c)))
-        miss = closest.miss
+        miss = bound.miss(closest.evaluation.quality)
+        if miss == 0:
+            notes.append(f"the closest candidate (#{closest.index}) meets {bound} but not the search bound "
+                         f"{search.bound} (the margin): --margin 0 would accept it")
         chosen = closest
     else:
         chosen = best
     rules = tuple(dataclasses.replace(r, reason=f"{r.reason} [tuned for {bound}, {objective}]") for r in chosen.policy.rules)
-    policy = Policy(rules, chosen.policy.numerics, name="tuned")
+    policy = Policy(rules, chosen.policy.numerics, name="tuned", compile=chosen.policy.compile)
     return TuneResult(policy=policy, bound=bound, objective=objective, met=best is not None, chosen=chosen,
-                      closest=closest, miss=miss, frontier=frontier(search.path, bound), evaluations=search.measured,
+                      closest=closest, miss=miss, frontier=frontier(search.path, search.bound), evaluations=search.measured,
                       cached=search.cached, wall_s=wall_s, path=list(search.path), notes=notes, final=final)
 
 

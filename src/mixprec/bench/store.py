@@ -99,6 +99,10 @@ MIGRATIONS: tuple[str, ...] = (
         result_json TEXT NOT NULL
     );
     """,
+    # 4: each autotuner measurement's quality per seed (the spread a tune run reports)
+    """
+    ALTER TABLE tune_evals ADD COLUMN per_seed_json TEXT NOT NULL DEFAULT '{}';
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -243,18 +247,22 @@ class Store:
                            [(run_id, config, r["module"], json.dumps(r)) for r in rows])
 
     def put_tune_eval(self, key: str, *, target: str, policy: dict[str, Any], latency: float, memory: float,
-                      quality: dict[str, float]) -> None:
+                      quality: dict[str, float], per_seed: dict[int, dict[str, float]] | None = None) -> None:
         """Keep one autotuner measurement under ``key`` (target, seeds, machine and policy hashed)."""
         with self._tx() as db:
-            db.execute("INSERT OR REPLACE INTO tune_evals VALUES (?, ?, ?, ?, ?, ?, ?)",
-                       (key, target, json.dumps(policy, sort_keys=True), latency, memory, json.dumps(quality), _now()))
+            db.execute("INSERT OR REPLACE INTO tune_evals (key, target, policy_json, latency, memory, quality_json, "
+                       "created, per_seed_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (key, target, json.dumps(policy, sort_keys=True), latency, memory, json.dumps(quality), _now(),
+                        json.dumps({str(k): v for k, v in (per_seed or {}).items()})))
 
     def get_tune_eval(self, key: str) -> dict[str, Any] | None:
-        """An earlier autotuner measurement: ``latency``, ``memory`` and ``quality``, or ``None``."""
-        row = self._conn.execute("SELECT latency, memory, quality_json FROM tune_evals WHERE key=?", (key,)).fetchone()
+        """An earlier autotuner measurement: ``latency``, ``memory``, ``quality`` and ``per_seed``, or ``None``."""
+        row = self._conn.execute("SELECT latency, memory, quality_json, per_seed_json FROM tune_evals WHERE key=?",
+                                 (key,)).fetchone()
         if row is None:
             return None
-        return {"latency": row[0], "memory": row[1], "quality": json.loads(row[2])}
+        per_seed = {int(k): v for k, v in json.loads(row[3]).items()}
+        return {"latency": row[0], "memory": row[1], "quality": json.loads(row[2]), "per_seed": per_seed}
 
     def add_tune_run(self, *, pipeline: str, bound: str, objective: str, met: bool, evaluations: int, cached: int,
                      wall_s: float, policy_toml: str, result: dict[str, Any]) -> int:
