@@ -135,10 +135,11 @@ class Profile:
     output_sqnr_db: float | None = None
 
     def by_risk(self) -> list[ModuleStats]:
-        """Modules that overflow fp16 first, then by lowest own error SQNR, then by headroom."""
+        """Modules that overflow fp16 first, then by lowest own error SQNR (a layer before the
+        block holding it on a tie, so an overflow is named where it happens), then by headroom."""
         def key(s: ModuleStats):
             own = s.own_sqnr_db if s.own_sqnr_db is not None else math.inf
-            return (not s.overflows_fp16, own, -s.fp16_headroom)
+            return (not s.overflows_fp16, own, not s.owns_weights, -s.fp16_headroom)
 
         return sorted(self.modules, key=key)
 
@@ -418,6 +419,37 @@ def _fresh_inputs(inputs: Any, comps: dict[str, nn.Module]) -> Any:
         return inputs
 
 
+def _cast_owned(obj: Any, dtype: torch.dtype, min_ndim: int, depth: int = 0, seen: set[int] | None = None) -> Any:
+    """Cast, in place, the floating tensors held by objects the profile deep-copied for
+    itself (containers and plain objects such as a KV cache; modules are left alone).
+
+    Returns ``obj`` or, for a tensor, its cast copy.
+    """
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dtype) if obj.is_floating_point() and obj.dtype != dtype and obj.dim() >= min_ndim else obj
+    if depth > 8 or id(obj) in seen or isinstance(obj, (nn.Module, str, bytes, int, float, bool, type)) or obj is None:
+        return obj
+    seen.add(id(obj))
+    if isinstance(obj, list):
+        obj[:] = [_cast_owned(v, dtype, min_ndim, depth + 1, seen) for v in obj]
+    elif isinstance(obj, tuple):
+        for v in obj:  # a tuple cannot change: cast inside what it holds (its tensors stay)
+            _cast_owned(v, dtype, min_ndim, depth + 1, seen)
+    elif isinstance(obj, dict):
+        for k in list(obj):
+            obj[k] = _cast_owned(obj[k], dtype, min_ndim, depth + 1, seen)
+    elif hasattr(obj, "__dict__"):
+        for k, v in list(vars(obj).items()):
+            new = _cast_owned(v, dtype, min_ndim, depth + 1, seen)
+            if new is not v:
+                try:
+                    setattr(obj, k, new)
+                except (AttributeError, TypeError):  # a read-only attribute keeps its value
+                    pass
+    return obj
+
+
 def _model_memo(comps: dict[str, nn.Module]) -> dict[int, Any]:
     """A ``copy.deepcopy`` memo that keeps the components' modules and tensors shared."""
     memo: dict[int, Any] = {}
@@ -540,7 +572,16 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
         after = _RngState()
         call.rng.restore()
         try:
-            low = _first_float(low_copy(call.args, call.kwargs))
+            if key in block_ids:
+                # its own copies of stateful inputs (a KV cache) hold what the policy would: cast them too
+                _cast_owned((call.args, call.kwargs), low_copy.compute, low_copy.min_ndim)
+                try:
+                    low = _first_float(low_copy(call.args, call.kwargs))
+                except Exception as exc:  # reported on the block; the layers inside keep their own errors
+                    s.own_skipped = f"its {by_id[key].compute_dtype} copy failed on the fp32 input ({type(exc).__name__}: {exc})"[:300]
+                    return
+            else:
+                low = _first_float(low_copy(call.args, call.kwargs))
         finally:
             after.restore()
         if low is not None and low.shape == y.shape:

@@ -781,6 +781,28 @@ def tune_plot_png(path: Sequence[Candidate], bound: Bound, best: Candidate | Non
     return buffer.getvalue()
 
 
+def _num(value: float) -> str:
+    return "exact" if value == math.inf else f"{value:.6g}"
+
+
+def validation_text(result: TuneResult) -> str:
+    """One sentence on the held-out check (English; the UI has its own translations)."""
+    v = result.validation
+    if v is None:
+        return ("Not validated: the chosen policy was measured on the search seeds "
+                f"{', '.join(map(str, result.search_seeds))} only.")
+    worst = v["worst"]
+    seeds = ", ".join(map(str, v["seeds"]))
+    head = (f"On seeds {seeds}, never used by the search, the chosen policy "
+            f"{'meets' if v['met'] else 'misses'} {result.bound}: worst {result.bound.key} "
+            f"{_num(worst) if worst is not None else 'n/a'}")
+    if worst is not None and math.isfinite(worst):
+        head += f", {v['margin']:.3g} from the bound"
+    return (f"{head}. The search worked to {result.search_bound} ({result.margin_db:g} dB margin) on seeds "
+            f"{', '.join(map(str, result.search_seeds))}; {result.validations} "
+            f"polic{'y' if result.validations == 1 else 'ies'} measured on the validation seeds.")
+
+
 def render_tune_html(result: TuneResult) -> str:
     """A self-contained HTML page: candidates (latency vs quality), frontier, path, chosen policy."""
     import base64
@@ -814,6 +836,14 @@ def render_tune_html(result: TuneResult) -> str:
         final = ("<h2>Final check: the finalists re-timed side by side</h2>"
                  f"<table><tr><th>#</th><th>step</th>{heads}<th>median ms</th></tr>{final_rows}</table>")
     status = "met" if result.met else f"not met (closest misses by {result.miss:.4g})"
+    held_out = f"<h2>Validation on held-out seeds</h2><p>{esc(validation_text(result))}</p>"
+    if result.seed_summary:
+        summary_rows = "".join(
+            f"<tr><td>{esc(metric)}</td><td>{_num(v['worst'])}</td><td>{_num(v['median'])}</td>"
+            f"<td>{_num(v['spread'])}</td><td>{int(v['seeds'])}</td></tr>" for metric, v in result.seed_summary.items())
+        held_out += ("<p>How sure: the chosen policy's quality over every seed it was measured on.</p>"
+                     "<table><tr><th>metric</th><th>worst</th><th>median</th><th>spread</th><th>seeds</th></tr>"
+                     f"{summary_rows}</table>")
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>mixprec tune</title>"
         "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:right}"
@@ -824,7 +854,7 @@ def render_tune_html(result: TuneResult) -> str:
         f"{result.wall_s:.1f} s. Chosen: #{result.chosen.index} ({esc(result.chosen.step)}).</p>"
         + "".join(f"<p>{esc(n)}</p>" for n in result.notes)
         + f"<img alt='candidates' src='data:image/png;base64,{image}'>"
-        f"<h2>Chosen policy</h2><pre>{esc(result.to_toml())}</pre>{final}"
+        f"{held_out}<h2>Chosen policy</h2><pre>{esc(result.to_toml())}</pre>{final}"
         "<h2>Path</h2><table><tr><th>#</th><th>step</th><th>latency ms</th><th>weights MiB</th>"
         f"<th>{esc(bound.key)}</th><th>meets</th><th>frontier</th><th>source</th></tr>{rows}</table></body></html>"
     )

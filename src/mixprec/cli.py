@@ -724,10 +724,15 @@ def tune_cmd(
     html: Annotated[Optional[str], typer.Option("--html", help="Write the frontier and search path as HTML here.")] = None,
     as_json: JsonFlag = False,
     try_compile: Annotated[bool, typer.Option("--try-compile", help="The local search also tries compiling the components (torch.compile), kept where it measures faster.")] = False,
+    validation_seeds: Annotated[str, typer.Option("--validation-seeds", help="Held-out seeds the chosen policy must also meet the bound on: a count (3: the three seeds after the search seeds), or seeds such as 7,8,9 or 10-19; 0 disables validation.")] = "3",
+    margin: Annotated[str, typer.Option("--margin", help="dB of error the search keeps below the bound, so the answer is not tuned to its edge (sqnr>=40 searches for 41 with 1); 0: none.")] = "1",
 ) -> None:
     """Find the fastest (or smallest) policy that meets a quality bound, by measurement.
 
-    Exit status 1 when no candidate meets the bound (the closest one is shown).
+    The search measures quality on --seeds; the chosen policy is then checked on
+    --validation-seeds it never saw, and replaced by the next candidate of the frontier
+    when it misses the bound there. Exit status 1 when no candidate meets the bound (the
+    closest one is shown).
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -748,6 +753,10 @@ def tune_cmd(
         n_repeat = _as_int(repeat, "--repeat")
         if n_repeat < 1:
             raise ValueError(f"--repeat {repeat!r}: expected at least 1")
+        held_out = _validation_seeds(validation_seeds, seed_list)
+        margin_db = _as_float(margin, "--margin")
+        if not (math.isfinite(margin_db) and margin_db >= 0):
+            raise ValueError(f"--margin {margin!r}: expected a number of dB >= 0 (0: search to the bound itself)")
         _writable_path(out, "--out")
         _writable_path(html, "--html")
         if not pipeline.strip():
@@ -773,7 +782,8 @@ def tune_cmd(
 
         try:
             result = mixprec.tune(pipeline, parsed, objective=objective, budget=n_budget, seeds=seed_list, store=store,
-                                  progress=progress, size=size, repeat=n_repeat, try_compile=try_compile)
+                                  progress=progress, size=size, repeat=n_repeat, try_compile=try_compile,
+                                  validation_seeds=held_out, margin=margin_db)
         except ValueError as exc:
             _fail(exc)
     if out:
@@ -814,6 +824,14 @@ def _print_tune(result, pipeline: str) -> None:
                   highlight=False)
     for note in result.notes:
         console.print(f"  note: {note}", highlight=False, markup=False)
+    from mixprec._tune import validation_text
+
+    console.print(f"validation: {validation_text(result)}", highlight=False, markup=False, soft_wrap=True)
+    if result.seed_summary:
+        rows = [[metric, _fmt_metric(v["worst"]), _fmt_metric(v["median"]), _fmt_metric(v["spread"]), int(v["seeds"])]
+                for metric, v in result.seed_summary.items()]
+        console.print(_table("how sure: the chosen policy's quality over every seed measured",
+                             ["metric", "worst", "median", "spread", "seeds"], rows))
     if result.met:
         base = result.path[0].evaluation
         chosen = result.chosen.evaluation
@@ -822,11 +840,51 @@ def _print_tune(result, pipeline: str) -> None:
                       f"kept fp32: {', '.join(result.keep_fp32) or 'none'}", highlight=False, markup=False, soft_wrap=True)
 
 
+def _fmt_metric(value: float) -> str:
+    return "exact" if value == float("inf") else f"{value:.6g}"
+
+
+def _validation_seeds(text: str, search: list[int]) -> int | list[int]:
+    """``--validation-seeds``: a count (one number), or seeds and ranges (``7,8,9``, ``10-19``)."""
+    from mixprec._tune import validation_seed_list
+
+    valid = "a count (e.g. 3; 0 disables validation) or seeds such as 7,8,9 or 10-19"
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise ValueError(f"--validation-seeds {text!r}: expected {valid}")
+    if len(parts) == 1 and "-" not in parts[0] and "," not in text:
+        count = _as_int(parts[0], "--validation-seeds")
+        if count < 0:
+            raise ValueError(f"--validation-seeds {text!r}: expected {valid}")
+        return count
+    seeds: list[int] = []
+    for part in parts:
+        low, dash, high = part.partition("-")
+        try:
+            first, last = int(low), int(high) if dash else int(low)
+        except ValueError:
+            raise ValueError(f"--validation-seeds {text!r}: {part!r} is not a seed or a range; expected {valid}") from None
+        if first < 0 or last < first or last - first > 10_000:
+            raise ValueError(f"--validation-seeds {text!r}: {part!r} is not a range of seeds >= 0; expected {valid}")
+        seeds += range(first, last + 1)
+    try:
+        return list(validation_seed_list(seeds, search))
+    except ValueError as exc:
+        raise ValueError(f"--validation-seeds {text!r} vs --seeds: {exc}") from None
+
+
 def _as_int(text: str, flag: str) -> int:
     try:
         return int(text.strip())
     except ValueError:
         raise ValueError(f"{flag} {text!r}: expected an integer") from None
+
+
+def _as_float(text: str, flag: str) -> float:
+    try:
+        return float(text.strip())
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected a number") from None
 
 
 @app.command("ui")

@@ -40,6 +40,9 @@ def test_search_streams_a_growing_plot_then_the_result(tuned):
     assert "Green meets cosine&gt;=0.999" in plot
     assert summary.startswith("**Bound cosine>=0.999 met.** Chosen: #")
     assert "| No. | Step | Latency (ms) | Weights (MiB) | cosine | Meets the bound |" in summary
+    assert "**Validation** on seeds 2, 3, 4, never used by the search: the chosen policy meets cosine>=0.999" in summary
+    assert "The search worked to cosine>=0.999206 (1 dB margin) on seeds 0, 1." in summary
+    assert "| Metric | Worst | Median | Spread | Seeds |" in summary and "| cosine | " in summary
     policy = mixprec.Policy.from_toml(toml_text)
     assert policy.name == "tuned" and policy.rules
     assert not job.running and not job.should_stop()

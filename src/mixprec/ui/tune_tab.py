@@ -93,10 +93,30 @@ def _summary(result: mixprec.TuneResult, cancelled: bool, lang: str) -> str:
                          seconds=f"{result.wall_s:.0f}")]
     if cancelled:
         lines += ["", t("tune.cancelled", lang)]
+    lines += ["", _validation(result, lang)]
+    if result.seed_summary:
+        heads = [t(f"tune.col_{c}", lang) for c in ("metric", "worst", "median", "spread", "seeds")]
+        table = [[metric, _shown(v["worst"], lang), _shown(v["median"], lang), _shown(v["spread"], lang), int(v["seeds"])]
+                 for metric, v in result.seed_summary.items()]
+        lines += ["", t("tune.summary_heading", lang), "", markdown_table(heads, table)]
     headers = [t(f"tune.col_{c}", lang) for c in ("index", "step", "latency", "weights")] + [key, t("tune.col_meets", lang)]
     rows = [[c.index, c.step, f"{c.evaluation.latency_s * 1e3:.2f}", f"{c.evaluation.memory_bytes / _MIB:.2f}",
              _shown(_value(c, key), lang), t("diag.yes" if c.met else "diag.no", lang)] for c in result.frontier]
     return "\n".join(lines + ["", t("tune.frontier_heading", lang), "", markdown_table(headers, rows)])
+
+
+def _validation(result: mixprec.TuneResult, lang: str) -> str:
+    """The held-out check in ``lang``: seeds, verdict, worst value and its distance to the bound."""
+    search_seeds = ", ".join(map(str, result.search_seeds))
+    v = result.validation
+    if v is None:
+        return t("tune.not_validated", lang, search_seeds=search_seeds)
+    worst = v["worst"] if v["worst"] is not None else math.nan
+    margin = t("tune.validation_margin", lang, margin=f"{v['margin']:.3g}") if math.isfinite(worst) else ""
+    return t("tune.validated", lang, seeds=", ".join(map(str, v["seeds"])),
+             verdict=t("tune.validation_meets" if v["met"] else "tune.validation_misses", lang), bound=result.bound,
+             metric=result.bound.key, value=_shown(worst, lang), margin=margin, search_bound=result.search_bound,
+             margin_db=f"{result.margin_db:g}", search_seeds=search_seeds)
 
 
 def _check(lang: str, pipeline: str, size: str, bound: str, objective: str,
