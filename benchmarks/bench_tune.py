@@ -1,14 +1,17 @@
 """Tune a pipeline for a quality bound, then compare the tuned policy with the presets.
 
 The search measures on seeds 0 and 1 (``tts``: teacher-forced on the fp32 run's
-speech tokens). The comparison runs in one fresh worker on seeds not used in the
-search (5 and 6 by default): quality is the worst case over those seeds, latency is
+speech tokens) to the bound tightened by ``--margin`` dB; the tuner then validates its
+choice on held-out seeds (2, 3, 4 by default) and steps along the frontier if it
+misses there. The comparison runs in one fresh worker on seeds used by neither
+(5 and 6 by default): quality is the worst case over those seeds, latency is
 the median of interleaved rounds (each round times every policy once, on the first
 fresh seed), so the noise of a shared machine spreads over all of them.
 
 Usage:
     python benchmarks/bench_tune.py [--pipeline tts] [--size default] [--bound snr>=30]
-        [--budget 30] [--repeat 2] [--rounds 5] [--out benchmarks/results/tune.md] [--html tune.html]
+        [--budget 30] [--repeat 2] [--rounds 5] [--validation-seeds 2,3,4] [--margin 1]
+        [--out benchmarks/results/tune.md] [--html tune.html]
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 
 import mixprec
 from mixprec import hardware, pipelines
-from mixprec._tune import WorkerEvaluator, parse_bound, render_tune_html, tune
+from mixprec._tune import WorkerEvaluator, parse_bound, render_tune_html, tune, validation_text
 
 
 def _canonical(policy: mixprec.Policy) -> str:
@@ -58,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=2, help="timed runs per search evaluation")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds in the comparison")
     parser.add_argument("--fresh-seeds", default="5,6")
+    parser.add_argument("--validation-seeds", default="2,3,4", help="held-out seeds of the tuner's own validation")
+    parser.add_argument("--margin", type=float, default=1.0, help="dB of error the search keeps below the bound")
     parser.add_argument("--out", default="benchmarks/results/tune.md")
     parser.add_argument("--html", default=None, help="also write the search's HTML report here")
     args = parser.parse_args(argv)
@@ -73,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  evaluation {event.evaluations}/{event.budget} ({event.latest.step}): best meeting the bound {best_text}",
               file=sys.stderr, flush=True)
 
+    held_out = [int(x) for x in args.validation_seeds.split(",") if x.strip()]
     result = tune(args.pipeline, bound, objective=args.objective, budget=args.budget, size=args.size,
-                  repeat=args.repeat, seeds=(0, 1), hardware=hw, progress=progress)
+                  repeat=args.repeat, seeds=(0, 1), hardware=hw, progress=progress,
+                  validation_seeds=held_out, margin=args.margin)
     search_s = time.perf_counter() - start
 
     hints = pipelines.get(args.pipeline, size="test").sensitive
@@ -112,12 +119,18 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/bench_tune.py " + " ".join(argv if argv is not None else sys.argv[1:])
     lines = [
         "# mixprec.tune: tuned policy vs presets", "", f"Command: `{command.strip()}`", "",
-        f"Machine: {hw.name}, {hw.threads} threads, torch {hw.torch_version}; fast 16-bit: {', '.join(hw.fast_16bit()) or 'none'}.",
+        f"Machine: {hw.name}, {hw.threads} threads, CPU flags {' '.join(hw.cpu_flags) or 'n/a'}, torch {hw.torch_version}; "
+        f"fast 16-bit: {', '.join(hw.fast_16bit()) or 'none'}.",
         f"Pipeline `{args.pipeline}` size `{args.size}`, bound `{bound}`, objective {args.objective}.", "",
-        f"Search (seeds 0, 1): {result.evaluations} measured evaluations, {result.cached} cached, "
+        f"Search (seeds 0, 1; {result.search_bound} with a {result.margin_db:g} dB margin): {result.evaluations} measured evaluations, {result.cached} cached, "
         f"{search_s:.0f} s; bound {'met' if result.met else f'not met (closest misses by {result.miss:.3g})'}.",
         f"Kept fp32: {', '.join(result.keep_fp32) or 'none'}. Chosen step: {result.chosen.step}.",
+        f"Validation: {validation_text(result)}",
         *[f"Note: {n}" for n in result.notes], "",
+        "How sure (the chosen policy over every seed the tuner measured it on):", "",
+        "| metric | worst | median | spread | seeds |", "|---|---:|---:|---:|---:|",
+        *[f"| {m} | {v['worst']:.6g} | {v['median']:.6g} | {v['spread']:.3g} | {v['seeds']} |"
+          for m, v in result.seed_summary.items()], "",
         f"Comparison on fresh seeds {', '.join(map(str, fresh))} (quality worst case over them; latency: "
         f"{args.rounds} interleaved rounds, one worker):", "",
         f"| policy | median s | min s | max s | speedup vs fp32 | weights MB | {bound.key} | token agreement | meets {bound} |",

@@ -117,6 +117,8 @@ def test_tune_command_writes_a_loadable_policy_and_reuses_the_store(tmp_path):
     first = runner.invoke(app, [*args, "--out", str(out)])
     assert first.exit_code == 0, first.output
     assert "chosen: #" in first.output and "the speed of fp32" in first.output
+    assert "validation: On seeds 2, 3, 4, never used by the search, the chosen policy meets cosine>=0.999" in first.output
+    assert "how sure" in first.output and "spread" in first.output
     assert first.output.count("chosen") >= 2  # the chosen row is in the table even when re-timing picked it
     policy = mixprec.Policy.load(out)
     assert policy.name == "tuned" and policy.rules
@@ -133,7 +135,21 @@ def test_tune_command_writes_a_loadable_policy_and_reuses_the_store(tmp_path):
     (["--bound", "snr>=30", "--budget", "0"], "--budget '0'"),
     (["--bound", "snr>=30", "--seeds", "x"], "--seeds 'x'"),
     (["--bound", "snr>=30", "--pipeline", "ttts"], "did you mean 'tts'"),
+    (["--bound", "snr>=30", "--seeds", "0,1", "--validation-seeds", "1,5"],
+     "overlap the search seeds [0, 1] (both hold 1)"),
+    (["--bound", "snr>=30", "--validation-seeds", "-1"], "--validation-seeds '-1'"),
+    (["--bound", "snr>=30", "--validation-seeds", "5-x"], "'5-x' is not a seed or a range"),
+    (["--bound", "snr>=30", "--margin", "-2"], "--margin '-2': expected a number of db >= 0"),
+    (["--bound", "snr>=30", "--margin", "lots"], "--margin 'lots': expected a number"),
 ])
 def test_tune_command_rejects_bad_input(args, message):
     result = runner.invoke(app, ["tune", *args])
-    assert result.exit_code == 2 and message.lower() in result.output.lower(), result.output
+    assert result.exit_code == 2 and message.lower() in " ".join(result.output.lower().split()), result.output
+
+
+def test_validation_seeds_flag_forms():
+    from mixprec.cli import _validation_seeds
+
+    assert _validation_seeds("3", [0, 1]) == 3 and _validation_seeds("0", [0, 1]) == 0
+    assert _validation_seeds("7,", [0, 1]) == [7]
+    assert _validation_seeds("10-12,20", [0, 1]) == [10, 11, 12, 20]

@@ -9,7 +9,6 @@ import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mixprec._search import minimal_sufficient, pick_final, worst_case
@@ -17,38 +16,11 @@ from mixprec.bench.store import Store
 from mixprec.policy import Policy
 from mixprec._tune import METRICS, Bound, InProcessEvaluator, WorkerEvaluator, parse_bound, render_tune_html, tune
 
-N_BLOCKS = 64
-SENSITIVE = (7, 30, 51)
-
-
-class CenteredLinear(nn.Linear):
-    """A Linear that centres its input: its large constant weight offset cancels in fp32 only."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x - x.mean(-1, keepdim=True), self.weight, self.bias)
-
-
-class Block(nn.Module):
-    def __init__(self, width: int, sensitive: bool):
-        super().__init__()
-        self.fc1 = nn.Linear(width, 2 * width)
-        self.fc2 = (CenteredLinear if sensitive else nn.Linear)(2 * width, width)
-        with torch.no_grad():
-            self.fc2.weight.mul_(0.3)
-            if sensitive:  # +64 on every weight: exact no-op on centred input, ~2**-3 rounding noise in bf16
-                self.fc2.weight.add_(64.0)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(torch.relu(self.fc1(x)))
+from tune_models import SENSITIVE, LayerBlock as Block, inputs as _inputs, model as synthetic_model
 
 
 def _model() -> nn.Sequential:
-    torch.manual_seed(0)
-    return nn.Sequential(*[Block(32, i in SENSITIVE) for i in range(N_BLOCKS)]).eval()
-
-
-def _inputs(seed: int) -> torch.Tensor:
-    return torch.randn(4, 32, generator=torch.Generator().manual_seed(seed))
+    return synthetic_model("layer")
 
 
 @pytest.fixture(scope="module")
@@ -323,3 +295,174 @@ def test_no_fast_16bit_type_memory_search_stores_16bit_with_fp32_compute(evaluat
     assert {"all-bf16 compute fp32", "all-fp16 compute fp32"} <= {c.step for c in result.path}
     assert result.met and result.policy.rules[0].storage in ("bf16", "fp16") and result.policy.rules[0].compute == "fp32"
     assert result.chosen.evaluation.memory_bytes < result.path[0].evaluation.memory_bytes / 1.9
+
+
+# -- issue: held-out validation, margin, hierarchical prior -------------------------------------
+
+from mixprec._search import ModuleTree, hierarchical_keep  # noqa: E402
+from mixprec._tune import seed_summary, tightened, validation_seed_list  # noqa: E402
+from tune_models import gated, shifted_inputs  # noqa: E402
+
+FRESH = tuple(range(100, 110))
+
+
+def _tuned(kind: str, bound: str = "sqnr>=40"):
+    net = synthetic_model(kind)
+    ev = InProcessEvaluator(net, _inputs, net, seeds=(0, 1), repeat=1, name=f"synthetic-{kind}")
+    result = tune(kind, bound, evaluator=ev, objective="memory", dtypes=("bf16",), local_search=False)
+    return ev, result
+
+
+@pytest.mark.parametrize("kind, limit", [("block", 20), ("layer", 16), ("both", 20)])
+def test_hierarchical_prior_finds_the_sensitive_blocks_within_budget(kind, limit):
+    ev, result = _tuned(kind)
+    assert result.met and result.evaluations <= limit, [c.step for c in result.path]
+    kept = set(result.keep_fp32)
+    for i in SENSITIVE:  # the sensitive block itself, or layers inside it
+        assert any(k == str(i) or k.startswith(f"{i}.") for k in kept), kept
+    assert all(k.split(".")[0] in {str(i) for i in SENSITIVE} for k in kept), kept
+    if kind == "layer":
+        assert sorted(kept) == sorted(f"{i}.fc2" for i in SENSITIVE)
+    if kind == "block":
+        assert sorted(kept) == sorted(str(i) for i in SENSITIVE)
+        assert sum("kept whole, its error comes from how its layers combine" in n for n in result.notes) == 3
+    # the promise holds on inputs neither the search nor the validation saw
+    fresh = worst_case(list(ev.validate(result.policy, FRESH).values()))
+    assert fresh["sqnr_db"] >= 40, fresh["sqnr_db"]
+    assert result.validation["met"] and result.validation["seeds"] == [2, 3, 4]
+    assert result.search_bound == Bound("sqnr", ">=", 41.0) and result.margin_db == 1.0
+
+
+def test_block_level_error_is_invisible_per_layer_and_visible_per_block():
+    import mixprec
+
+    net = synthetic_model("block")
+    prof = mixprec.profile(net, _inputs(0), Policy((mixprec.Rule("*", storage="bf16"),)))
+    stats = {s.module: s for s in prof.modules}
+    layers = [s.own_sqnr_db for s in prof.modules if s.owns_weights]
+    assert min(layers) > 40  # every layer rounds like any other
+    for i in SENSITIVE:
+        assert stats[str(i)].own_sqnr_db < 30 and not stats[str(i)].owns_weights
+    assert stats["6"].own_sqnr_db > 40
+    suggested = {s["match"] for s in prof.suggestions(min_own_sqnr_db=35)}
+    assert suggested == {str(i) for i in SENSITIVE}  # the blocks, not their harmless layers
+    # leaves only (the former profile): nothing tells the sensitive blocks apart
+    flat = mixprec.profile(net, _inputs(0), Policy((mixprec.Rule("*", storage="bf16"),)), blocks=False)
+    assert all(s.own_sqnr_db is None for s in flat.modules if not s.owns_weights)
+
+
+def test_hierarchical_keep_counts_on_a_known_tree():
+    """Group testing over 64 blocks of 2 layers each, 3 needed: per layer, per block."""
+    units = [f"{b}.{leaf}" for b in range(64) for leaf in ("fc1", "fc2")]
+    risky = {7, 30, 51}
+
+    def rows(per_block: bool):
+        out = []
+        for b in range(64):
+            out.append({"module": str(b), "own_sqnr_db": 20.0 if b in risky else 50.0, "overflows_fp16": False,
+                        "own_nonfinite": False, "unit": False})
+            for leaf in ("fc1", "fc2"):
+                bad = b in risky and leaf == "fc2" and not per_block
+                out.append({"module": f"{b}.{leaf}", "own_sqnr_db": 15.0 if bad else 48.0 + b / 100,
+                            "overflows_fp16": False, "own_nonfinite": False, "unit": True})
+        return out
+
+    for per_block, need, limit in [(True, {str(b) for b in risky}, 10), (False, {f"{b}.fc2" for b in risky}, 13)]:
+        calls = []
+
+        def suffices(keep):
+            calls.append(keep)
+            covered = {u for u in units if any(u == k or u.startswith(k + ".") for k in keep)}
+            return all(any(u in covered for u in units if u == n or u.startswith(n + ".")) for n in need) and (
+                not per_block or all(f"{n}.fc1" in covered and f"{n}.fc2" in covered for n in need))
+
+        tree = ModuleTree(rows(per_block), units)
+        kept = hierarchical_keep(tree, tree.inside(""), suffices)
+        assert set(kept) == need and len(calls) <= limit, (per_block, kept, len(calls))
+
+
+def test_module_tree_passes_through_single_children():
+    units = ["enc.layers.0.fc", "enc.layers.1.fc", "head"]
+    rows = [{"module": u, "own_sqnr_db": 40.0, "overflows_fp16": False, "own_nonfinite": False, "unit": True}
+            for u in units]
+    tree = ModuleTree(rows, units)
+    assert sorted(tree.inside("")) == ["enc", "head"]
+    assert tree.inside("enc") == ["enc.layers.0", "enc.layers.1"]  # through the lone ModuleList
+    assert tree.own_db("enc") is None and tree.risk("enc") == (True, 40.0)  # unmeasured: its riskiest child
+
+
+def test_validation_steps_along_the_frontier_when_held_out_seeds_miss():
+    net = gated()
+    ev = InProcessEvaluator(net, shifted_inputs, net, seeds=(0, 1), repeat=1, name="gated")
+    result = tune("gated", "sqnr>=30", evaluator=ev, objective="memory", dtypes=("bf16",), local_search=False,
+                  final_rounds=0)
+    tried = result.validation["tried"]
+    assert not tried[0]["met"] and tried[-1]["met"] and len(tried) >= 2 and result.validations == len(tried)
+    assert result.chosen.index == tried[-1]["index"] != tried[0]["index"]
+    assert any("on a validation seed" in n and "stepped to" in n for n in result.notes)
+    assert result.met and result.validation["met"] and result.validation["worst"] >= 30
+    worst = worst_case(list(ev.validate(result.policy, (2, 3, 4)).values()))
+    assert worst["sqnr_db"] >= 30
+    # without validation, the search's choice stands and the result says it was not checked
+    blind = tune("gated", "sqnr>=30", evaluator=ev, objective="memory", dtypes=("bf16",), local_search=False,
+                 final_rounds=0, validation_seeds=0)
+    assert blind.validation is None and blind.met
+    assert any(n.startswith("warning: validation disabled") for n in blind.notes)
+    assert worst_case(list(ev.validate(blind.policy, (2, 3, 4)).values()))["sqnr_db"] < 30
+    assert "Not validated" in render_tune_html(blind)
+
+
+def test_seed_summary_covers_search_and_validation_seeds(evaluator):
+    result = tune("synthetic", "sqnr>=30", evaluator=evaluator, objective="memory", dtypes=("bf16",),
+                  local_search=False, validation_seeds=(5, 6, 7))
+    summary = result.seed_summary["sqnr_db"]
+    values = [result.chosen.evaluation.per_seed[s]["sqnr_db"] for s in (0, 1)]
+    values += [result.validation["tried"][-1]["per_seed"][s]["sqnr_db"] for s in (5, 6, 7)]
+    assert summary["seeds"] == 5 and summary["worst"] == min(values)
+    assert summary["median"] == pytest.approx(statistics.median(values))
+    assert summary["spread"] == pytest.approx(max(values) - min(values))
+    data = result.to_dict()
+    assert data["validation"]["seeds"] == [5, 6, 7] and data["seed_summary"]["sqnr_db"]["seeds"] == 5
+    assert data["search_bound"] == "sqnr>=31" and data["margin_db"] == 1.0
+    page = render_tune_html(result)
+    assert "On seeds 5, 6, 7, never used by the search, the chosen policy meets sqnr&gt;=30" in page
+    assert "<th>spread</th>" in page
+
+
+@pytest.mark.parametrize("bound, margin, expected", [
+    ("sqnr>=40", 1.0, "sqnr>=41"),
+    ("psnr>30", 2.0, "psnr>32"),
+    ("rel_err<=0.01", 1.0, "rel_err<=0.00891251"),
+    ("cosine>=0.99", 1.0, "cosine>=0.992057"),
+    ("cosine>=1", 1.0, "cosine>=1"),
+    ("token_agreement>=0.9", 0.0, "token_agreement>=0.9"),
+])
+def test_margin_tightens_each_kind_of_metric(bound, margin, expected):
+    assert str(tightened(parse_bound(bound), margin)) == expected
+
+
+def test_bad_validation_seeds_and_margin(evaluator):
+    with pytest.raises(ValueError, match=r"validation seeds \[1, 9\] overlap the search seeds \[0, 1\] \(both hold 1\)"):
+        tune("synthetic", "sqnr>=30", evaluator=evaluator, validation_seeds=(1, 9))
+    with pytest.raises(ValueError, match=r"margin -1.0: expected a finite number of dB >= 0"):
+        tune("synthetic", "sqnr>=30", evaluator=evaluator, margin=-1)
+    assert validation_seed_list(3, (0, 1)) == (2, 3, 4) and validation_seed_list(0, (0, 1)) == ()
+    assert validation_seed_list([9, 8, 9], (0, 1)) == (9, 8)
+    with pytest.raises(ValueError, match="count >= 0"):
+        validation_seed_list(-2, (0, 1))
+
+
+def test_seed_summary_of_exact_outputs_has_no_spread():
+    assert seed_summary({0: {"sqnr_db": math.inf}, 1: {"sqnr_db": math.inf}})["sqnr_db"]["spread"] == 0.0
+
+
+def test_store_keeps_per_seed_quality(evaluator, tmp_path):
+    kwargs = dict(evaluator=evaluator, objective="memory", dtypes=("bf16",), local_search=False)
+    with Store(tmp_path / "tune.db") as store:
+        first = tune("synthetic", "sqnr>=30", store=store, **kwargs)
+    with Store(tmp_path / "tune.db") as store:
+        second = tune("synthetic", "sqnr>=30", store=store, **kwargs)
+        stored = store.load_tune_run(store.tune_runs()[0]["id"])
+    assert second.evaluations == 0 and second.chosen.evaluation.per_seed == first.chosen.evaluation.per_seed
+    assert second.seed_summary == first.seed_summary
+    assert stored["result"]["validation"]["seeds"] == [2, 3, 4] and "sqnr_db" in stored["result"]["seed_summary"]

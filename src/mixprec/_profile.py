@@ -183,7 +183,9 @@ class Profile:
         own = block.own_sqnr_db
         if own is None or not own < min_own_sqnr_db:
             return None
-        inside = [s for s in self.modules if s.module.startswith(block.module + ".") and s.own_sqnr_db is not None]
+        root = block.module == "(root)"
+        inside = [s for s in self.modules if s is not block and s.own_sqnr_db is not None
+                  and (root or s.module.startswith(block.module + "."))]
         if any(s.own_sqnr_db < min_own_sqnr_db or s.own_nonfinite for s in inside):
             return None  # a layer (or a smaller block) inside explains it and is suggested itself
         best = min((s.own_sqnr_db for s in inside), default=math.inf)
