@@ -6,11 +6,13 @@ weight bytes). It runs in the caller's process (:class:`mixprec.tune.InProcessEv
 or inside a benchmark worker (:func:`serve_tune`, reached through
 :mod:`mixprec.bench.worker`).
 
-:func:`minimal_sufficient` finds a minimal set of modules that must stay fp32 with
-adaptive group testing: a galloping search for the shortest sufficient prefix of the
-risk order, then a divide-and-conquer pruning of that prefix. :func:`run_search` drives
-the whole search (baseline, all-16-bit start, bisection, greedy local search) through
-a :class:`Search`, which memoises and optionally stores every measurement.
+:func:`minimal_sufficient` finds a minimal set that must stay fp32 with adaptive group
+testing: a galloping search for the shortest sufficient prefix of the risk order, then a
+divide-and-conquer pruning of that prefix. :func:`hierarchical_keep` applies it level by
+level down the module tree (:class:`ModuleTree`, ranked by the profile's own error of
+every layer, block and component). :func:`run_search` drives the whole search
+(baseline, all-16-bit start, components, the tree, greedy local search) through a
+:class:`Search`, which memoises and optionally stores every measurement.
 """
 
 from __future__ import annotations
@@ -363,18 +365,30 @@ def hierarchical_keep(tree: ModuleTree, top: Sequence[str], suffices: Callable[[
     def level(nodes: Sequence[str], fixed: frozenset[str], limit: int | None, empty_fails: bool) -> list[str] | None:
         needed = minimal_sufficient(tree.ranked(nodes), lambda keep: suffices(fixed | keep), max_prefix=limit,
                                     empty_fails=empty_fails)
-        if needed is None:
-            return None
-        kept = list(needed)
-        for node in needed:
+        return None if needed is None else refine(list(needed), fixed)
+
+    def refine(kept: list[str], fixed: frozenset[str]) -> list[str]:
+        descend = []
+        for node in kept:
             children = tree.inside(node)
             if len(children) < 2 or node in tree.units:
                 continue
             if tree.combined(node):
+                if any(n.startswith(f"{node}: kept whole") for n in notes):
+                    continue
                 notes.append(f"{node}: kept whole, its error comes from how its layers combine "
                              f"(own {tree.own_db(node):.1f} dB; each part {COMBINED_GAP_DB:g}+ dB better)")
-                continue
+            else:
+                descend.append(node)
+        if len(descend) > 1:
+            # one evaluation for the prior's guess: each block replaced by its riskiest part
+            guess = {node: tree.ranked(tree.inside(node))[0] for node in descend}
+            trial = [k for k in kept if k not in guess] + list(guess.values())
+            if suffices(fixed | frozenset(trial)):
+                return refine(trial, fixed)
+        for node in descend:
             others = frozenset(k for k in kept if k != node)
+            children = tree.inside(node)
             inner = level(children, fixed | others, len(children) // 2, empty_fails=True)
             if inner is not None:
                 kept = [k for k in kept if k != node] + inner

@@ -1,10 +1,12 @@
 """Autotune: the fastest (or smallest) policy that keeps a quality bound, measured.
 
 :func:`tune` starts from all-16-bit weights (the fastest 16-bit type the hardware
-probe measured fast), uses :func:`mixprec.profile` as a prior to order the
-weight-owning modules by risk, finds a minimal set to keep fp32 by adaptive group
-testing when the bound fails, then improves the policy by a greedy local search
-(per-component storage, attention upcast, float32 matmul level). Every candidate is
+probe measured fast), uses :func:`mixprec.profile` as a prior (the own error of every
+layer, block and component), finds a small set to keep fp32 by group testing down the
+module tree when the bound fails, then improves the policy by a greedy local search
+(per-component storage, attention upcast, float32 matmul level). The search works to
+the bound tightened by a margin on its search seeds; the chosen policy is then checked
+on held-out validation seeds, stepping along the frontier if it misses. Every candidate is
 measured end to end by an *evaluator*: :class:`InProcessEvaluator` (any module) or
 :class:`WorkerEvaluator` (a registered pipeline in one long-lived worker process).
 
