@@ -315,7 +315,8 @@ def diagnose(
 
     table = _table(f"{pipeline} under {pol.name}: most at risk first",
                    ["module", "type", "compute", "calls", "absmax in/out", "fp16 room", "underflow 16/bf", "own dB", "inher. dB"],
-                   [[("[bold red]" + s.module + " (fp16 overflow)[/]") if s.overflows_fp16 else s.module, s.type, s.compute, s.calls,
+                   [[("[bold red]" + s.module + " (fp16 overflow)[/]") if s.overflows_fp16 else s.module,
+                     s.type if s.owns_weights else f"{s.type} (block)", s.compute, s.calls,
                      f"{s.input_absmax:.3g}/{s.output_absmax:.3g}", f"{s.fp16_headroom:.2g}",
                      f"{s.underflow_fp16:.1%}/{s.underflow_bf16:.1%}", db(s.own_sqnr_db), db(s.inherited_sqnr_db)] for s in rows])
     console.print(table)
