@@ -65,10 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Machine: {hw.name}, CPU flags {' '.join(hw.cpu_flags) or 'n/a'}, torch {hw.torch_version}. "
         "Evaluation counts do not depend on the machine's speed.",
-        f"Bound `{bound}` (searched as `{tightened(bound, 1.0)}`: 1 dB margin), objective memory, bf16 storage, "
+        f"Bound `{bound}` (searched as `{tightened(bound, 1.0)}`: 1 dB margin), objective memory, 16-bit types "
+        "bf16 (native) and fp16 storage with fp32 compute, the search starting from the one closer to the bound; "
         "search seeds 0 and 1; 64 blocks, 3 sensitive (7, 30, 51).", "",
-        "| sensitivity shows | search | measured evaluations | kept fp32 | worst sqnr on 10 fresh seeds |",
-        "|---|---|---:|---|---:|",
+        "| sensitivity shows | search | start | measured evaluations | kept fp32 | worst sqnr on 10 fresh seeds |",
+        "|---|---|---|---:|---|---:|",
     ]
     for kind in ("layer", "block", "both"):
         net = model(kind)
@@ -81,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         for label, n, keep, policy in (("per-layer prior", flat_n, flat_keep, flat_policy),
                                        ("hierarchical", result.evaluations, result.keep_fp32, result.policy)):
             fresh = worst_case(list(ev.validate(policy, FRESH).values()))["sqnr_db"]
-            lines.append(f"| per {kind if kind != 'both' else 'layer and per block'} | {label} | {n} | "
+            where = f"{start.base} storage" + (f", {start.compute} compute" if start.compute else "")
+            lines.append(f"| per {kind if kind != 'both' else 'layer and per block'} | {label} | {where} | {n} | "
                          f"{', '.join(sorted(keep)) or 'none'} | {fresh:.1f} |")
             print(lines[-1], flush=True)
     lines += ["", "Limits held by tests/test_tune.py: at most 20 evaluations per block and for both, 16 per layer.", ""]
