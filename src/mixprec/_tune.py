@@ -800,6 +800,8 @@ def validation_text(result: TuneResult) -> str:
             f"{_num(worst) if worst is not None else 'n/a'}")
     if worst is not None and math.isfinite(worst):
         head += f", {v['margin']:.3g} from the bound"
+    if v.get("search_worst") is not None:
+        head += f" (worst on the search seeds: {_num(v['search_worst'])})"
     return (f"{head}. The search worked to {result.search_bound} ({result.margin_db:g} dB margin) on seeds "
             f"{', '.join(map(str, result.search_seeds))}; {result.validations} "
             f"polic{'y' if result.validations == 1 else 'ies'} measured on the validation seeds.")
