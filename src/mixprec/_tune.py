@@ -695,10 +695,12 @@ def _held_out(search: Search, evaluator: Any, bound: Bound, chosen: Candidate, s
     margin = None if worst_value is None else sign * (worst_value - bound.value)
     drop = None if worst_value is None or search_worst is None else sign * (search_worst - worst_value)
     allowed = abs(search.bound.value - bound.value)
-    if drop is not None and math.isfinite(drop) and drop > allowed:
-        notes.append(f"{bound.key} dropped by {drop:.3g} from the search seeds' worst case to the validation "
-                     f"seeds' worst case, more than the margin allows ({allowed:.3g}): a larger --margin fits "
-                     f"this model's inputs")
+    first_drop = first["worst"] is not None and chosen.evaluation.quality.get(bound.key) is not None and sign * (
+        chosen.evaluation.quality[bound.key] - first["worst"])
+    if not first["met"] and first_drop and math.isfinite(first_drop) and first_drop > allowed:
+        notes.append(f"{bound.key} of #{chosen.index} dropped by {first_drop:.3g} from the search seeds' worst case to "
+                     f"the validation seeds' worst case, more than the margin ({allowed:.3g}): a larger --margin "
+                     f"suits this model's inputs")
     record = {"seeds": list(seeds), "worst": worst_value, "margin": margin, "search_worst": search_worst,
               "drop": drop, "met": bool(tried[-1]["met"]), "tried": tried}
     return final, record, seed_summary({**per_search, **final_seeds}), len(tried)
