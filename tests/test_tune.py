@@ -460,3 +460,20 @@ def test_bad_validation_seeds_and_margin(evaluator):
 def test_seed_summary_of_exact_outputs_has_no_spread():
     assert seed_summary({0: {"sqnr_db": math.inf}, 1: {"sqnr_db": math.inf}})["sqnr_db"]["spread"] == 0.0
 
+
+
+def test_stop_request_during_validation_keeps_the_search_result():
+    net = gated()
+    ev = InProcessEvaluator(net, shifted_inputs, net, seeds=(0, 1), repeat=1, name="gated")
+    validated = []
+    original = ev.validate
+
+    def validate(policy, seeds):
+        validated.append(policy)
+        return original(policy, seeds)
+
+    ev.validate = validate
+    result = tune("gated", "sqnr>=30", evaluator=ev, objective="memory", dtypes=("bf16",), local_search=False,
+                  final_rounds=0, should_stop=lambda: bool(validated))
+    assert len(validated) == 1 and result.validations == 1 and not result.validation["met"]
+    assert any(n.startswith("validation stopped on request") for n in result.notes)

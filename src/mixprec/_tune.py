@@ -669,12 +669,17 @@ def _held_out(search: Search, evaluator: Any, bound: Bound, chosen: Candidate, s
     queue = [chosen, *_fallbacks(search, chosen)]
     measured: list[tuple[Candidate, dict[int, dict[str, float]], dict[str, float]]] = []
     for cand in queue:
+        if search.should_stop is not None and search.should_stop():
+            notes.append("validation stopped on request: the policies tried so far are reported")
+            break
         per_seed = validate(cand.policy, seeds)
         worst = worst_case(list(per_seed.values()))
         tried.append({"index": cand.index, "worst": worst.get(bound.key), "met": bound.met(worst), "per_seed": per_seed})
         measured.append((cand, per_seed, worst))
         if tried[-1]["met"]:
             break
+    if not measured:
+        return chosen, None, seed_summary(per_search) if per_search else {}, 0
     # the one that met, else the closest tried
     final, final_seeds, _ = max(measured, key=lambda m: (bound.met(m[2]), bound.score(m[2])))
     first = tried[0]
