@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     hw = hardware.probe()
     lines = [
         "# Evaluations to find the keep-fp32 set: per-layer prior vs hierarchical", "",
-        f"Command: `python benchmarks/bench_tune_evals.py {' '.join(argv if argv is not None else sys.argv[1:])}`".rstrip() + "",
+        f"Command: `{' '.join(['python benchmarks/bench_tune_evals.py', *(argv if argv is not None else sys.argv[1:])])}`",
         "",
         f"Machine: {hw.name}, CPU flags {' '.join(hw.cpu_flags) or 'n/a'}, torch {hw.torch_version}. "
         "Evaluation counts do not depend on the machine's speed.",

@@ -294,20 +294,26 @@ class ModuleTree:
             self.children.setdefault(name.rpartition(".")[0], []).append(name)
         self._risk: dict[str, tuple[bool, float]] = {}
 
+    def _measured(self, name: str) -> dict[str, Any] | None:
+        """The node's profile row, or ``None`` when its own error was not measured (a block
+        with no row, or one the profile left at +inf)."""
+        row = self.row.get(name)
+        if row is None or (row["own_sqnr_db"] == math.inf and self.children.get(name)):
+            return None
+        return row
+
     def risk(self, name: str) -> tuple[bool, float]:
         """Sort key, riskiest first."""
         if name not in self._risk:
-            row = self.row.get(name)
-            if row is not None and (row["own_sqnr_db"] != math.inf or not self.children.get(name)):
-                self._risk[name] = _risk_key(row)
-            else:
-                self._risk[name] = min((self.risk(c) for c in self.children.get(name, [])), default=(True, math.inf))
+            row = self._measured(name)
+            self._risk[name] = _risk_key(row) if row is not None else min(
+                (self.risk(c) for c in self.children.get(name, [])), default=(True, math.inf))
         return self._risk[name]
 
     def own_db(self, name: str) -> float | None:
         """The node's own SQNR in dB (``-inf`` for an overflow), ``None`` when not measured."""
-        row = self.row.get(name)
-        if row is None or row["own_sqnr_db"] == math.inf and self.children.get(name):
+        row = self._measured(name)
+        if row is None:
             return None
         key = _risk_key(row)
         return -math.inf if not key[0] else key[1]
@@ -361,6 +367,7 @@ def hierarchical_keep(tree: ModuleTree, top: Sequence[str], suffices: Callable[[
         than ``max_prefix`` nodes.
     """
     notes = notes if notes is not None else []
+    noted: set[str] = set()
 
     def level(nodes: Sequence[str], fixed: frozenset[str], limit: int | None, empty_fails: bool) -> list[str] | None:
         needed = minimal_sufficient(tree.ranked(nodes), lambda keep: suffices(fixed | keep), max_prefix=limit,
@@ -374,8 +381,9 @@ def hierarchical_keep(tree: ModuleTree, top: Sequence[str], suffices: Callable[[
             if len(children) < 2 or node in tree.units:
                 continue
             if tree.combined(node):
-                if any(n.startswith(f"{node}: kept whole") for n in notes):
+                if node in noted:
                     continue
+                noted.add(node)
                 notes.append(f"{node}: kept whole, its error comes from how its layers combine "
                              f"(own {tree.own_db(node):.1f} dB; each part {COMBINED_GAP_DB:g}+ dB better)")
             else:
@@ -638,9 +646,10 @@ def run_search(search: Search, evaluator: Any, fast: list[str], notes: list[str]
             top = [n for g in whole for n in (tree.inside(g) if len(tree.inside(g)) > 1 else [g])]
 
         base = dataclasses.replace(config, storage=())
+        order = _ordered(tree, top)
 
         def suffices(keep: frozenset[str]) -> bool:
-            trial = dataclasses.replace(base, keep=tuple(n for n in _ordered(tree, top) if n in keep))
+            trial = dataclasses.replace(base, keep=tuple(n for n in order if n in keep))
             return search.evaluate(trial, f"bisect keep {len(keep)}").met
 
         # keeping more than half of what the needed components hold buys little over the whole components
@@ -649,7 +658,7 @@ def run_search(search: Search, evaluator: Any, fast: list[str], notes: list[str]
             notes.append(f"the bound needs more than half of the {len(top)} parts of "
                          f"{', '.join(whole)} in fp32: the whole component(s) stay fp32")
         else:
-            trial_config = dataclasses.replace(base, keep=tuple(n for n in _ordered(tree, top) if n in keep))
+            trial_config = dataclasses.replace(base, keep=tuple(n for n in order if n in keep))
             trial = search.evaluate(trial_config, f"verify keep {len(keep)}")
             if trial.met:
                 config, cand = trial_config, trial

@@ -700,9 +700,10 @@ def _held_out(search: Search, evaluator: Any, bound: Bound, chosen: Candidate, s
     margin = None if worst_value is None else sign * (worst_value - bound.value)
     drop = None if worst_value is None or search_worst is None else sign * (search_worst - worst_value)
     allowed = abs(search.bound.value - bound.value)
-    first_drop = first["worst"] is not None and chosen.evaluation.quality.get(bound.key) is not None and sign * (
-        chosen.evaluation.quality[bound.key] - first["worst"])
-    if not first["met"] and first_drop and math.isfinite(first_drop) and first_drop > allowed:
+    chosen_worst = chosen.evaluation.quality.get(bound.key)
+    first_drop = (sign * (chosen_worst - first["worst"])
+                  if first["worst"] is not None and chosen_worst is not None else math.nan)
+    if not first["met"] and math.isfinite(first_drop) and first_drop > allowed:
         notes.append(f"{bound.key} of #{chosen.index} dropped by {first_drop:.3g} from the search seeds' worst case to "
                      f"the validation seeds' worst case, more than the margin ({allowed:.3g}): a larger --margin "
                      f"suits this model's inputs")
