@@ -4,7 +4,7 @@ The ``memory`` strategy stores weights in bf16 and computes in fp32. mixprec use
 swap each module's ``param.data`` to an fp32 copy for the duration of its forward (a
 pre-hook and a post-hook per module), which ``torch.compile`` cannot trace. It now gives
 each such module a forward that reads upcast copies of its weights
-(:mod:`mixprec._fp32compute`). This runs the same applied pipeline three ways, in
+(:mod:`mixprec.casting.fp32compute`). This runs the same applied pipeline three ways, in
 interleaved rounds: fp32 (nothing applied), the current fp32 compute, and the former
 data swap (re-created here on exactly the modules the policy computes in fp32), and
 reports the medians and their ratios to fp32.
@@ -25,8 +25,8 @@ from _report import finish
 
 import mixprec
 from mixprec import hardware, pipelines
-from mixprec._fp32compute import Fp32Compute
-from mixprec._hooks import cast_floats, own_tensors
+from mixprec.casting.fp32compute import Fp32Compute
+from mixprec.casting.hooks import cast_floats, own_tensors
 from mixprec.policy import Policy, Rule
 
 

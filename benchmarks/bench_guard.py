@@ -23,9 +23,9 @@ import torch
 from _report import finish
 
 import mixprec
-import mixprec._guard as guard_module
+import mixprec.diagnose.guard as guard_module
 from mixprec import hardware, pipelines
-from mixprec._guard import FallbackStore
+from mixprec.diagnose.guard import FallbackStore
 
 
 class _Timed:

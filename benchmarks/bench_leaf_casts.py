@@ -28,7 +28,7 @@ from _report import finish
 
 import mixprec
 from mixprec import hardware, pipelines
-from mixprec._hooks import LeafCast
+from mixprec.casting.hooks import LeafCast
 from mixprec.policy import Policy, Rule
 
 

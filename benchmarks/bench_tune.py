@@ -26,7 +26,7 @@ from pathlib import Path
 
 import mixprec
 from mixprec import hardware, pipelines
-from mixprec._tune import WorkerEvaluator, parse_bound, render_tune_html, tune, validation_text
+from mixprec.tuning.tuner import WorkerEvaluator, parse_bound, render_tune_html, tune, validation_text
 
 
 def _canonical(policy: mixprec.Policy) -> str:

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from tune_models import inputs, model  # noqa: E402
 
 from mixprec import hardware  # noqa: E402
-from mixprec._search import Config, Search, minimal_sufficient, worst_case  # noqa: E402
-from mixprec._tune import InProcessEvaluator, parse_bound, tightened, tune  # noqa: E402
+from mixprec.tuning.search import Config, Search, minimal_sufficient, worst_case  # noqa: E402
+from mixprec.tuning.tuner import InProcessEvaluator, parse_bound, tightened, tune  # noqa: E402
 
 FRESH = tuple(range(100, 110))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mixprec import backends
+from mixprec.device import backends
 
 
 @pytest.fixture(autouse=True)

@@ -50,7 +50,7 @@ class _Cudnn:
 
 
 class OldTorch:
-    """Just enough of ``torch`` 2.3 for mixprec.backends."""
+    """Just enough of ``torch`` 2.3 for mixprec.device.backends."""
 
     __version__ = "2.3.1"
 

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import mixprec
-from mixprec import backends
+from mixprec.device import backends
 from mixprec.policy import Policy, PolicyError, Rule
 
 BF16 = Policy((Rule("*", storage="bf16"),))

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import mixprec
-from mixprec import backends
-from mixprec.settings import NumericSettings
+from mixprec.device import backends
+from mixprec.device.settings import NumericSettings
 
 from fake_torch import OldTorch
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import mixprec
-from mixprec import backends
+from mixprec.device import backends
 from mixprec.config import ConfigError, resolve
 
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mixprec import backends, hardware
+from mixprec import hardware
+from mixprec.device import backends
 
 
 @pytest.fixture(scope="module")

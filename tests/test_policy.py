@@ -4,7 +4,7 @@ import pytest
 from torch import nn
 
 from mixprec.policy import Policy, PolicyError, Rule, resolve_modules
-from mixprec.settings import NumericSettings
+from mixprec.device.settings import NumericSettings
 
 
 def _model():

@@ -7,9 +7,10 @@ import torch
 from typer.testing import CliRunner
 
 import mixprec
-from mixprec import backends, pipelines, presets
+from mixprec import pipelines, presets
+from mixprec.device import backends
 from mixprec.cli import app
-from mixprec.hardware import DtypeSpeed, Hardware, classify
+from mixprec.device.hardware import DtypeSpeed, Hardware, classify
 from mixprec.policy import Policy
 
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 import mixprec
 from mixprec.cli import app
 from mixprec.policy import Policy, Rule
-from mixprec._profile import FP16_MAX, sqnr_db
+from mixprec.diagnose.profile import FP16_MAX, sqnr_db
 
 from guard_models import overflowing_lyric_encoder, tokens
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mixprec
-from mixprec import backends
+from mixprec.device import backends
 from mixprec.config import ConfigError
 from mixprec.policy import Policy, PolicyError, Rule
 

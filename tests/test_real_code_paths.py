@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import mixprec
-from mixprec import backends
-from mixprec._guard import FallbackStore
+from mixprec.device import backends
+from mixprec.diagnose.guard import FallbackStore
 from mixprec.policy import Policy, Rule
 
 from guard_models import KeywordOnlyMLP, overflowing_lyric_encoder, tokens

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from mixprec.settings import NumericSettings, did_you_mean, parse_bool
+from mixprec.device.settings import NumericSettings, did_you_mean, parse_bool
 
 
 def test_round_trip():

@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from mixprec._search import minimal_sufficient, pick_final, worst_case
+from mixprec.tuning.search import minimal_sufficient, pick_final, worst_case
 from mixprec.bench.store import Store
 from mixprec.policy import Policy
-from mixprec._tune import METRICS, Bound, InProcessEvaluator, WorkerEvaluator, parse_bound, render_tune_html, tune
+from mixprec.tuning.tuner import METRICS, Bound, InProcessEvaluator, WorkerEvaluator, parse_bound, render_tune_html, tune
 
 from tune_models import SENSITIVE, LayerBlock as Block, inputs as _inputs, model as synthetic_model
 
@@ -304,8 +304,8 @@ def test_no_fast_16bit_type_memory_search_stores_16bit_with_fp32_compute(evaluat
 
 # -- issue: held-out validation, margin, hierarchical prior -------------------------------------
 
-from mixprec._search import ModuleTree, hierarchical_keep  # noqa: E402
-from mixprec._tune import seed_summary, tightened, validation_seed_list  # noqa: E402
+from mixprec.tuning.search import ModuleTree, hierarchical_keep  # noqa: E402
+from mixprec.tuning.tuner import seed_summary, tightened, validation_seed_list  # noqa: E402
 from tune_models import gated, shifted_inputs  # noqa: E402
 
 FRESH = tuple(range(100, 110))

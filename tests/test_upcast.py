@@ -105,7 +105,7 @@ def test_user_module_attention(sdpa):
 
 
 def test_explain_says_when_sdpa_upcast_is_unneeded():
-    from mixprec._upcast import sdpa_overflows
+    from mixprec.casting.upcast import sdpa_overflows
 
     rows = {r["module"]: r for r in mixprec.explain(ExplicitAttention(), FP16_UPCAST)}
     assert rows["(root)"]["attention"].startswith("upcast")

@@ -13,20 +13,21 @@ Example:
     >>> mixprec.tune("tts", "snr>=30").policy.save("tuned.toml")  # fastest policy meeting a bound
 """
 
-from mixprec import hardware, presets
-from mixprec._apply import Applied, ApplyError, RevertError, apply, explain, explain_warnings, weight_bytes
-from mixprec._init import init
-from mixprec.backends import FlagReadError, Snapshot, describe, numerics, restore, snapshot
-from mixprec.backends import apply_settings as apply_numerics
+from mixprec._version import __version__
+from mixprec.device import hardware
+from mixprec.policy import presets
+from mixprec.casting.apply import Applied, ApplyError, RevertError, apply, explain, explain_warnings, weight_bytes
+from mixprec.config.init import init
+from mixprec.device.backends import FlagReadError, Snapshot, describe, numerics, restore, snapshot
+from mixprec.device.backends import apply_settings as apply_numerics
 from mixprec.config import ConfigError, Resolved, resolve
-from mixprec._profile import Profile, profile
-from mixprec._guard import FallbackStore, Guard, NonFiniteError, NonFiniteInputError, OverflowReport, Pin, PrecisionDtypeError, guard
-from mixprec._tune import Bound, TuneResult, parse_bound, tune
+from mixprec.diagnose.profile import Profile, profile
+from mixprec.diagnose.guard import FallbackStore, Guard, NonFiniteError, NonFiniteInputError, OverflowReport, Pin, PrecisionDtypeError, guard
+from mixprec.tuning.tuner import Bound, TuneResult, parse_bound, tune
 from mixprec.policy import CompileSettings, Policy, PolicyError, Rule
-from mixprec.presets import PRESETS, preset
-from mixprec.settings import MATMUL_LEVELS, NumericSettings
+from mixprec.policy.presets import PRESETS, preset
+from mixprec.device.settings import MATMUL_LEVELS, NumericSettings
 
-__version__ = "0.1.0"
 
 __all__ = [
     "FallbackStore",

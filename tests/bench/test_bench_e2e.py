@@ -12,7 +12,7 @@ from mixprec import hardware
 from mixprec.bench.configs import ConfigSpec, UnknownConfigError, default_configs, parse_configs
 from mixprec.bench.runner import BenchOptions, run_bench
 from mixprec.bench.store import Store
-from mixprec.bench.worker import LocalProcessExecutor
+from mixprec.measure.executor import LocalProcessExecutor
 from mixprec.cli import app
 
 
@@ -53,10 +53,10 @@ def test_cli_bench_end_to_end(tmp_path, bf16_cpu):
 class _Breaking(LocalProcessExecutor):
     """Starts real workers, but gives one configuration a pipeline that does not exist."""
 
-    def start(self, job):
+    def start(self, serve, job):
         if job["spec"]["name"] == "memory":
             job = dict(job, pipeline="no-such-pipeline")
-        return super().start(job)
+        return super().start(serve, job)
 
 
 def test_crashing_and_slow_configurations_are_recorded_and_the_run_goes_on(tmp_path):

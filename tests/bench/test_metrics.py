@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from mixprec.bench.metrics import intervals_overlap, latency_stats, pareto_front, quality
+from mixprec.measure.metrics import intervals_overlap, latency_stats, pareto_front, quality
 
 
 def _gen(seed: int = 0) -> torch.Generator:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mixprec import pipelines
-from mixprec.bench.worker import job_for, portable_spec
+from mixprec.measure.executor import job_for, portable_spec
 from mixprec.pipelines import _registry
 
 _FACTORIES = '''

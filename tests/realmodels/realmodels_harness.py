@@ -7,7 +7,7 @@ One combination is (model, policy, probe). :func:`check_combination`:
    their first call);
 2. snapshots every parameter and buffer (dtype, device, requires_grad, exact values),
    every module's forward hooks, the global hooks, the torch-function mode stack and
-   torch's numeric flags (``mixprec.backends.snapshot()``);
+   torch's numeric flags (``mixprec.device.backends.snapshot()``);
 3. ``with mixprec.apply(target, policy):`` checks that the weights are stored as the
    resolved plan says and the policy's numerics are in force, then runs the model end
    to end (and the model's optional extra checks inside the block);
@@ -32,8 +32,9 @@ import torch
 from torch import nn
 
 import mixprec
-from mixprec import FallbackStore, Policy, Rule, backends
-from mixprec._dtype_errors import is_dtype_error
+from mixprec import FallbackStore, Policy, Rule
+from mixprec.device import backends
+from mixprec.diagnose.dtype_errors import is_dtype_error
 
 __all__ = [
     "POLICIES", "PROBES", "REPEATS", "TIERS", "Case", "combos", "make_policy", "expected_tier",

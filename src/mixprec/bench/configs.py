@@ -15,8 +15,13 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
-from mixprec.hardware import Hardware
-from mixprec.settings import did_you_mean
+from mixprec.casting.apply import apply, check_compiler
+from mixprec.device.backends import apply_settings
+from mixprec.device.hardware import Hardware
+from mixprec.device.settings import NumericSettings, did_you_mean
+from mixprec.diagnose.guard import guard
+from mixprec.policy import CompileSettings, Policy
+from mixprec.policy.presets import preset
 
 __all__ = ["ConfigSpec", "BUILTIN", "parse_configs", "default_configs", "setup", "UnknownConfigError"]
 
@@ -84,8 +89,6 @@ def _spec(name: str) -> ConfigSpec:
     if name.endswith((".toml", ".json")):
         if not Path(name).is_file():
             raise UnknownConfigError(f"policy file {name!r} does not exist")
-        from mixprec.policy import Policy
-
         Policy.load(name)  # validate now, before any worker starts
         return ConfigSpec(name, "policy", os.path.abspath(name))
     raise UnknownConfigError(
@@ -164,12 +167,9 @@ def setup(spec: ConfigSpec, pipe: Any, hardware: Hardware | None = None) -> tupl
     Raises:
         mixprec.ApplyError: a compiled configuration on a machine without a C++ compiler.
     """
-    import mixprec
-    from mixprec._apply import check_compiler
-
     context, info = _configure(spec, pipe, hardware)
     if spec.compile and spec.kind not in ("preset", "policy"):
-        settings = mixprec.CompileSettings()
+        settings = CompileSettings()
         check_compiler(settings, any(p.device.type == "cpu" for c in pipe.components.values() for p in c.parameters()))
         for component in pipe.components.values():
             component.compile(mode=settings.mode, dynamic=settings.dynamic, backend=settings.backend)
@@ -177,13 +177,11 @@ def setup(spec: ConfigSpec, pipe: Any, hardware: Hardware | None = None) -> tupl
 
 
 def _configure(spec: ConfigSpec, pipe: Any, hardware: Hardware | None) -> tuple[Callable[[], ContextManager], dict[str, Any]]:
-    import mixprec
-
     info: dict[str, Any] = {"policy": None, "guard": None}
     if spec.kind == "baseline":
         return contextlib.nullcontext, info
     if spec.kind == "matmul":
-        mixprec.apply_numerics(mixprec.NumericSettings(matmul=spec.arg))  # a fresh worker: nothing to restore
+        apply_settings(NumericSettings(matmul=spec.arg))  # a fresh worker: nothing to restore
         info["policy"] = {"numerics": {"matmul": spec.arg}}
         return contextlib.nullcontext, info
     if spec.kind == "autocast":
@@ -196,12 +194,12 @@ def _configure(spec: ConfigSpec, pipe: Any, hardware: Hardware | None) -> tuple[
             component.to(dtype)
         return contextlib.nullcontext, info
     if spec.kind == "preset":
-        policy = mixprec.preset(spec.arg, hardware=hardware, hints=tuple(getattr(pipe, "sensitive", ())))
+        policy = preset(spec.arg, hardware=hardware, hints=tuple(getattr(pipe, "sensitive", ())))
     else:
-        policy = mixprec.Policy.load(spec.arg)
+        policy = Policy.load(spec.arg)
     if spec.compile and policy.compile is None:
-        policy = dataclasses.replace(policy, compile=mixprec.CompileSettings())
-    applied = mixprec.apply(pipe, policy, keep_original="cpu")
+        policy = dataclasses.replace(policy, compile=CompileSettings())
+    applied = apply(pipe, policy, keep_original="cpu")
     info["policy"] = policy.to_dict()
-    info["guard"] = mixprec.guard(applied, on_nonfinite="fallback", hardware=hardware, remember=False)
+    info["guard"] = guard(applied, on_nonfinite="fallback", hardware=hardware, remember=False)
     return contextlib.nullcontext, info

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from mixprec.bench.metrics import intervals_overlap
+from mixprec.measure.metrics import intervals_overlap
 
 __all__ = ["Thresholds", "gate", "compare", "comparable", "main_quality", "parse_percent", "thresholds_from_flags"]
 

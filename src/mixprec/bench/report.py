@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from mixprec.bench.metrics import latency_stats, pareto_front
+from mixprec.measure.metrics import latency_stats, pareto_front
 
 __all__ = [
     "COLUMNS",

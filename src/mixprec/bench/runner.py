@@ -15,23 +15,22 @@ when it ran to its end, and a crash of the runner itself stores it as ``failed``
 from __future__ import annotations
 
 import os
-import platform
 import time
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import Any, Callable
 
 import torch
 
-import mixprec
-from mixprec.bench import metrics as bench_metrics
+from mixprec.measure import metrics as bench_metrics
 from mixprec.bench.configs import ConfigSpec
 from mixprec.bench.plan import Calibration, Plan, config_cost, plan_runs
 from mixprec.bench.store import Store
-from mixprec.bench.worker import Executor, LocalProcessExecutor, WorkerError, WorkerTimeout, job_for
-from mixprec.hardware import Hardware
+from mixprec.bench.worker import job_for, serve
+from mixprec.measure.executor import Executor, LocalProcessExecutor, WorkerError, WorkerTimeout
+from mixprec.measure.machine import machine_fingerprint, versions
+from mixprec.device.hardware import Hardware
 
-__all__ = ["BenchOptions", "BenchCancelled", "run_bench", "machine_fingerprint", "calibrate", "size_label"]
+__all__ = ["BenchOptions", "BenchCancelled", "run_bench", "calibrate", "size_label"]
 
 LOAD_TIMEOUT_S = 600.0
 #: Safety cap on the fp32 reference when no --timeout is given (it is never timed out otherwise).
@@ -106,24 +105,6 @@ class BenchCancelled(Exception):
     """Raised between worker steps when ``should_stop()`` turns true; caught by :func:`run_bench`."""
 
 
-def machine_fingerprint(hw: Hardware) -> str:
-    import hashlib
-    import json
-
-    raw = json.dumps([hw.device_type, hw.name, list(hw.cpu_flags), hw.threads, hw.capability, hw.torch_version])
-    return hashlib.sha256(raw.encode()).hexdigest()[:16]
-
-
-def _versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {"python": platform.python_version(), "mixprec": mixprec.__version__, "torch": torch.__version__}
-    for dist in ("transformers", "diffusers"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
-
-
 @dataclass
 class _Slot:
     spec: ConfigSpec
@@ -189,7 +170,7 @@ def run_bench(
             raise BenchCancelled(description)
 
     run_id = store.start_run(pipeline=options.pipeline, size=options.size_label, machine=hardware.to_dict(),
-                             fingerprint=machine_fingerprint(hardware), versions=_versions(), notes=options.notes,
+                             fingerprint=machine_fingerprint(hardware), versions=versions(), notes=options.notes,
                              command=options.command)
     status, notes = "complete", list(options.notes)
     deadline = time.monotonic() + options.budget if options.budget else None
@@ -222,7 +203,7 @@ def calibrate(options: BenchOptions, hardware: Hardware, *, batch: int = 1, exec
         WorkerError, WorkerTimeout: the reference failed to load or run.
     """
     executor = executor or LocalProcessExecutor()
-    worker = executor.start(job_for(options.configs[0], pipeline=options.pipeline, size=options.size, seed=options.seed,
+    worker = executor.start(serve, job_for(options.configs[0], pipeline=options.pipeline, size=options.size, seed=options.seed,
                                     batch=batch, hardware=hardware, device=options.device, overrides=options.overrides))
     try:
         start = time.perf_counter()
@@ -247,7 +228,7 @@ def _start(options: BenchOptions, spec: ConfigSpec, position: int, batch: int, h
     if config_id is None:
         config_id = store.add_config(run_id, position=position, name=spec.name, batch=batch)
     slot = _Slot(spec, config_id)
-    slot.worker = executor.start(job_for(spec, pipeline=options.pipeline, size=options.size, seed=options.seed,
+    slot.worker = executor.start(serve, job_for(spec, pipeline=options.pipeline, size=options.size, seed=options.seed,
                                          batch=batch, hardware=hardware, device=options.device, overrides=overrides))
     return slot
 

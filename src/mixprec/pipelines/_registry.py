@@ -55,6 +55,7 @@ __all__ = [
     "is_factory_spec",
     "load_factory",
     "normalize_spec",
+    "portable_spec",
     "plugin_errors",
     "register",
 ]
@@ -556,3 +557,11 @@ def _as_pipeline(spec: str, result: Any) -> Pipeline:
             f"({_short(result)}), which is neither a mixprec.pipelines.Pipeline nor an object "
             f"mixprec.pipelines.wrap accepts: {exc}"
         ) from exc
+
+
+def portable_spec(pipeline: str) -> str:
+    """``pipeline`` as another process should get it: a factory file path made absolute."""
+    try:
+        return normalize_spec(pipeline)
+    except FactoryError:
+        return pipeline

@@ -112,7 +112,7 @@ def run_comparison(
         HWC image array; ``None`` for embeddings), ``figures`` (Markdown),
         ``latency_s``, ``weight_bytes``, ``quality`` and the updated ``cache``.
     """
-    from mixprec.bench.metrics import quality
+    from mixprec.measure.metrics import quality
 
     pipe, cache = _pipeline(cache, name, size)
     dtypes = dict(zip(pipe.components, dtype_values))

@@ -21,7 +21,8 @@ from typing import Any, Callable, Iterator, Sequence
 import gradio as gr
 import torch
 
-from mixprec import hardware, pipelines
+from mixprec import pipelines
+from mixprec.device import hardware
 from mixprec.bench.configs import BUILTIN
 from mixprec.ui.forms import (SIZES, cancel_job, check_choice, check_whole, error_text, markdown_table, png_html,
                               status_html, store_location)

@@ -1,6 +1,6 @@
 """Precision policies: what each module stores and computes in, as data.
 
-A :class:`Policy` is the optional global :class:`~mixprec.settings.NumericSettings`
+A :class:`Policy` is the optional global :class:`~mixprec.device.settings.NumericSettings`
 plus an ordered list of :class:`Rule`. Each rule selects modules and sets some of
 ``storage``, ``compute``, ``keep_fp32``, ``upcast_attention`` and ``output_dtype``.
 
@@ -9,14 +9,14 @@ Matching and precedence:
 * ``match`` is a glob on the qualified module name (``vae``, ``t3.*``, ``*.norm*``),
   ``type:<glob>`` on the class name or any of its base-class names
   (``type:LayerNorm``, ``type:*Norm``), or ``role:head`` for output heads (final
-  projections, see :mod:`mixprec._roles`).
+  projections, see :mod:`mixprec.policy.roles`).
 * A rule applies to every module it matches **and to their descendants**, so
   ``vae`` covers the whole VAE.
 * For each field separately, **the last rule that matches and sets it wins**.
 * ``keep_fp32 = true`` pins the module to fp32 storage and compute whatever any
   ``storage`` rule says, in any order: a pin is a pin.
 
-This module only describes and resolves; :mod:`mixprec.apply` casts.
+:mod:`mixprec.policy.select` resolves a policy over a model; :mod:`mixprec.casting` casts.
 """
 
 from __future__ import annotations
@@ -26,21 +26,21 @@ import fnmatch
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from torch import nn
 
-from mixprec._roles import ROLES, Declaration, declarations, dtype_sources, output_heads
-from mixprec.settings import NumericSettings, did_you_mean
+from mixprec.policy.roles import ROLES
+from mixprec.device.settings import NumericSettings, did_you_mean
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["DTYPE_NAMES", "COMPUTE_MODES", "Rule", "Policy", "PolicyError", "ModulePlan", "resolve_modules", "iter_modules"]
+__all__ = ["DTYPE_NAMES", "COMPUTE_MODES", "Rule", "Policy", "PolicyError", "CompileSettings"]
 
 #: Storage dtypes a policy may name.
 DTYPE_NAMES: tuple[str, ...] = ("fp32", "bf16", "fp16")
@@ -48,7 +48,7 @@ DTYPE_NAMES: tuple[str, ...] = ("fp32", "bf16", "fp16")
 COMPUTE_MODES: tuple[str, ...] = ("native", "fp32")
 
 _ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
-_RULE_FIELDS = ("storage", "compute", "keep_fp32", "upcast_attention", "output_dtype")
+RULE_FIELDS = ("storage", "compute", "keep_fp32", "upcast_attention", "output_dtype")
 
 
 class PolicyError(ValueError):
@@ -116,8 +116,8 @@ class Rule:
         for name in ("keep_fp32", "upcast_attention"):
             _opt_bool(getattr(self, name), f"{where} {name}")
         _opt_bool(self.optional, f"{where} optional")
-        if not any(getattr(self, f) is not None for f in _RULE_FIELDS):
-            raise PolicyError(f"{where} sets nothing; give at least one of {', '.join(_RULE_FIELDS)}")
+        if not any(getattr(self, f) is not None for f in RULE_FIELDS):
+            raise PolicyError(f"{where} sets nothing; give at least one of {', '.join(RULE_FIELDS)}")
 
     @property
     def is_type(self) -> bool:
@@ -354,112 +354,3 @@ class Policy:
     def with_rules(self, *rules: Rule) -> Policy:
         """A copy with ``rules`` appended (so they win over earlier ones)."""
         return dataclasses.replace(self, rules=self.rules + tuple(rules))
-
-
-# -- resolution -----------------------------------------------------------------------
-
-
-@dataclass
-class ModulePlan:
-    """The resolved precision of one module and the rule that decided each field."""
-
-    qualname: str
-    module: nn.Module
-    storage: str = "fp32"
-    compute: str = "native"
-    keep_fp32: bool = False
-    upcast_attention: bool = False
-    output_dtype: str | None = None
-    decided_by: dict[str, int] = field(default_factory=dict)
-    #: The model's own declaration that pinned this module to fp32, if one did.
-    declared: str | None = None
-
-    @property
-    def compute_dtype(self) -> str:
-        """The dtype this module's forward computes in."""
-        return "fp32" if (self.keep_fp32 or self.compute == "fp32") else self.storage
-
-    @property
-    def type_name(self) -> str:
-        return type(self.module).__name__
-
-
-def iter_modules(components: dict[str, nn.Module]) -> Iterator[tuple[str, nn.Module]]:
-    """(qualified name, module) for every module of every component, parents first.
-
-    A component registered under ``""`` (a bare model) contributes unprefixed names.
-    """
-    for cname, root in components.items():
-        for name, module in root.named_modules():
-            if cname and name:
-                yield f"{cname}.{name}", module
-            else:
-                yield cname or name, module
-
-
-def resolve_modules(components: dict[str, nn.Module], policy: Policy) -> tuple[list[ModulePlan], list[int]]:
-    """Resolve every module's precision.
-
-    A rule counts for a module when it matches the module or any ancestor; the
-    counting rules are then applied in policy order, so the last one that sets a
-    field wins, whether it matched the module itself or an ancestor.
-
-    Returns:
-        (plans in ``named_modules`` order, indices of rules that matched nothing).
-    """
-    matched: set[int] = set()
-    plans: list[ModulePlan] = []
-    counting: dict[int, frozenset[int]] = {}
-    roles = {"head": output_heads(components)} if any(r.role for r in policy.rules) else None
-    declared = declarations(components) if policy.model_declarations else []
-    sources = dtype_sources(components) if policy.model_declarations else {}
-    for cname, root in components.items():
-        for name, module in root.named_modules():
-            qualname = (f"{cname}.{name}" if name else cname) if cname else name
-            parent = _lookup(root, name.rpartition(".")[0]) if name else None
-            own = {i for i, rule in enumerate(policy.rules) if rule.matches(qualname, module, roles)}
-            matched |= own
-            rules = counting[id(module)] = frozenset(own) | (counting[id(parent)] if parent is not None else frozenset())
-            plan = ModulePlan(qualname, module)
-            for index in sorted(rules):
-                rule = policy.rules[index]
-                for f in _RULE_FIELDS:
-                    value = getattr(rule, f)
-                    if value is not None:
-                        setattr(plan, f, value)
-                        plan.decided_by[f] = index
-            if not plan.keep_fp32:
-                _apply_declarations(plan, declared)
-            if not plan.keep_fp32 and plan.storage != "fp32" and id(module) in sources:
-                plan.keep_fp32, plan.declared = True, sources[id(module)]
-            if plan.keep_fp32:
-                plan.storage = "fp32"
-                if plan.declared is None:
-                    plan.decided_by["storage"] = plan.decided_by["keep_fp32"]
-            plans.append(plan)
-    unmatched = [i for i, r in enumerate(policy.rules) if i not in matched and not r.optional]
-    return plans, unmatched
-
-
-def _apply_declarations(plan: ModulePlan, declared: list[Declaration]) -> None:
-    """Pin ``plan`` to fp32 when a model it belongs to declares so for its storage dtype."""
-    for decl in declared:
-        if decl.owner and plan.qualname != decl.owner and not plan.qualname.startswith(decl.owner + "."):
-            continue
-        relative = plan.qualname[len(decl.owner) + 1:] if decl.owner else plan.qualname
-        if plan.storage not in decl.storages or (decl.when_compute_fp32 and plan.compute != "fp32"):
-            continue
-        if decl.matches(relative):
-            plan.keep_fp32 = True
-            plan.declared = f"{decl.source} of {decl.owner or 'the model'}"
-            return
-
-
-def _lookup(root: nn.Module, name: str) -> nn.Module:
-    return root.get_submodule(name) if name else root
-
-
-def closest_names(pattern: str, names: Iterable[str], n: int = 3) -> list[str]:
-    import difflib
-
-    return difflib.get_close_matches(pattern.removeprefix("type:"), list(names), n=n, cutoff=0.4)

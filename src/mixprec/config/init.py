@@ -7,7 +7,7 @@ import logging
 import os
 from typing import Any, Mapping
 
-from mixprec import backends
+from mixprec.device import backends
 from mixprec.config import Resolved, resolve
 
 __all__ = ["init"]

@@ -120,7 +120,7 @@ def env(
     as_json: JsonFlag = False,
 ) -> None:
     """Hardware, measured precision speeds, effective torch numerics and versions."""
-    from mixprec import hardware
+    from mixprec.device import hardware
 
     try:
         resolved = mixprec.init(
@@ -194,7 +194,8 @@ DeviceFlag = Annotated[Optional[str], typer.Option("--device", help="cpu | cuda 
 @app.command("presets")
 def presets_cmd(device: DeviceFlag = None, as_json: JsonFlag = False) -> None:
     """Each preset as resolved on this machine, with the reasons for every choice."""
-    from mixprec import hardware, presets
+    from mixprec.device import hardware
+    from mixprec.policy import presets
 
     try:
         hw = hardware.probe(device)
@@ -215,7 +216,7 @@ def presets_cmd(device: DeviceFlag = None, as_json: JsonFlag = False) -> None:
 
 
 def _policy_for(pipe: Any, preset_name: str | None, policy_file: str | None, device: str | None) -> Any:
-    from mixprec import hardware
+    from mixprec.device import hardware
     from mixprec.policy import Policy
 
     if policy_file:
@@ -294,8 +295,8 @@ def diagnose(
     except (ValueError, NotImplementedError) as exc:
         _fail(exc)
     if save:
-        from mixprec import hardware as hardware_module
-        from mixprec.bench.runner import machine_fingerprint
+        from mixprec.device import hardware as hardware_module
+        from mixprec.measure.machine import machine_fingerprint
 
         store = _open_store(db)
         hw = hardware_module.probe(device)
@@ -335,7 +336,7 @@ app.add_typer(fallbacks_app, name="fallbacks")
 @fallbacks_app.command("list")
 def fallbacks_list(as_json: JsonFlag = False) -> None:
     """Every remembered fallback: model fingerprint, pinned modules and their dtypes."""
-    from mixprec._guard import FallbackStore
+    from mixprec.diagnose.guard import FallbackStore
 
     store = FallbackStore()
     data = store.load()
@@ -350,7 +351,7 @@ def fallbacks_list(as_json: JsonFlag = False) -> None:
 @fallbacks_app.command("clear")
 def fallbacks_clear(fingerprint: Annotated[Optional[str], typer.Argument(help="Only this fingerprint.")] = None) -> None:
     """Forget remembered fallbacks (all, or one fingerprint)."""
-    from mixprec._guard import FallbackStore
+    from mixprec.diagnose.guard import FallbackStore
 
     removed = FallbackStore().clear(fingerprint)
     console.print(f"removed {removed} remembered fallback(s)", highlight=False)
@@ -507,7 +508,7 @@ def bench(
     """Measure speed, memory and quality per precision configuration, side by side."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from mixprec import hardware
+    from mixprec.device import hardware
     from mixprec.bench import plan, report
     from mixprec.bench.configs import parse_configs
     from mixprec.bench.runner import BenchOptions, run_bench
@@ -529,7 +530,7 @@ def bench(
         hw = hardware.probe(device)
         specs, notes = parse_configs(configs, hw, compiled_twins=compiled)
         if any(s.compile for s in specs):
-            from mixprec._apply import check_compiler
+            from mixprec.casting.apply import check_compiler
 
             check_compiler(mixprec.CompileSettings(), device == "cpu")
     except (ValueError, NotImplementedError, mixprec.ApplyError) as exc:
@@ -585,8 +586,8 @@ def _check_batches(options: Any, batches: list[int], hw: Any) -> None:
     """
     from mixprec.bench.plan import batch_limit
     from mixprec.bench.runner import calibrate
-    from mixprec.bench.worker import WorkerError, WorkerTimeout
-    from mixprec.hardware import available_memory
+    from mixprec.measure.executor import WorkerError, WorkerTimeout
+    from mixprec.device.hardware import available_memory
 
     free = available_memory(options.device)
     if free is None:
@@ -737,7 +738,7 @@ def tune_cmd(
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from mixprec._tune import render_tune_html
+    from mixprec.tuning.tuner import render_tune_html
 
     try:
         parsed = mixprec.parse_bound(bound)
@@ -764,7 +765,7 @@ def tune_cmd(
             raise ValueError(f"--pipeline {pipeline!r}: give a pipeline (see mixprec pipelines)")
         pipeline = _checked_pipeline(pipeline, size, 0, 1, None)
         if try_compile:
-            from mixprec._apply import check_compiler
+            from mixprec.casting.apply import check_compiler
 
             check_compiler(mixprec.CompileSettings(), True)
     except (ValueError, NotImplementedError) as exc:
@@ -792,7 +793,7 @@ def tune_cmd(
     if html:
         Path(html).write_text(render_tune_html(result), encoding="utf-8")
     if as_json:
-        from mixprec._tune import _jsonable
+        from mixprec.tuning.tuner import _jsonable
 
         console.print_json(json.dumps(_jsonable(result.to_dict())))
     else:
@@ -825,7 +826,7 @@ def _print_tune(result, pipeline: str) -> None:
                   highlight=False)
     for note in result.notes:
         console.print(f"  note: {note}", highlight=False, markup=False)
-    from mixprec._tune import validation_text
+    from mixprec.tuning.tuner import validation_text
 
     console.print(f"validation: {validation_text(result)}", highlight=False, markup=False, soft_wrap=True)
     if result.seed_summary:
@@ -847,7 +848,7 @@ def _fmt_metric(value: float) -> str:
 
 def _validation_seeds(text: str, search: list[int]) -> int | list[int]:
     """``--validation-seeds``: a count (one number), or seeds and ranges (``7,8,9``, ``10-19``)."""
-    from mixprec._tune import validation_seed_list
+    from mixprec.tuning.tuner import validation_seed_list
 
     valid = "a count (e.g. 3; 0 disables validation) or seeds such as 7,8,9 or 10-19"
     parts = [part.strip() for part in text.split(",") if part.strip()]

@@ -20,29 +20,14 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from mixprec import backends
-from mixprec._hooks import (
-    Boundary,
-    EntryBoundary,
-    EntryGate,
-    LeafCast,
-    UpcastScope,
-    add_method_hook,
-    called_children,
-    cast_floats,
-    entry_methods,
-    first_weight_owner,
-    first_float_dtype,
-    is_container,
-    is_torch_layer,
-    own_tensors,
-    pin_fp32,
-)
-from mixprec._roles import dtype_property_source
-from mixprec._fp32compute import Fp32Compute
-from mixprec._spectral import SpectralScope, uses_spectral_ops
-from mixprec._upcast import sdpa_upcast_table
-from mixprec._upcast import is_attention_module, sdpa_overflows
+from mixprec.device import backends
+from mixprec.casting.fp32compute import Fp32Compute
+from mixprec.casting.hooks import (Boundary, EntryBoundary, EntryGate, LeafCast, UpcastScope, add_method_hook, cast_floats,
+                                   first_float_dtype, own_tensors, pin_fp32)
+from mixprec.casting.spectral import SpectralScope, uses_spectral_ops
+from mixprec.casting.upcast import is_attention_module, sdpa_overflows, sdpa_upcast_table
+from mixprec.policy.roles import dtype_property_source
+from mixprec.policy.tree import called_children, entry_methods, first_weight_owner, is_container, is_torch_layer
 from mixprec.policy import ModulePlan, Policy, PolicyError, closest_names, resolve_modules
 
 __all__ = [
@@ -341,7 +326,7 @@ def apply(
 
     Args:
         target: ``nn.Module``, mapping of name -> module, or a pipeline.
-        policy: the :class:`~mixprec.policy.Policy` (see :mod:`mixprec.presets`).
+        policy: the :class:`~mixprec.policy.Policy` (see :mod:`mixprec.policy.presets`).
         keep_original: ``"cpu"`` keeps the original tensors in host memory (no copy
             for a CPU model), ``"disk"`` writes them to a safetensors file in a temp
             dir, ``"none"`` keeps nothing (``revert`` then raises).

@@ -32,7 +32,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.utils import stateless
 
-from mixprec._hooks import ForwardWrapper, cast_floats, own_tensors
+from mixprec.casting.hooks import ForwardWrapper, cast_floats, own_tensors
 
 __all__ = ["Fp32Compute", "fp32_forward_kind"]
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 import warnings
 from typing import Any, Mapping
 
-from mixprec.hardware import Hardware
+from mixprec.device.hardware import Hardware
 from mixprec.policy import CompileSettings, Policy, PolicyError, Rule
-from mixprec.settings import NumericSettings, did_you_mean
+from mixprec.device.settings import NumericSettings, did_you_mean
 
 __all__ = ["PRESETS", "resolve", "preset", "UnknownPresetError"]
 
@@ -63,7 +63,7 @@ def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = 
 
     Args:
         name: ``quality``, ``balanced``, ``fast`` or ``memory`` (case-insensitive).
-        hardware: the measured device (:func:`mixprec.hardware.probe`).
+        hardware: the measured device (:func:`mixprec.device.hardware.probe`).
         hints: the pipeline's precision-sensitive module names or ``type:`` patterns.
 
     Returns:
@@ -149,7 +149,7 @@ def preset(
 
     Args:
         name: ``quality`` / ``balanced`` / ``fast`` / ``memory``.
-        hardware: default :func:`mixprec.hardware.probe` (cached).
+        hardware: default :func:`mixprec.device.hardware.probe` (cached).
         hints: the pipeline's sensitive modules.
         overrides: ``matmul`` (global level), ``storage`` / ``compute`` /
             ``upcast_attention`` / ``keep_fp32`` (appended as a rule on ``*``), and
@@ -162,7 +162,7 @@ def preset(
         >>> policy = mixprec.preset("fast", overrides={"rules": [{"match": "vae", "keep_fp32": True}]})
     """
     if hardware is None:
-        from mixprec.hardware import probe
+        from mixprec.device.hardware import probe
 
         hardware = probe()
     policy, _ = resolve(name, hardware, hints)

@@ -52,8 +52,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from mixprec._apply import DTYPES, apply, components_of
-from mixprec._hooks import cast_floats
+from mixprec.casting.apply import DTYPES, apply, components_of
+from mixprec.casting.hooks import cast_floats
 from mixprec.policy import ModulePlan, Policy, resolve_modules
 
 __all__ = ["profile", "Profile", "ModuleStats", "FP16_MAX", "sqnr_db"]

@@ -138,7 +138,7 @@ class SpectralScope:
         self.leave(id(module))
 
     def around(self, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """A method hook (see :func:`mixprec._hooks.add_method_hook`) for methods other than ``forward``."""
+        """A method hook (see :func:`mixprec.casting.hooks.add_method_hook`) for methods other than ``forward``."""
         key = id(call)
         self.enter(key)
         try:

@@ -4,7 +4,7 @@ A :class:`Session` holds a target, its fp32 reference outputs for a set of seeds
 and measures a policy end to end (quality worst case over the seeds, median latency,
 weight bytes). It runs in the caller's process (:class:`mixprec.tune.InProcessEvaluator`)
 or inside a benchmark worker (:func:`serve_tune`, reached through
-:mod:`mixprec.bench.worker`).
+:mod:`mixprec.measure.executor`).
 
 :func:`minimal_sufficient` finds a minimal set that must stay fp32 with adaptive group
 testing: a galloping search for the shortest sufficient prefix of the risk order, then a
@@ -28,11 +28,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from mixprec._apply import apply, components_of
-from mixprec._profile import profile
-from mixprec.bench import metrics as bench_metrics
+from mixprec.casting.apply import apply, components_of
+from mixprec.diagnose.profile import profile
+from mixprec.measure import metrics as bench_metrics
 from mixprec.policy import CompileSettings, Policy, Rule
-from mixprec.settings import MATMUL_LEVELS, NumericSettings
+from mixprec.device.settings import MATMUL_LEVELS, NumericSettings
 
 __all__ = [
     "LOWER_IS_BETTER", "METRICS", "Session", "worst_case", "weight_units", "ModuleTree", "hierarchical_keep", "minimal_sufficient",
@@ -93,7 +93,7 @@ class Session:
         make_inputs: seed -> inputs for ``run``.
         run: inputs -> output (tensor, or an object with ``.output``).
         seeds: the seeds quality is measured on; latency uses the first.
-        kind: output kind for :func:`mixprec.bench.metrics.quality`.
+        kind: output kind for :func:`mixprec.measure.metrics.quality`.
         teacher_force: optional ``(inputs, reference_output) -> inputs`` replaying the
             reference's discrete choices.
     """

@@ -23,7 +23,7 @@ from typing import Iterable
 
 from torch import nn
 
-from mixprec._hooks import first_weight_owner
+from mixprec.policy.tree import first_weight_owner
 
 __all__ = ["ROLES", "output_heads", "Declaration", "declarations", "is_projection", "dtype_sources", "dtype_property_source"]
 

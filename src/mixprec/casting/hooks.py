@@ -1,7 +1,7 @@
 """Forward hooks that carry a policy out: boundary casts, fp32 compute, upcast scopes, pins.
 
 Each hook object is small and stateless apart from a per-call stack (so re-entrant
-and recursive calls pair up correctly); :mod:`mixprec._apply` decides where they go.
+and recursive calls pair up correctly); :mod:`mixprec.casting.apply` decides where they go.
 """
 
 from __future__ import annotations
@@ -9,17 +9,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import inspect
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
 
-from mixprec._upcast import UpcastAttentionMode
+from mixprec.casting.upcast import UpcastAttentionMode
 
 __all__ = [
     "Boundary", "EntryGate", "EntryBoundary", "ForwardWrapper", "LeafCast", "UpcastScope", "pin_fp32", "cast_floats", "own_tensors",
-    "is_container", "is_torch_layer", "entry_methods", "called_children", "first_weight_owner",
     "add_method_hook", "MethodHookHandle", "first_float_dtype",
 ]
 
@@ -218,55 +216,6 @@ class LeafCast(ForwardWrapper):
 
         self._set(module, wrapper, forward)
         return self
-
-
-_FRAMEWORK_MODULES = ("torch.", "transformers.modeling_utils", "transformers.generation", "transformers.integrations",
-                      "diffusers.models.modeling_utils", "diffusers.configuration_utils", "huggingface_hub.")
-
-
-def entry_methods(module: nn.Module) -> list[str]:
-    """Public methods an app may call on a component: ``forward`` and the model's own.
-
-    Methods inherited from torch and from the frameworks' base classes (``to``,
-    ``save_pretrained``, ``generate``, which calls ``forward``) are left out;
-    properties, static and class methods too.
-    """
-    names = ["forward"]
-    for cls in type(module).__mro__:
-        if cls is object or cls.__module__.startswith(_FRAMEWORK_MODULES):
-            continue
-        for name, value in vars(cls).items():
-            if name.startswith("_") or name in names or not inspect.isfunction(value):
-                continue
-            names.append(name)
-    return names
-
-
-def is_torch_layer(module: nn.Module) -> bool:
-    """Whether ``module`` is one of torch's own layers (``nn.Linear``, ``nn.Conv1d``, ...)."""
-    return type(module).__module__.startswith("torch.nn.")
-
-
-def is_container(module: nn.Module) -> bool:
-    """``ModuleList`` / ``ModuleDict`` / parameter containers: held, never called."""
-    return isinstance(module, (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict))
-
-
-def called_children(module: nn.Module) -> Iterator[nn.Module]:
-    """Direct children that are called, looking through ModuleList / ModuleDict."""
-    for child in module.children():
-        if is_container(child):
-            yield from called_children(child)
-        else:
-            yield child
-
-
-def first_weight_owner(module: nn.Module) -> nn.Module | None:
-    """The module owning ``next(module.parameters())`` among floating ones: what ``self.dtype`` code reads."""
-    for name, param in module.named_parameters():
-        if param.is_floating_point():
-            return module.get_submodule(name.rpartition(".")[0]) if "." in name else module
-    return None
 
 
 class EntryGate:

@@ -34,7 +34,7 @@ from typing import Any, Iterator
 
 import torch
 
-from mixprec.settings import NumericSettings
+from mixprec.device.settings import NumericSettings
 
 __all__ = [
     "Snapshot",

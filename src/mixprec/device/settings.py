@@ -1,6 +1,7 @@
-"""Global numeric settings: the data, their parsing and the table of options.
+"""Global numeric settings: the data and the parsing of their values.
 
-Nothing here touches torch; :mod:`mixprec.backends` writes these settings and
+Nothing here touches torch; :mod:`mixprec.device.backends` writes these settings,
+:mod:`mixprec.config.options` lists how each source spells them and
 :mod:`mixprec.config` resolves them from their sources.
 """
 
@@ -9,26 +10,18 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 __all__ = [
     "MATMUL_LEVELS",
     "NumericSettings",
-    "Option",
-    "OPTIONS",
-    "option_for_key",
     "parse_matmul",
     "parse_bool",
-    "parse_preset",
-    "PRESET_NAMES",
     "did_you_mean",
 ]
 
 #: Valid values of ``torch.set_float32_matmul_precision``, most precise first.
 MATMUL_LEVELS: tuple[str, ...] = ("highest", "high", "medium")
-
-#: Preset names (resolved by :mod:`mixprec.presets`).
-PRESET_NAMES: tuple[str, ...] = ("quality", "balanced", "fast", "memory")
 
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
@@ -73,26 +66,6 @@ def parse_bool(value: Any) -> bool:
             return False
     valid = "true/false (also 1/0, yes/no, on/off)"
     raise ValueError(f"invalid value {value!r}; valid values: {valid}")
-
-
-def parse_preset(value: Any) -> str:
-    """Parse a preset name, case-insensitively."""
-    if not isinstance(value, str):
-        raise ValueError(f"expected a string, one of: {', '.join(PRESET_NAMES)}; got {type(value).__name__} {value!r}")
-    name = value.strip().lower()
-    if name not in PRESET_NAMES:
-        raise ValueError(f"unknown preset {value!r}{did_you_mean(name, PRESET_NAMES)}; valid values: {', '.join(PRESET_NAMES)}")
-    return name
-
-
-def parse_policy_file(value: Any) -> str:
-    """Check that a policy file exists and parses; returns its path."""
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"expected the path of a policy .toml or .json file, got {value!r}")
-    from mixprec.policy import Policy  # local: policies describe nn.Modules
-
-    Policy.load(value.strip())  # raises PolicyError (a ValueError) naming the file and key
-    return value.strip()
 
 
 @dataclass(frozen=True)
@@ -145,51 +118,3 @@ class NumericSettings:
             key = unknown[0]
             raise ValueError(f"unknown NumericSettings key {key!r}{did_you_mean(key, sorted(known))}; valid keys: {', '.join(sorted(known))}")
         return cls(**data)
-
-
-@dataclass(frozen=True)
-class Option:
-    """One configurable setting and how each source spells it.
-
-    Attributes:
-        key: the name in config files (``[tool.mixprec]``, ``mixprec.toml``).
-        env: the environment-variable suffix (after ``MIXPREC_`` or the app prefix).
-        label: the human name used in logs and tables.
-        parse: turns a raw value into a valid one or raises ``ValueError``.
-        valid: the valid values, in words.
-        field: the ``NumericSettings`` field it feeds, if any.
-    """
-
-    key: str
-    env: str
-    label: str
-    parse: Callable[[Any], Any]
-    valid: str
-    field: str | None = None
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.key.replace("_", "-")
-
-
-OPTIONS: tuple[Option, ...] = (
-    Option("float32_matmul_precision", "FLOAT32_MATMUL_PRECISION", "float32 matmul precision",
-           parse_matmul, ", ".join(MATMUL_LEVELS), field="matmul"),
-    Option("conv_tf32", "CONV_TF32", "cuDNN conv TF32", parse_bool, "true/false", field="conv_tf32"),
-    Option("fp16_reduced_precision_reduction", "FP16_REDUCED_PRECISION_REDUCTION",
-           "fp16 reduced-precision reduction", parse_bool, "true/false", field="fp16_reduced_precision_reduction"),
-    Option("bf16_reduced_precision_reduction", "BF16_REDUCED_PRECISION_REDUCTION",
-           "bf16 reduced-precision reduction", parse_bool, "true/false", field="bf16_reduced_precision_reduction"),
-    Option("preset", "PRESET", "precision preset", parse_preset, ", ".join(PRESET_NAMES)),
-    Option("policy", "POLICY", "policy file", parse_policy_file, "path of a policy .toml or .json file"),
-)
-
-_DEFAULTS = NumericSettings()
-
-
-def option_for_key(key: str) -> Option | None:
-    return next((o for o in OPTIONS if o.key == key), None)
-
-
-def default_value(option: Option) -> Any:
-    return getattr(_DEFAULTS, option.field) if option.field else None

@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from mixprec._hooks import called_children, first_weight_owner, is_container
+from mixprec.policy.tree import called_children, first_weight_owner, is_container
 from mixprec.policy import ModulePlan, Policy
 
 __all__ = ["is_dtype_error", "DtypeErrorReport", "PrecisionDtypeError", "locate", "candidate_scopes"]

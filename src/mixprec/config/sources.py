@@ -27,7 +27,10 @@ from typing import Any, Mapping
 
 from dotenv.parser import parse_stream
 
-from mixprec.settings import OPTIONS, NumericSettings, Option, default_value, did_you_mean, option_for_key
+from mixprec.config.options import OPTIONS, Option, default_value, option_for_key
+from mixprec.device.settings import NumericSettings, did_you_mean
+from mixprec.policy import Policy
+from mixprec.policy.presets import preset as make_preset
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -124,11 +127,7 @@ class Resolved:
             preset.value is None or LAYERS.index(policy.source.layer) >= LAYERS.index(preset.source.layer)
         )
         if use_file:
-            from mixprec.policy import Policy
-
             return Policy.load(policy.value)
-        from mixprec.presets import preset as make_preset
-
         return make_preset(preset.value, hardware=hardware, hints=hints)
 
     def source_of(self, key: str) -> Source:

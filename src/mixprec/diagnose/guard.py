@@ -27,10 +27,11 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from mixprec._apply import DTYPES, Applied
-from mixprec._hooks import add_method_hook, called_children, entry_methods
-from mixprec._dtype_errors import DtypeErrorReport, PrecisionDtypeError, add_note, candidate_scopes, is_dtype_error, locate
-from mixprec.hardware import Hardware, cache_dir, probe
+from mixprec.casting.apply import DTYPES, Applied
+from mixprec.casting.hooks import add_method_hook
+from mixprec.policy.tree import called_children, entry_methods
+from mixprec.diagnose.dtype_errors import DtypeErrorReport, PrecisionDtypeError, add_note, candidate_scopes, is_dtype_error, locate
+from mixprec.device.hardware import Hardware, cache_dir, probe
 from mixprec.policy import Rule, iter_modules
 
 __all__ = [
@@ -647,7 +648,7 @@ def guard(
         on_nonfinite: ``raise`` a :class:`NonFiniteError` carrying the report, ``fallback``
             (pin the offending module wider, re-run, return a finite result and warn), or
             ``warn`` (report and return the output unchanged).
-        hardware: the probe result (default: :func:`mixprec.hardware.probe`, cached).
+        hardware: the probe result (default: :func:`mixprec.device.hardware.probe`, cached).
         remember: store fallbacks on disk and re-apply remembered ones now.
         store: where to remember (default: ``fallbacks.json`` in the mixprec cache dir).
 

@@ -27,11 +27,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
-from mixprec._search import (METRICS, BudgetExhausted, Candidate, Evaluation, Search, Session, TuneProgress, finalists,
+from mixprec.tuning.search import (METRICS, BudgetExhausted, Candidate, Evaluation, Search, Session, TuneProgress, finalists,
                              frontier, pick_final, retime, run_search, weight_units, worst_case)
-from mixprec.hardware import Hardware
+from mixprec.device.hardware import Hardware
 from mixprec.policy import Policy
-from mixprec.presets import PRESETS, preset
+from mixprec.policy.presets import PRESETS, preset
 
 __all__ = [
     "METRICS", "Bound", "parse_bound", "Evaluation", "Evaluator", "InProcessEvaluator", "WorkerEvaluator",
@@ -228,7 +228,7 @@ class InProcessEvaluator:
         run: inputs -> output tensor (or an object with ``.output``).
         seeds: quality is the worst case over these; latency is timed on the first.
         repeat: timed runs per evaluation (median).
-        kind: output kind for :func:`mixprec.bench.metrics.quality` (``embedding``
+        kind: output kind for :func:`mixprec.measure.metrics.quality` (``embedding``
             for ``(batch, dim)`` outputs).
         name: identifies the target in a store's cache (with a hash of its module
             structure, shapes and parameter sums).
@@ -277,14 +277,16 @@ class WorkerEvaluator:
 
     def __init__(self, pipeline_name: str, size: str = "default", *, seeds: Sequence[int] = (0, 1), repeat: int = 3,
                  batch: int = 1, timeout: float = 600.0, threads: int | None = None):
-        from mixprec.bench.worker import LocalProcessExecutor, portable_spec
+        from mixprec.measure.executor import LocalProcessExecutor
+        from mixprec.pipelines import portable_spec
+        from mixprec.tuning.search import serve_tune
 
         pipeline_name = portable_spec(pipeline_name)  # a factory file path made absolute
         self.pipeline, self.size, self.seeds, self.repeat, self.timeout = pipeline_name, size, tuple(seeds), int(repeat), timeout
         self.cache_key = f"{pipeline_name}|size={size}|batch={batch}|seeds={list(self.seeds)}|repeat={self.repeat}"
-        job = {"mode": "tune", "spec": {"name": f"tune-{pipeline_name}"}, "pipeline": pipeline_name, "size": size,
+        job = {"name": f"tune-{pipeline_name}", "pipeline": pipeline_name, "size": size,
                "batch": batch, "threads": threads}
-        self._worker = LocalProcessExecutor().start(job)
+        self._worker = LocalProcessExecutor().start(serve_tune, job)
         try:
             self.ready = self._worker.wait_ready(timeout)
             self._worker.request("tune_reference", {"seeds": list(self.seeds)}, timeout=timeout)
@@ -501,7 +503,7 @@ def tune(
             registered pipeline measured by the default evaluator, none otherwise.
         size: pipeline size for the default evaluator.
         repeat: timed runs per evaluation for the default evaluator.
-        hardware: the probed device (default :func:`mixprec.hardware.probe`).
+        hardware: the probed device (default :func:`mixprec.device.hardware.probe`).
         dtypes: 16-bit storage types to try (default: those the probe measured fast).
         local_search: run the greedy local search after the bisection.
         try_compile: the local search also tries compiling the components
@@ -531,8 +533,8 @@ def tune(
             seeds shared with the search seeds, or a budget too small for baseline +
             all-16-bit + one bisection pass (the message says how many).
     """
-    from mixprec.bench.runner import machine_fingerprint
-    from mixprec.hardware import probe
+    from mixprec.measure.machine import machine_fingerprint
+    from mixprec.device.hardware import probe
 
     start = time.perf_counter()
     bound = parse_bound(bound)

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from mixprec import backends
+from mixprec.device import backends
 
 __all__ = ["DtypeSpeed", "Hardware", "probe", "cache_dir", "available_memory", "DTYPES", "classify"]
 
@@ -312,7 +312,7 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
         A :class:`Hardware`.
 
     Example:
-        >>> hw = mixprec.hardware.probe()
+        >>> hw = mixprec.device.hardware.probe()
         >>> hw.dtypes["bf16"].klass
         'fast'
     """

@@ -1,0 +1,82 @@
+"""The table of configurable options: how each source spells a setting and how its
+value is parsed. Numeric options feed :class:`~mixprec.device.settings.NumericSettings`;
+``preset`` and ``policy`` name a policy, which is why configuration sits above
+:mod:`mixprec.policy`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from mixprec.device.settings import MATMUL_LEVELS, NumericSettings, did_you_mean, parse_bool, parse_matmul
+from mixprec.policy import Policy
+from mixprec.policy.presets import PRESETS
+
+__all__ = ["Option", "OPTIONS", "option_for_key", "default_value", "parse_preset", "parse_policy_file"]
+
+
+def parse_preset(value: Any) -> str:
+    """Parse a preset name, case-insensitively."""
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, one of: {', '.join(PRESETS)}; got {type(value).__name__} {value!r}")
+    name = value.strip().lower()
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {value!r}{did_you_mean(name, PRESETS)}; valid values: {', '.join(PRESETS)}")
+    return name
+
+
+def parse_policy_file(value: Any) -> str:
+    """Check that a policy file exists and parses; returns its path."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected the path of a policy .toml or .json file, got {value!r}")
+    Policy.load(value.strip())  # raises PolicyError (a ValueError) naming the file and key
+    return value.strip()
+
+
+@dataclass(frozen=True)
+class Option:
+    """One configurable setting and how each source spells it.
+
+    Attributes:
+        key: the name in config files (``[tool.mixprec]``, ``mixprec.toml``).
+        env: the environment-variable suffix (after ``MIXPREC_`` or the app prefix).
+        label: the human name used in logs and tables.
+        parse: turns a raw value into a valid one or raises ``ValueError``.
+        valid: the valid values, in words.
+        field: the ``NumericSettings`` field it feeds, if any.
+    """
+
+    key: str
+    env: str
+    label: str
+    parse: Callable[[Any], Any]
+    valid: str
+    field: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("float32_matmul_precision", "FLOAT32_MATMUL_PRECISION", "float32 matmul precision",
+           parse_matmul, ", ".join(MATMUL_LEVELS), field="matmul"),
+    Option("conv_tf32", "CONV_TF32", "cuDNN conv TF32", parse_bool, "true/false", field="conv_tf32"),
+    Option("fp16_reduced_precision_reduction", "FP16_REDUCED_PRECISION_REDUCTION",
+           "fp16 reduced-precision reduction", parse_bool, "true/false", field="fp16_reduced_precision_reduction"),
+    Option("bf16_reduced_precision_reduction", "BF16_REDUCED_PRECISION_REDUCTION",
+           "bf16 reduced-precision reduction", parse_bool, "true/false", field="bf16_reduced_precision_reduction"),
+    Option("preset", "PRESET", "precision preset", parse_preset, ", ".join(PRESETS)),
+    Option("policy", "POLICY", "policy file", parse_policy_file, "path of a policy .toml or .json file"),
+)
+
+_DEFAULTS = NumericSettings()
+
+
+def option_for_key(key: str) -> Option | None:
+    return next((o for o in OPTIONS if o.key == key), None)
+
+
+def default_value(option: Option) -> Any:
+    return getattr(_DEFAULTS, option.field) if option.field else None

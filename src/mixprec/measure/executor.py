@@ -1,0 +1,108 @@
+"""Isolated workers: one fresh process per job, driven over a pipe.
+
+Global torch state and memory high-water marks cannot leak between jobs because
+each one lives in its own process. A job is a picklable dict and a ``serve(conn,
+job)`` function that answers requests until it returns; the benchmark
+(:func:`mixprec.bench.worker.serve`) and the tuner (:func:`mixprec.tuning.search.serve_tune`)
+each bring their own, so this layer knows neither. Workers are started through the
+small :class:`Executor` interface; :class:`LocalProcessExecutor` (spawned local
+processes) is the default, and another executor (remote machines, a cluster) only
+needs ``start(serve, job) -> Worker``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import traceback
+from typing import Any, Callable, Protocol
+
+__all__ = ["Executor", "Serve", "Worker", "LocalProcessExecutor", "WorkerError", "WorkerTimeout"]
+
+#: What a worker process runs: answer requests on ``conn`` for ``job`` until done.
+Serve = Callable[[Any, dict[str, Any]], None]
+
+
+class WorkerError(RuntimeError):
+    """The worker raised or died; the message carries its error."""
+
+
+class WorkerTimeout(RuntimeError):
+    """The worker did not answer within its time budget."""
+
+
+class Worker(Protocol):
+    def request(self, command: str, payload: Any = None, *, timeout: float | None = None) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+class Executor(Protocol):
+    def start(self, serve: Serve, job: dict[str, Any]) -> Worker: ...
+
+
+# -- process side ------------------------------------------------------------------------
+
+
+def _main(conn: Any, serve: Serve, job: dict[str, Any]) -> None:  # pragma: no cover - runs in the child process
+    # This process is ours: keep the model libraries' progress bars and advice out of
+    # the caller's terminal output (errors still reach the coordinator).
+    for name in ("TRANSFORMERS_VERBOSITY", "DIFFUSERS_VERBOSITY"):
+        os.environ.setdefault(name, "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        serve(conn, job)
+    except BaseException as exc:  # report every failure to the coordinator, then exit
+        try:
+            conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"))
+        except (BrokenPipeError, OSError):
+            pass
+
+
+# -- coordinator side --------------------------------------------------------------------
+
+
+class _ProcessWorker:
+    def __init__(self, ctx: Any, serve: Serve, job: dict[str, Any]):
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_main, args=(child, serve, job), daemon=True, name=f"mixprec-{job.get('name', 'worker')}")
+        self.process.start()
+        child.close()
+
+    def _receive(self, timeout: float | None) -> Any:
+        if not self.conn.poll(timeout):
+            raise WorkerTimeout(f"no answer within {timeout:.0f} s")
+        try:
+            kind, payload = self.conn.recv()
+        except (EOFError, OSError):
+            self.process.join(1)
+            raise WorkerError(f"worker died without a result (exit code {self.process.exitcode}{': killed, e.g. out of memory' if (self.process.exitcode or 0) < 0 else ''})") from None
+        if kind == "error":
+            raise WorkerError(payload)
+        return payload
+
+    def wait_ready(self, timeout: float | None) -> Any:
+        return self._receive(timeout)
+
+    def request(self, command: str, payload: Any = None, *, timeout: float | None = None) -> Any:
+        try:
+            self.conn.send((command, payload))
+        except (BrokenPipeError, OSError):
+            raise WorkerError(f"worker died (exit code {self.process.exitcode})") from None
+        return self._receive(timeout)
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(5)
+        self.conn.close()
+
+
+class LocalProcessExecutor:
+    """Start each worker as a fresh local process (``spawn``: no state is inherited)."""
+
+    def __init__(self) -> None:
+        self._ctx = mp.get_context("spawn")
+
+    def start(self, serve: Serve, job: dict[str, Any]) -> _ProcessWorker:
+        return _ProcessWorker(self._ctx, serve, job)

@@ -1,0 +1,124 @@
+"""Resolving a policy over a model: which rule decides each field of each module.
+
+A rule counts for a module when it matches the module or any ancestor; the last
+counting rule that sets a field wins; a keep-fp32 pin (from a rule or from the
+model's own declarations, :mod:`mixprec.policy.roles`) always wins.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+from torch import nn
+
+from mixprec.policy.roles import Declaration, declarations, dtype_sources, output_heads
+from mixprec.policy.rules import RULE_FIELDS, Policy
+
+__all__ = ["ModulePlan", "iter_modules", "resolve_modules", "closest_names"]
+
+
+
+@dataclass
+class ModulePlan:
+    """The resolved precision of one module and the rule that decided each field."""
+
+    qualname: str
+    module: nn.Module
+    storage: str = "fp32"
+    compute: str = "native"
+    keep_fp32: bool = False
+    upcast_attention: bool = False
+    output_dtype: str | None = None
+    decided_by: dict[str, int] = field(default_factory=dict)
+    #: The model's own declaration that pinned this module to fp32, if one did.
+    declared: str | None = None
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype this module's forward computes in."""
+        return "fp32" if (self.keep_fp32 or self.compute == "fp32") else self.storage
+
+    @property
+    def type_name(self) -> str:
+        return type(self.module).__name__
+
+
+def iter_modules(components: dict[str, nn.Module]) -> Iterator[tuple[str, nn.Module]]:
+    """(qualified name, module) for every module of every component, parents first.
+
+    A component registered under ``""`` (a bare model) contributes unprefixed names.
+    """
+    for cname, root in components.items():
+        for name, module in root.named_modules():
+            if cname and name:
+                yield f"{cname}.{name}", module
+            else:
+                yield cname or name, module
+
+
+def resolve_modules(components: dict[str, nn.Module], policy: Policy) -> tuple[list[ModulePlan], list[int]]:
+    """Resolve every module's precision.
+
+    A rule counts for a module when it matches the module or any ancestor; the
+    counting rules are then applied in policy order, so the last one that sets a
+    field wins, whether it matched the module itself or an ancestor.
+
+    Returns:
+        (plans in ``named_modules`` order, indices of rules that matched nothing).
+    """
+    matched: set[int] = set()
+    plans: list[ModulePlan] = []
+    counting: dict[int, frozenset[int]] = {}
+    roles = {"head": output_heads(components)} if any(r.role for r in policy.rules) else None
+    declared = declarations(components) if policy.model_declarations else []
+    sources = dtype_sources(components) if policy.model_declarations else {}
+    for cname, root in components.items():
+        for name, module in root.named_modules():
+            qualname = (f"{cname}.{name}" if name else cname) if cname else name
+            parent = _lookup(root, name.rpartition(".")[0]) if name else None
+            own = {i for i, rule in enumerate(policy.rules) if rule.matches(qualname, module, roles)}
+            matched |= own
+            rules = counting[id(module)] = frozenset(own) | (counting[id(parent)] if parent is not None else frozenset())
+            plan = ModulePlan(qualname, module)
+            for index in sorted(rules):
+                rule = policy.rules[index]
+                for f in RULE_FIELDS:
+                    value = getattr(rule, f)
+                    if value is not None:
+                        setattr(plan, f, value)
+                        plan.decided_by[f] = index
+            if not plan.keep_fp32:
+                _apply_declarations(plan, declared)
+            if not plan.keep_fp32 and plan.storage != "fp32" and id(module) in sources:
+                plan.keep_fp32, plan.declared = True, sources[id(module)]
+            if plan.keep_fp32:
+                plan.storage = "fp32"
+                if plan.declared is None:
+                    plan.decided_by["storage"] = plan.decided_by["keep_fp32"]
+            plans.append(plan)
+    unmatched = [i for i, r in enumerate(policy.rules) if i not in matched and not r.optional]
+    return plans, unmatched
+
+
+def _apply_declarations(plan: ModulePlan, declared: list[Declaration]) -> None:
+    """Pin ``plan`` to fp32 when a model it belongs to declares so for its storage dtype."""
+    for decl in declared:
+        if decl.owner and plan.qualname != decl.owner and not plan.qualname.startswith(decl.owner + "."):
+            continue
+        relative = plan.qualname[len(decl.owner) + 1:] if decl.owner else plan.qualname
+        if plan.storage not in decl.storages or (decl.when_compute_fp32 and plan.compute != "fp32"):
+            continue
+        if decl.matches(relative):
+            plan.keep_fp32 = True
+            plan.declared = f"{decl.source} of {decl.owner or 'the model'}"
+            return
+
+
+def _lookup(root: nn.Module, name: str) -> nn.Module:
+    return root.get_submodule(name) if name else root
+
+
+def closest_names(pattern: str, names: Iterable[str], n: int = 3) -> list[str]:
+    return difflib.get_close_matches(pattern.removeprefix("type:"), list(names), n=n, cutoff=0.4)
