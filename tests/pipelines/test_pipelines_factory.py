@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from mixprec import pipelines
-from mixprec.measure.executor import job_for, portable_spec
+from mixprec.bench.worker import job_for
+from mixprec.pipelines import portable_spec
 from mixprec.pipelines import _registry
 
 _FACTORIES = '''

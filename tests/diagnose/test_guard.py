@@ -118,7 +118,7 @@ NEXT_START = textwrap.dedent("""
 
 def test_next_process_start_reapplies_the_pin_without_a_failing_call(tmp_path):
     script = tmp_path / "app.py"
-    script.write_text(NEXT_START.format(tests=str(Path(__file__).parent), store=str(tmp_path / "fallbacks.json")))
+    script.write_text(NEXT_START.format(tests=str(Path(__file__).parents[1]), store=str(tmp_path / "fallbacks.json")))
     env = {"MIXPREC_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
 
     def start():
