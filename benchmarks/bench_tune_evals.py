@@ -30,8 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from tune_models import inputs, model  # noqa: E402
 
 from mixprec import hardware  # noqa: E402
-from mixprec.tuning.search import Config, Search, minimal_sufficient, worst_case  # noqa: E402
-from mixprec.tuning.tuner import InProcessEvaluator, parse_bound, tightened, tune  # noqa: E402
+from mixprec.tuning.bounds import parse_bound, tightened, worst_case  # noqa: E402
+from mixprec.tuning.candidates import Config  # noqa: E402
+from mixprec.tuning.evaluators import InProcessEvaluator  # noqa: E402
+from mixprec.tuning.group_testing import minimal_sufficient  # noqa: E402
+from mixprec.tuning.search import Search  # noqa: E402
+from mixprec.tuning.tuner import tune  # noqa: E402
 
 FRESH = tuple(range(100, 110))
 
@@ -86,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| per {kind if kind != 'both' else 'layer and per block'} | {label} | {where} | {n} | "
                          f"{', '.join(sorted(keep)) or 'none'} | {fresh:.1f} |")
             print(lines[-1], flush=True)
-    lines += ["", "Limits held by tests/test_tune.py: at most 20 evaluations per block and for both, 16 per layer.", ""]
+    lines += ["", "Limits held by tests/tuning/test_tune.py: at most 20 evaluations per block and for both, 16 per layer.", ""]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines), encoding="utf-8")

@@ -27,3 +27,37 @@ def test_import_is_side_effect_free(tmp_path):
     assert data["before"] == data["after"]
     assert data["heavy"] == []
     assert list(tmp_path.iterdir()) == []  # no probe result was written
+
+
+PUBLIC_API = r"""
+import importlib, json, pkgutil, sys
+import mixprec
+
+def describe():
+    out = {}
+    for name in mixprec.__all__:
+        obj = getattr(mixprec, name)
+        out[name] = f"{type(obj).__name__}:{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', getattr(obj, '__name__', ''))}"
+    return out
+
+before = describe()
+skipped = []
+for info in pkgutil.walk_packages(mixprec.__path__, "mixprec."):
+    try:
+        importlib.import_module(info.name)
+    except ImportError as exc:  # an optional extra that is not installed
+        skipped.append(f"{info.name}: {exc}")
+print(json.dumps({"before": before, "after": describe(), "skipped": skipped}))
+"""
+
+
+def test_every_public_name_survives_importing_every_submodule():
+    """``mixprec.tune`` / ``numerics`` / ``profile`` / ``guard`` are functions; no sub-package may shadow them."""
+    out = subprocess.run([sys.executable, "-c", PUBLIC_API], capture_output=True, text=True, check=True)
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    assert data["before"] == data["after"]
+    kinds = {name: desc.split(":")[0] for name, desc in data["after"].items()}
+    assert {kinds[n] for n in ("tune", "numerics", "profile", "guard", "apply", "init", "preset")} == {"function"}
+    assert kinds["hardware"] == kinds["presets"] == "module"
+    defined_here = [d.split(":")[1] for d in data["after"].values() if d.split(":")[0] in ("function", "type", "ABCMeta")]
+    assert defined_here and all(d.startswith("mixprec.") for d in defined_here)
