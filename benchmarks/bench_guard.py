@@ -25,7 +25,7 @@ from _report import finish
 import mixprec
 import mixprec.diagnose.guard as guard_module
 from mixprec import hardware, pipelines
-from mixprec.diagnose.guard import FallbackStore
+from mixprec.diagnose.fallbacks import FallbackStore
 
 
 class _Timed:

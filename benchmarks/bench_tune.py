@@ -26,7 +26,10 @@ from pathlib import Path
 
 import mixprec
 from mixprec import hardware, pipelines
-from mixprec.tuning.tuner import WorkerEvaluator, parse_bound, render_tune_html, tune, validation_text
+from mixprec.tuning.bounds import parse_bound
+from mixprec.tuning.evaluators import WorkerEvaluator
+from mixprec.tuning.report import render_tune_html, validation_text
+from mixprec.tuning.tuner import tune
 
 
 def _canonical(policy: mixprec.Policy) -> str:

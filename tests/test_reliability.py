@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import mixprec
-from mixprec.diagnose.guard import FallbackStore
+from mixprec.diagnose.fallbacks import FallbackStore
 from mixprec.policy import Policy, Rule
 
 from guard_models import MixedCallMLP, OverflowingMLP, overflowing_lyric_encoder, tokens

@@ -16,14 +16,22 @@ Example:
 from mixprec._version import __version__
 from mixprec.device import hardware
 from mixprec.policy import presets
-from mixprec.casting.apply import Applied, ApplyError, RevertError, apply, explain, explain_warnings, weight_bytes
+from mixprec.casting.apply import Applied, RevertError, apply
+from mixprec.casting.explain import explain, explain_warnings
+from mixprec.casting.targets import ApplyError, weight_bytes
 from mixprec.config.init import init
 from mixprec.device.backends import FlagReadError, Snapshot, describe, numerics, restore, snapshot
 from mixprec.device.backends import apply_settings as apply_numerics
 from mixprec.config import ConfigError, Resolved, resolve
-from mixprec.diagnose.profile import Profile, profile
-from mixprec.diagnose.guard import FallbackStore, Guard, NonFiniteError, NonFiniteInputError, OverflowReport, Pin, PrecisionDtypeError, guard
-from mixprec.tuning.tuner import Bound, TuneResult, parse_bound, tune
+from mixprec.diagnose.profile import profile
+from mixprec.diagnose.profile_result import Profile
+from mixprec.diagnose.guard import Guard, guard
+from mixprec.diagnose.fallbacks import FallbackStore, Pin
+from mixprec.diagnose.overflow import NonFiniteError, NonFiniteInputError, OverflowReport
+from mixprec.diagnose.dtype_errors import PrecisionDtypeError
+from mixprec.tuning.bounds import Bound, parse_bound
+from mixprec.tuning.result import TuneResult
+from mixprec.tuning.tuner import tune
 from mixprec.policy import CompileSettings, Policy, PolicyError, Rule
 from mixprec.policy.presets import PRESETS, preset
 from mixprec.device.settings import MATMUL_LEVELS, NumericSettings

@@ -10,7 +10,7 @@ import re
 import matplotlib
 import pytest
 
-from mixprec.bench import report
+from mixprec.bench import export, plots, report, table
 
 EVIL_NAME = "<script>alert(1)</script>"
 EVIL_ERROR = "RuntimeError: A & B <b>bold</b> failed"
@@ -131,32 +131,32 @@ def test_render_html_of_odd_runs():
 def test_rendering_leaves_the_matplotlib_backend_alone(run):
     before = matplotlib.get_backend()
     report.render_html([run])
-    report.main_plot_png(run)
+    plots.main_plot_png(run)
     assert matplotlib.get_backend() == before
 
 
 def test_main_plot_png(run):
-    png = report.main_plot_png(run)
+    png = plots.main_plot_png(run)
     assert isinstance(png, bytes)
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
     assert b"matplotlib.org" not in png  # no metadata chunk
     with pytest.raises(ValueError, match="no batch 8"):
-        report.main_plot_png(run, batch=8)
+        plots.main_plot_png(run, batch=8)
 
 
 def test_main_plot_png_without_measurements():
     run = {"id": 1, "pipeline": "tts", "configs": [_failed("fp32", "failed", "x")]}
-    assert report.main_plot_png(run).startswith(b"\x89PNG")
+    assert plots.main_plot_png(run).startswith(b"\x89PNG")
 
 
 def test_main_quality_key(run):
-    assert report.main_quality_key(run) == "snr_db"
-    assert report.main_quality_key({"configs": [_config("a", sqnr_db=3.0)]}) == "sqnr_db"
-    assert report.main_quality_key({"configs": [_config("a", psnr_db=30.0, sqnr_db=3.0)]}) == "psnr_db"
+    assert plots.main_quality_key(run) == "snr_db"
+    assert plots.main_quality_key({"configs": [_config("a", sqnr_db=3.0)]}) == "sqnr_db"
+    assert plots.main_quality_key({"configs": [_config("a", psnr_db=30.0, sqnr_db=3.0)]}) == "psnr_db"
 
 
 def test_table_rows_are_plain_formatted_text(run):
-    rows = report.render_table_rows(run)
+    rows = table.render_table_rows(run)
     assert [r["config"] for r in rows] == ["fp32", "bf16", EVIL_NAME, "fp16", "tf32"]
     assert len({tuple(r) for r in rows}) == 1  # same keys on every row
     fp32, bf16, evil, fp16, tf32 = rows
@@ -175,18 +175,18 @@ def test_table_rows_are_plain_formatted_text(run):
     assert tf32["status"] == "timeout"
     assert fp32["error"] == ""
     assert "psnr" not in fp32  # no config measured it
-    assert set(fp32) <= {key for key, _ in report.COLUMNS}
+    assert set(fp32) <= {key for key, _ in table.COLUMNS}
 
 
 def test_table_rows_compute_latency_from_samples_when_metrics_lack_it():
     config = {"name": "x", "batch": 1, "status": "ok", "samples": [0.010, 0.011, 0.012], "metrics": {}}
-    (row,) = report.render_table_rows({"configs": [config]})
+    (row,) = table.render_table_rows({"configs": [config]})
     assert row["latency"] == "11.0 ms"
     assert row["ci"].endswith("(min–max)")
 
 
 def test_to_csv(run):
-    text = report.to_csv([run])
+    text = export.to_csv([run])
     rows = list(csv.DictReader(io.StringIO(text)))
     assert len(rows) == len(run["configs"])
     header = text.splitlines()[0].split(",")
@@ -199,13 +199,13 @@ def test_to_csv(run):
 
 
 def test_to_json(run):
-    data = json.loads(report.to_json([run]))
+    data = json.loads(export.to_json([run]))
     assert len(data) == len(run["configs"])
     assert data[0]["sqnr_db"] == "inf"
     assert data[0]["samples"] == run["configs"][0]["samples"]
     assert data[0]["policy"]["name"] == "fp32"
     assert data[3]["status"] == "failed" and data[3]["policy"] is None
-    assert "Infinity" not in report.to_json([run])
+    assert "Infinity" not in export.to_json([run])
 
 
 def test_save_html(run, tmp_path):
@@ -217,7 +217,7 @@ def test_table_rows_show_the_exception_line_and_exports_keep_the_traceback():
     error = ("RuntimeError: could not create a primitive descriptor for the LSTM forward propagation primitive.\n"
              "Traceback (most recent call last):\n  File \"worker.py\", line 80, in main\n    out = pipe.run(x)\n")
     run = {"id": 1, "pipeline": "tts", "size": "test", "status": "complete", "configs": [_failed("autocast-bf16", "failed", error)]}
-    (row,) = report.render_table_rows(run)
+    (row,) = table.render_table_rows(run)
     assert row["error"] == "RuntimeError: could not create a primitive descriptor for the LSTM forward propagation primitive."
     assert "Traceback" not in report.render_html([run])
-    assert "Traceback (most recent call last)" in json.loads(report.to_json([run]))[0]["error"]
+    assert "Traceback (most recent call last)" in json.loads(export.to_json([run]))[0]["error"]

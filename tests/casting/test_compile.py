@@ -211,7 +211,7 @@ def test_inductor_without_a_compiler_is_a_clear_error_before_anything_is_cast(mo
 
 def test_guard_checks_a_compiled_component_and_falls_back_on_an_eager_rerun(tmp_path):
     from guard_models import OverflowingMLP
-    from mixprec.diagnose.guard import FallbackStore
+    from mixprec.diagnose.fallbacks import FallbackStore
 
     model = OverflowingMLP()
     x = torch.ones(2, 4)
@@ -237,7 +237,8 @@ def test_guard_checks_a_compiled_component_and_falls_back_on_an_eager_rerun(tmp_
 
 
 def test_tune_tries_compiling_as_its_last_local_move_and_keeps_it_only_if_faster():
-    from mixprec.tuning.tuner import InProcessEvaluator, tune
+    from mixprec.tuning.evaluators import InProcessEvaluator
+    from mixprec.tuning.tuner import tune
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()) for _ in range(4)]).eval()

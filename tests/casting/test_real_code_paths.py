@@ -16,7 +16,7 @@ import torch
 
 import mixprec
 from mixprec.device import backends
-from mixprec.diagnose.guard import FallbackStore
+from mixprec.diagnose.fallbacks import FallbackStore
 from mixprec.policy import Policy, Rule
 
 from guard_models import KeywordOnlyMLP, overflowing_lyric_encoder, tokens

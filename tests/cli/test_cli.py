@@ -148,7 +148,7 @@ def test_tune_command_rejects_bad_input(args, message):
 
 
 def test_validation_seeds_flag_forms():
-    from mixprec.cli import _validation_seeds
+    from mixprec.cli.tune import _validation_seeds
 
     assert _validation_seeds("3", [0, 1]) == 3 and _validation_seeds("0", [0, 1]) == 0
     assert _validation_seeds("7,", [0, 1]) == [7]

@@ -185,7 +185,7 @@ def test_factory_without_example_inputs_says_what_to_add(project):
 
 
 def test_tune_worker_resolves_a_relative_file_factory(project):
-    from mixprec.tuning.tuner import WorkerEvaluator
+    from mixprec.tuning.evaluators import WorkerEvaluator
 
     with WorkerEvaluator("factories.py:build", "test", seeds=(0,), repeat=1) as evaluator:
         assert evaluator.pipeline == f"{project / 'factories.py'}:build"

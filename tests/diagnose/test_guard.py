@@ -13,7 +13,8 @@ import torch
 
 import mixprec
 from mixprec import pipelines
-from mixprec.diagnose.guard import FallbackStore, all_finite
+from mixprec.diagnose.fallbacks import FallbackStore
+from mixprec.diagnose.overflow import all_finite
 from mixprec.policy import Policy, Rule
 
 from guard_models import overflowing_lyric_encoder, tokens

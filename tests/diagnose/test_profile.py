@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 import mixprec
 from mixprec.cli import app
 from mixprec.policy import Policy, Rule
-from mixprec.diagnose.profile import FP16_MAX, sqnr_db
+from mixprec.diagnose.profile import sqnr_db
+from mixprec.diagnose.profile_result import FP16_MAX
 
 from guard_models import overflowing_lyric_encoder, tokens
 

@@ -11,7 +11,7 @@ import torch
 from mixprec import pipelines
 from mixprec.bench.worker import job_for
 from mixprec.pipelines import portable_spec
-from mixprec.pipelines import _registry
+from mixprec.pipelines import _factory
 
 _FACTORIES = '''
 """Pipelines a user keeps in their own file."""
@@ -102,7 +102,7 @@ def factory_file(tmp_path):
 
 
 def _module(spec: str):
-    return _registry.load_factory(spec).__globals__
+    return _factory.load_factory(spec).__globals__
 
 
 def test_file_factory_builds_a_pipeline_with_size_and_seed(factory_file):

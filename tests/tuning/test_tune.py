@@ -11,10 +11,14 @@ import pytest
 import torch
 from torch import nn
 
-from mixprec.tuning.search import minimal_sufficient, pick_final, worst_case
 from mixprec.bench.store import Store
 from mixprec.policy import Policy
-from mixprec.tuning.tuner import METRICS, Bound, InProcessEvaluator, WorkerEvaluator, parse_bound, render_tune_html, tune
+from mixprec.tuning.bounds import METRICS, Bound, parse_bound, worst_case
+from mixprec.tuning.evaluators import InProcessEvaluator, WorkerEvaluator
+from mixprec.tuning.group_testing import minimal_sufficient
+from mixprec.tuning.report import render_tune_html
+from mixprec.tuning.retiming import pick_final
+from mixprec.tuning.tuner import tune
 
 from tune_models import SENSITIVE, LayerBlock as Block, inputs as _inputs, model as synthetic_model
 
@@ -304,8 +308,9 @@ def test_no_fast_16bit_type_memory_search_stores_16bit_with_fp32_compute(evaluat
 
 # -- issue: held-out validation, margin, hierarchical prior -------------------------------------
 
-from mixprec.tuning.search import ModuleTree, hierarchical_keep  # noqa: E402
-from mixprec.tuning.tuner import seed_summary, tightened, validation_seed_list  # noqa: E402
+from mixprec.tuning.bounds import tightened  # noqa: E402
+from mixprec.tuning.group_testing import ModuleTree, hierarchical_keep  # noqa: E402
+from mixprec.tuning.validation import seed_summary, validation_seed_list  # noqa: E402
 from tune_models import gated, shifted_inputs  # noqa: E402
 
 FRESH = tuple(range(100, 110))

@@ -63,7 +63,7 @@ def _colour_present(png: bytes, hex_colour: str) -> bool:
 
 
 def test_plot_colours_met_and_missed_candidates():
-    from mixprec.tuning.search import Candidate, Evaluation
+    from mixprec.tuning.candidates import Candidate, Evaluation
 
     bound = mixprec.parse_bound("snr>=30")
     policy = mixprec.Policy(rules=())

@@ -15,7 +15,8 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
-from mixprec.casting.apply import apply, check_compiler
+from mixprec.casting.apply import apply
+from mixprec.casting.compile import check_compiler
 from mixprec.device.backends import apply_settings
 from mixprec.device.hardware import Hardware
 from mixprec.device.settings import NumericSettings, did_you_mean

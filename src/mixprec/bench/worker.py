@@ -13,7 +13,7 @@ import torch
 
 from mixprec import pipelines
 from mixprec.bench.configs import ConfigSpec, setup
-from mixprec.casting.apply import weight_bytes
+from mixprec.casting.targets import weight_bytes
 from mixprec.device.hardware import Hardware
 from mixprec.measure.memory import peak_bytes, reset_peak, rss_bytes
 from mixprec.pipelines import portable_spec

@@ -10,84 +10,31 @@ back any global numeric flag the policy changed.
 
 from __future__ import annotations
 
-import functools
-import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
 from mixprec.device import backends
-from mixprec.casting.fp32compute import Fp32Compute
-from mixprec.casting.hooks import (Boundary, EntryBoundary, EntryGate, LeafCast, UpcastScope, add_method_hook, cast_floats,
-                                   first_float_dtype, own_tensors, pin_fp32)
-from mixprec.casting.spectral import SpectralScope, uses_spectral_ops
-from mixprec.casting.upcast import is_attention_module, sdpa_overflows, sdpa_upcast_table
-from mixprec.policy.roles import dtype_property_source
-from mixprec.policy.tree import called_children, entry_methods, first_weight_owner, is_container, is_torch_layer
+from mixprec.casting.compile import Compiled, any_on_cpu, check_compiler
+from mixprec.casting.explain import dtype_read_warnings, explain_rows
+from mixprec.casting.hooks import own_tensors
+from mixprec.casting.install import install_wrappers
+from mixprec.casting.targets import DTYPES, ApplyError, components_of, weight_bytes
 from mixprec.policy import ModulePlan, Policy, PolicyError, closest_names, resolve_modules
 
-__all__ = [
-    "apply", "Applied", "ApplyError", "RevertError", "DTYPES", "components_of", "explain", "explain_warnings", "weight_bytes",
-    "dtype_read_warnings",
-]
+__all__ = ["apply", "Applied", "RevertError"]
 
-DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _KEEP_ORIGINAL = ("cpu", "disk", "none")
 _WIDTH = {"fp16": 0, "bf16": 1, "fp32": 2}
 _MARK = "_mixprec_applied"
 
 
-class ApplyError(ValueError):
-    """The target or the options of ``apply`` are invalid; nothing was changed."""
-
-
 class RevertError(RuntimeError):
     """``revert`` cannot restore the original weights (``keep_original="none"``)."""
-
-
-def components_of(target: Any) -> tuple[dict[str, nn.Module], tuple[str, ...]]:
-    """Normalise a target to (named components, sensitive hints).
-
-    A bare ``nn.Module`` is one component named ``""`` (module names stay unprefixed);
-    a mapping gives its items; a pipeline gives ``pipeline.components`` and its
-    ``sensitive`` hints.
-    """
-    if isinstance(target, nn.Module):
-        return {"": target}, ()
-    if isinstance(target, Mapping):
-        comps = dict(target)
-        hints: tuple[str, ...] = ()
-        for name, module in comps.items():
-            if not isinstance(module, nn.Module):
-                raise ApplyError(f"component {name!r} is a {type(module).__name__}, not an nn.Module")
-        return comps, hints
-    source = getattr(target, "components", None)
-    if not isinstance(source, Mapping):
-        raise ApplyError(f"cannot apply a policy to {type(target).__name__}: pass an nn.Module, a mapping of named modules, or a pipeline")
-    # A pipeline (ours, or a diffusers DiffusionPipeline): its modules are the components;
-    # tokenizers, schedulers and absent parts (None) are not models and are left alone.
-    comps = {name: module for name, module in source.items() if isinstance(module, nn.Module)}
-    if not comps:
-        raise ApplyError(f"{type(target).__name__} has no nn.Module components (found: "
-                         f"{', '.join(f'{k}={type(v).__name__}' for k, v in source.items()) or 'none'})")
-    return comps, tuple(getattr(target, "sensitive", ()) or ())
-
-
-def weight_bytes(target: Any) -> int:
-    """Bytes of all unique parameters and buffers of a target."""
-    comps, _ = components_of(target)
-    seen: set[int] = set()
-    total = 0
-    for root in comps.values():
-        for t in list(root.parameters()) + list(root.buffers()):
-            if id(t) not in seen:
-                seen.add(id(t))
-                total += t.numel() * t.element_size()
-    return total
 
 
 class Applied:
@@ -96,7 +43,7 @@ class Applied:
     Attributes:
         policy: the applied policy.
         components: the named components.
-        plans: the per-module resolution (see :func:`explain`).
+        plans: the per-module resolution (see :func:`~mixprec.casting.explain.explain`).
         keep_original: where the original tensors are kept.
         original_bytes: bytes the kept originals cost (RAM for ``cpu``, disk for ``disk``).
     """
@@ -217,7 +164,7 @@ class Applied:
             raise ApplyError(f"policy must be a mixprec Policy, got {type(policy).__name__}")
         plans = _validate(self.components, policy, strict)
         if policy.compile is not None:
-            check_compiler(policy.compile, _on_cpu(self.components))
+            check_compiler(policy.compile, any_on_cpu(self.components))
         if self._active:
             self.revert()
         self.policy, self.plans, self.original_bytes = policy, plans, 0
@@ -231,88 +178,6 @@ class Applied:
         """Precision pitfalls of this policy on these modules (see :func:`dtype_read_warnings`)."""
         return dtype_read_warnings(self.plans)
 
-
-def explain_rows(plans: list[ModulePlan], policy: Policy) -> list[dict[str, Any]]:
-    rows = []
-    for plan in plans:
-        index = plan.decided_by.get("storage")
-        rule = policy.rules[index] if index is not None else None
-        attention = ""
-        if plan.upcast_attention and is_attention_module(plan.module):
-            attention = "upcast"
-            dtype = DTYPES[plan.compute_dtype]
-            if dtype in (torch.float16, torch.bfloat16) and not sdpa_overflows("cpu", dtype):
-                attention = "upcast (SDPA path: not needed here, 16-bit SDPA measured finite; only eager paths upcast)"
-        if plan.declared is not None:
-            rule_text, reason = f"model: {plan.declared}", "the model's own precision declaration"
-        else:
-            rule_text = f"#{index} {rule.match}" if rule is not None else "default (fp32)"
-            reason = rule.reason if rule is not None else ""
-        rows.append({
-            "module": plan.qualname or "(root)",
-            "type": plan.type_name,
-            "storage": plan.storage,
-            "compute": plan.compute_dtype,
-            "keep_fp32": plan.keep_fp32,
-            "attention": attention,
-            "output_dtype": plan.output_dtype,
-            "rule": rule_text,
-            "reason": reason,
-        })
-    return rows
-
-
-def dtype_read_warnings(plans: list[ModulePlan]) -> list[str]:
-    """Where app code that reads a module's dtype sees a dtype the module does not compute in.
-
-    Models commonly define ``self.dtype`` as ``next(self.parameters()).dtype`` and cast
-    their inputs to it, sometimes before ops with no 16-bit kernel (``torch.fft``). For
-    each component and each module it calls directly, warn when that first parameter is
-    stored in a 16-bit type but the module computes in fp32 (``compute="fp32"``): the
-    app's code then casts to 16 bits what the policy meant to keep in fp32.
-    """
-    by_id = {id(p.module): p for p in plans}
-    warnings_out: list[str] = []
-    for root in (p for p in plans if "." not in p.qualname):
-        reads = []
-        callees = [by_id[id(m)] for m in called_children(root.module) if id(m) in by_id and m._modules]
-        for plan in (root, *callees):
-            if plan.compute_dtype != "fp32":
-                continue
-            own = dtype_property_source(plan.module)  # the model's own dtype property, if any
-            if own is not None:
-                owner = own[1]
-            else:
-                owner = first_weight_owner(plan.module)
-                if owner is None:
-                    continue
-            owner_plan = by_id.get(id(owner))
-            if owner_plan is not None and owner_plan.storage != "fp32":
-                reads.append((plan.qualname or "(root)", owner_plan.qualname or "(root)", owner_plan.storage))
-        if reads:
-            who = root.qualname or "(root)"
-            storage = reads[0][2]
-            warnings_out.append(
-                f"{who} computes in fp32 from {storage} weights: code that reads a module's dtype from its first "
-                f"parameter gets {storage} ({'; '.join(f'{m}.dtype reads {o}' for m, o, _ in reads[:4])}"
-                f"{'; ...' if len(reads) > 4 else ''}) and may cast its inputs to it, before ops such as torch.fft that "
-                f"have no 16-bit CPU kernel. Keep the module it reads in fp32 (a keep_fp32 rule) or run under "
-                "mixprec.guard(applied, on_nonfinite='fallback'), which finds it.")
-    return warnings_out
-
-
-def explain(target: Any, policy: Policy) -> list[dict[str, Any]]:
-    """For every module: its resolved storage and compute dtype and the rule that decided it."""
-    comps, _ = components_of(target)
-    plans, _ = resolve_modules(comps, policy)
-    return explain_rows(plans, policy)
-
-
-def explain_warnings(target: Any, policy: Policy) -> list[str]:
-    """What :func:`explain` should warn about for ``policy`` on ``target`` (see :func:`dtype_read_warnings`)."""
-    comps, _ = components_of(target)
-    plans, _ = resolve_modules(comps, policy)
-    return dtype_read_warnings(plans)
 
 
 def apply(
@@ -360,7 +225,7 @@ def apply(
                 )
     plans = _validate(comps, policy, strict)
     if policy.compile is not None:
-        check_compiler(policy.compile, _on_cpu(comps))
+        check_compiler(policy.compile, any_on_cpu(comps))
 
     applied = Applied(policy, comps, plans, keep_original)
     _materialize(applied)
@@ -434,10 +299,10 @@ def _materialize(applied: Applied) -> None:
     try:
         if policy.numerics is not None:
             applied._numerics = backends.apply_settings(policy.numerics)
-        _install_hooks(applied, comps, by_module)
+        install_wrappers(comps, by_module, policy, applied._entry_dtypes, applied._handles, applied._pinned)
         if policy.compile is not None:
             for root in comps.values():
-                applied._handles.append(_Compiled(root, policy.compile))
+                applied._handles.append(Compiled(root, policy.compile))
     except BaseException:
         applied.revert()
         raise
@@ -445,178 +310,3 @@ def _materialize(applied: Applied) -> None:
         for module in root.modules():
             module.__dict__[_MARK] = True
 
-
-class _Compiled:
-    """A component compiled by the policy (``nn.Module.compile``); :meth:`remove` undoes it.
-
-    The compiled region is the component's call: its forward, mixprec's casts and
-    scopes, and its children (traced without graph breaks, see ``tests/test_compile.py``).
-    Removing it drops the compiled code, so nothing compiled keeps the policy's dtypes.
-    """
-
-    def __init__(self, root: nn.Module, settings: Any) -> None:
-        self.root = root
-        root.compile(mode=settings.mode, dynamic=settings.dynamic, backend=settings.backend)
-
-    def remove(self) -> None:
-        self.root._compiled_call_impl = None
-
-
-def check_compiler(settings: Any, on_cpu: bool) -> None:
-    """Refuse a compile setting this machine cannot honour, before anything is cast.
-
-    The inductor backend generates C++ for CPU tensors and needs a compiler (``$CXX``,
-    else ``g++``, ``c++`` or ``clang++`` on ``PATH``).
-
-    Raises:
-        ApplyError: naming what is missing and what would work instead.
-    """
-    import shutil
-
-    if settings.backend != "inductor":
-        return
-    candidates = [c for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c]
-    if on_cpu and not any(shutil.which(c) for c in candidates):
-        raise ApplyError("policy compile: the inductor backend needs a C++ compiler for CPU tensors and none was found "
-                         f"(looked for {', '.join(candidates)}); install g++, set CXX, or use compile backend "
-                         "'aot_eager' or 'eager' (traced, no generated code)")
-
-
-def _on_cpu(comps: dict[str, nn.Module]) -> bool:
-    return any(p.device.type == "cpu" for root in comps.values() for p in root.parameters())
-
-
-def _dtype_fn(plan: ModulePlan, by_module: dict[int, ModulePlan]) -> Callable[[], torch.dtype]:
-    """The dtype a module computes in, read at call time so it follows a later ``.half()``.
-
-    The representative is the first floating parameter in the module's subtree that
-    was planned in the same dtype (not one inside a keep-fp32 island).
-    """
-    if plan.compute_dtype == "fp32":
-        return lambda: torch.float32
-    planned = DTYPES[plan.storage]
-    same = [sub for sub in plan.module.modules()
-            if (sub_plan := by_module.get(id(sub))) is not None and sub_plan.compute_dtype == plan.compute_dtype]
-    # Parameters keep their identity through module.half() / .to(); buffers are replaced.
-    for sub in same:
-        rep = next((p for p in sub._parameters.values() if p is not None and p.is_floating_point()), None)
-        if rep is not None:
-            return lambda: rep.dtype
-    return lambda: planned
-
-
-def _owns_float_weights(module: nn.Module) -> bool:
-    """Own floating parameters, or (for a leaf) own floating buffers such as running stats."""
-    if any(p is not None and p.is_floating_point() for p in module._parameters.values()):
-        return True
-    return not module._modules and any(b is not None and b.is_floating_point() for b in module._buffers.values())
-
-
-def _install_hooks(applied: Applied, comps: dict[str, nn.Module], by_module: dict[int, ModulePlan]) -> None:
-    handles = applied._handles
-    for cname, root in comps.items():
-        # A component without any 16-bit module gets no per-module casts at all.
-        mixed = any(by_module[id(m)].storage != "fp32" or by_module[id(m)].compute_dtype != "fp32" for m in root.modules())
-        # The caller of a module: its nearest ancestor that is called. A ModuleList or
-        # ModuleDict is never called, so a boundary on it would never fire; its children
-        # get their boundaries as if they hung from the container's own parent.
-        parent_of: dict[int, nn.Module | None] = {id(root): None}
-        upcast_scoped: set[int] = set()
-        sdpa_table = None
-        for name, module in root.named_modules():
-            container = is_container(module)
-            for child in module.children():
-                parent_of.setdefault(id(child), parent_of[id(module)] if container else module)
-            plan = by_module[id(module)]
-            if plan.keep_fp32 and any(True for _ in own_tensors(module)):
-                pin_fp32(module)
-                applied._pinned.append(module)
-            if container:
-                continue
-            parent = parent_of.get(id(module))
-            parent_plan = by_module[id(parent)] if parent is not None else None
-            layer = is_torch_layer(module)
-
-            is_root = parent is None
-            differs = parent_plan is not None and parent_plan.compute_dtype != plan.compute_dtype
-            bounded = is_root or differs or bool(plan.output_dtype)
-            if bounded:
-                out_fixed = DTYPES[plan.output_dtype] if plan.output_dtype else None
-                parent_dtype = _dtype_fn(parent_plan, by_module) if parent_plan is not None else None
-                boundary = Boundary(
-                    module,
-                    _dtype_fn(plan, by_module),
-                    (lambda f=out_fixed: f) if (out_fixed or parent_dtype is None) else parent_dtype,
-                    min_ndim=0 if layer else 2,
-                    fallback=applied._entry_dtypes[cname] if is_root else None,
-                )
-                if is_root:
-                    handles.append(add_method_hook(module, "forward", boundary.around))
-                else:
-                    handles.append(module.register_forward_pre_hook(boundary.pre, with_kwargs=True))
-                    handles.append(module.register_forward_hook(boundary.post, with_kwargs=True, always_call=True))
-
-            fp32_compute = plan.compute == "fp32" and not plan.keep_fp32 and plan.storage != "fp32"
-            if fp32_compute:
-                handles.append(Fp32Compute().install(module))
-            elif mixed and not bounded and _owns_float_weights(module):
-                handles.append(LeafCast(_dtype_fn(plan, by_module), 0 if layer else 2).install(module))
-
-            if plan.upcast_attention and id(parent) not in upcast_scoped:
-                direct = plan.decided_by.get("upcast_attention") is not None and policy_matches_directly(applied.policy, plan)
-                if is_attention_module(module) or (direct and not any(is_attention_module(m) for m in module.modules())):
-                    if sdpa_table is None:
-                        sdpa_table = sdpa_upcast_table({p.device.type for p in root.parameters()} or {"cpu"})
-                    scope = UpcastScope(sdpa_table)
-                    handles.append(module.register_forward_pre_hook(scope.pre))
-                    handles.append(module.register_forward_hook(scope.post, always_call=True))
-                    upcast_scoped.add(id(module))
-            if id(parent) in upcast_scoped:
-                upcast_scoped.add(id(module))  # already inside a scope: no nested one
-
-        if mixed:
-            _install_spectral_scopes(applied, root)
-            # Components used through their own methods (S3Gen.inference, vae.decode) hand
-            # the caller its own dtype back, as a call of forward does.
-            back = functools.partial(_return_caller_dtype, applied._entry_dtypes[cname])
-            for method in entry_methods(root)[1:]:
-                handles.append(add_method_hook(root, method, back))
-
-        gate = EntryGate()
-        handles.extend(gate.install(root))
-        for child in called_children(root):
-            entry = EntryBoundary(child, _dtype_fn(by_module[id(child)], by_module), gate)
-            handles.append(child.register_forward_pre_hook(entry.pre, with_kwargs=True))
-            handles.append(child.register_forward_hook(entry.post, with_kwargs=True, always_call=True))
-
-
-def _return_caller_dtype(fallback: torch.dtype, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-    caller = first_float_dtype((args, kwargs)) or fallback
-    return cast_floats(call(*args, **kwargs), caller)
-
-
-def _install_spectral_scopes(applied: Applied, root: nn.Module) -> None:
-    """FFT / STFT / complex ops get fp32 inputs inside modules whose code uses them.
-
-    The topmost such module of each subtree gets the scope on ``forward`` (hooks) and on
-    its other public methods (``inference``, ``decode``: method hooks, removed on revert).
-    """
-    scoped: set[int] = set()
-    for module in root.modules():
-        if id(module) in scoped:
-            scoped.update(id(m) for m in module.children())
-            continue
-        if is_container(module) or not uses_spectral_ops(module):
-            continue
-        scope = SpectralScope()
-        applied._handles.append(module.register_forward_pre_hook(scope.pre))
-        applied._handles.append(module.register_forward_hook(scope.post, always_call=True))
-        for name in entry_methods(module)[1:]:
-            applied._handles.append(add_method_hook(module, name, scope.around))
-        if module is not root:
-            scoped.update(id(m) for m in module.children())
-
-
-def policy_matches_directly(policy: Policy, plan: ModulePlan) -> bool:
-    index = plan.decided_by["upcast_attention"]
-    return policy.rules[index].matches(plan.qualname, plan.module)

@@ -9,212 +9,37 @@ block, then the component) to the next precision in the chain fp16 -> bf16 (wher
 probe measured bf16 fast) -> fp32, re-runs the call and returns the finite result with
 a warning naming what changed. The decision is remembered on disk, keyed by a
 fingerprint of the model structure and weights plus the hardware, so the next start
-applies it before the first call.
+applies it before the first call. The report and how the first bad module is found are
+in :mod:`~mixprec.diagnose.overflow`, that memory in :mod:`~mixprec.diagnose.fallbacks`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import math
 import time
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from mixprec.casting.apply import DTYPES, Applied
+from mixprec.casting.apply import Applied
 from mixprec.casting.hooks import add_method_hook
 from mixprec.policy.tree import called_children, entry_methods
 from mixprec.diagnose.dtype_errors import DtypeErrorReport, PrecisionDtypeError, add_note, candidate_scopes, is_dtype_error, locate
-from mixprec.device.hardware import Hardware, cache_dir, probe
-from mixprec.policy import Rule, iter_modules
+from mixprec.diagnose.fallbacks import FallbackStore, Pin, fingerprint
+from mixprec.diagnose.overflow import NonFiniteError, NonFiniteInputError, OverflowReport, all_finite, localise_overflow
+from mixprec.device.hardware import Hardware, probe
+from mixprec.policy import Rule
 
-__all__ = [
-    "guard", "Guard", "NonFiniteError", "NonFiniteInputError", "OverflowReport", "FallbackStore", "Pin", "PrecisionDtypeError", "DtypeErrorReport",
-    "fingerprint", "entry_methods", "GUARD_MODES", "ON_NONFINITE",
-]
+__all__ = ["guard", "Guard", "GUARD_MODES", "ON_NONFINITE"]
 
 logger = logging.getLogger("mixprec")
 
 GUARD_MODES = ("components", "modules", "off")
 ON_NONFINITE = ("raise", "fallback", "warn")
 _ORDER = {"fp16": 0, "bf16": 1, "fp32": 2}
-_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
-
-
-@dataclass(frozen=True)
-class OverflowReport:
-    """Where a non-finite output came from.
-
-    Attributes:
-        component: the component whose output was non-finite.
-        module: qualified name of the first module (in execution order) whose output
-            was non-finite or beyond its dtype's range; ``None`` if no module was found
-            (the component's own functional code produced it).
-        type: that module's class name.
-        dtype: the dtype of its output.
-        input_absmax: largest finite absolute value among its floating inputs.
-        output_absmax: largest absolute value of its output (``inf``/``nan`` when non-finite).
-        dtype_max: the largest finite value of the dtype (65,504 for fp16).
-        reason: ``non-finite`` or ``beyond dtype range``.
-        limit_dtype: the dtype whose range ``dtype_max`` is.
-        consumer: when that is not the module's own dtype, the enclosing module that
-            computes in it and so receives the value (``None`` otherwise).
-    """
-
-    component: str
-    module: str | None
-    type: str | None
-    dtype: str | None
-    input_absmax: float | None
-    output_absmax: float | None
-    dtype_max: float | None
-    reason: str
-    limit_dtype: str | None = None
-    consumer: str | None = None
-
-    def __str__(self) -> str:
-        if self.module is None:
-            return f"component {self.component!r} returned non-finite values; no single module produced them"
-        head = (f"{self.module} ({self.type}, {self.dtype}) produced {self.reason} output in component {self.component!r}: "
-                f"output absmax {self.output_absmax:.4g}, input absmax {self.input_absmax:.4g}")
-        if self.consumer is not None:
-            return (f"{head}; it cannot be represented in {self.limit_dtype} (max {self.dtype_max:.6g}), "
-                    f"the compute dtype of {self.consumer}, which consumes it")
-        return f"{head}, {self.limit_dtype or self.dtype} max {self.dtype_max:.6g}"
-
-
-class NonFiniteError(RuntimeError):
-    """A component produced non-finite values and the guard could not (or was told not to) fix it."""
-
-    def __init__(self, report: OverflowReport, note: str = ""):
-        self.report = report
-        super().__init__(f"non-finite output: {report}" + (f"; {note}" if note else ""))
-
-
-class NonFiniteInputError(ValueError):
-    """A guarded call received NaN or inf: the input is bad, no module or precision is to blame."""
-
-    def __init__(self, component: str, argument: str):
-        self.component, self.argument = component, argument
-        super().__init__(f"component {component!r} was called with non-finite values in {argument}: the input is bad, "
-                         "not the precision; nothing was pinned or changed")
-
-
-# -- finiteness -------------------------------------------------------------------------
-
-
-def _floats(obj: Any) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        if obj.is_floating_point():
-            yield obj
-    elif isinstance(obj, (tuple, list)):
-        for o in obj:
-            yield from _floats(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from _floats(o)
-
-
-def all_finite(obj: Any) -> bool:
-    """One reduction (and one host sync) over every floating tensor in ``obj``."""
-    tensors = list(_floats(obj))
-    if not tensors:
-        return True
-    if len(tensors) == 1:
-        return bool(torch.isfinite(tensors[0]).all())
-    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
-
-
-def _absmax(obj: Any, finite_only: bool = False) -> float | None:
-    best = None
-    for t in _floats(obj):
-        if t.numel() == 0:
-            continue
-        a = t.detach().abs().float()
-        if finite_only:
-            a = a[torch.isfinite(a)]
-            if a.numel() == 0:
-                continue
-        value = float(a.max()) if not torch.isnan(a).any() else math.nan
-        best = value if best is None or (math.isnan(value) or value > best) else best
-    return best
-
-
-# -- fingerprints and the on-disk memory -------------------------------------------------
-
-
-def fingerprint(applied: Applied, hardware: Hardware) -> str:
-    """Hash of the model structure, its original weights (sampled) and the hardware."""
-    h = hashlib.sha256()
-    h.update(json.dumps([hardware.device_type, hardware.name, hardware.torch_version]).encode())
-    originals = applied.original_tensors()
-    for qualname, module in iter_modules(applied.components):
-        h.update(f"{qualname}:{type(module).__name__}".encode())
-        for key, t in list(module._parameters.items()) + list(module._buffers.items()):
-            if t is None:
-                continue
-            t = originals.get(id(t), t)
-            h.update(f"{key}:{tuple(t.shape)}:{t.dtype}".encode())
-            if t.numel():
-                flat = t.detach().reshape(-1)
-                step = max(1, flat.numel() // 64)
-                h.update(flat[::step][:64].to("cpu", torch.float64).numpy().tobytes())
-    return h.hexdigest()[:24]
-
-
-class FallbackStore:
-    """Remembered fallbacks: ``{fingerprint: {"pins": {module: dtype}, ...}}`` in a JSON file."""
-
-    def __init__(self, path: str | Path | None = None):
-        self.path = Path(path) if path is not None else cache_dir() / "fallbacks.json"
-
-    def load(self) -> dict[str, Any]:
-        try:
-            return json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            warnings.warn(f"ignoring unreadable fallback store {self.path}: {exc}", stacklevel=2)
-            return {}
-
-    def get(self, key: str) -> dict[str, str]:
-        return dict(self.entry(key).get("pins", {}))
-
-    def entry(self, key: str) -> dict[str, Any]:
-        """The whole record of one fingerprint: ``pins``, ``learned`` and ``reasons`` per module, ``model``, ``updated``."""
-        return dict(self.load().get(key, {}))
-
-    def remember(self, key: str, module: str, dtype: str, description: str, reason: str = "") -> None:
-        data = self.load()
-        now = time.strftime("%Y-%m-%d %H:%M:%S")
-        entry = data.setdefault(key, {"pins": {}, "model": description})
-        entry["pins"][module] = dtype
-        entry.setdefault("learned", {})[module] = now
-        if reason:
-            entry.setdefault("reasons", {})[module] = reason
-        entry["updated"] = now
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
-        tmp.replace(self.path)
-
-    def clear(self, key: str | None = None) -> int:
-        """Forget one fingerprint's pins, or all; returns how many entries were removed."""
-        data = self.load()
-        if key is None:
-            removed = len(data)
-            data = {}
-        else:
-            removed = int(data.pop(key, None) is not None)
-        if self.path.exists():
-            self.path.write_text(json.dumps(data, indent=2, sort_keys=True))
-        return removed
 
 
 # -- the guard ---------------------------------------------------------------------------
@@ -273,24 +98,6 @@ class _Call:
         for generator, state in self.generators:
             generator.set_state(state)
 
-
-@dataclass(frozen=True)
-class Pin:
-    """A module the guard pinned wider, and why.
-
-    Attributes:
-        module: qualified name.
-        dtype: the storage dtype it was pinned to.
-        source: ``fallback`` (learned in this process) or ``remembered`` (from the store).
-        learned: when the fallback was first learned (``YYYY-mm-dd HH:MM:SS``).
-        reason: what made it necessary.
-    """
-
-    module: str
-    dtype: str
-    source: str
-    learned: str
-    reason: str = ""
 
 
 class Guard:
@@ -476,45 +283,7 @@ class Guard:
 
     def localise(self, cname: str, root: nn.Module, call: _Call) -> OverflowReport:
         """Re-run one component call with per-module hooks; name the first bad module."""
-        plans = {id(p.module): p for p in self.applied.plans}
-        parents = {id(c): m for m in root.modules() for c in m.children()}
-        found: list[OverflowReport] = []
-        handles = []
-
-        def check(module, args, output):
-            if found:
-                return
-            tensors = list(_floats(output))
-            if not tensors:
-                return
-            dtype = tensors[0].dtype
-            consumer = plans.get(id(parents.get(id(module))))
-            limit, limit_dtype = _narrowest_max(dtype, consumer)
-            finite = all_finite(output)
-            out_max = _absmax(output)
-            if not finite or (out_max is not None and out_max > limit):
-                plan = plans.get(id(module))
-                narrower = limit_dtype != dtype
-                found.append(OverflowReport(
-                    component=cname, module=plan.qualname if plan else type(module).__name__, type=type(module).__name__,
-                    dtype=_NAMES.get(dtype, str(dtype)), input_absmax=_absmax(args, finite_only=True) or 0.0,
-                    output_absmax=out_max if out_max is not None else math.nan, dtype_max=limit,
-                    reason="non-finite" if not finite else "beyond dtype range",
-                    limit_dtype=_NAMES.get(limit_dtype, str(limit_dtype)),
-                    consumer=(consumer.qualname or "(root)") if (narrower and consumer is not None) else None))
-
-        for sub in root.modules():
-            if sub is not root:
-                # prepend: see each module's own output, before a boundary casts it for its caller
-                handles.append(sub.register_forward_hook(check, prepend=True))
-        try:
-            output = self._rerun(call)
-        finally:
-            for h in handles:
-                h.remove()
-        if found:
-            return found[0]
-        return OverflowReport(cname, None, None, None, None, _absmax(output), None, "non-finite")
+        return localise_overflow(cname, root, self.applied.plans, lambda: self._rerun(call))
 
     # -- the decision ----------------------------------------------------------------------
     def _chain_after(self, dtype: str) -> list[str]:
@@ -618,16 +387,6 @@ class Guard:
     def _unpin(self, policy: Any, pins: dict[str, Pin]) -> None:
         self.applied.reapply(policy)
         self.pins = dict(pins)
-
-
-def _narrowest_max(dtype: torch.dtype, consumer_plan: Any) -> tuple[float, torch.dtype]:
-    """The largest value the output can hold where it is used: its own dtype's, or the consumer's if narrower."""
-    limit, limit_dtype = float(torch.finfo(dtype).max), dtype
-    if consumer_plan is not None:
-        consumer = DTYPES[consumer_plan.compute_dtype]
-        if float(torch.finfo(consumer).max) < limit:
-            limit, limit_dtype = float(torch.finfo(consumer).max), consumer
-    return limit, limit_dtype
 
 
 def guard(

@@ -3,7 +3,7 @@
 Global torch state and memory high-water marks cannot leak between jobs because
 each one lives in its own process. A job is a picklable dict and a ``serve(conn,
 job)`` function that answers requests until it returns; the benchmark
-(:func:`mixprec.bench.worker.serve`) and the tuner (:func:`mixprec.tuning.search.serve_tune`)
+(:func:`mixprec.bench.worker.serve`) and the tuner (:func:`mixprec.tuning.session.serve_tune`)
 each bring their own, so this layer knows neither. Workers are started through the
 small :class:`Executor` interface; :class:`LocalProcessExecutor` (spawned local
 processes) is the default, and another executor (remote machines, a cluster) only

@@ -29,19 +29,21 @@ from mixprec.pipelines._base import (
     Pipeline,
     PipelineOutput,
 )
-from mixprec.pipelines._io import EXTENSIONS, describe, describe_all, run_to_file, write_output
-from mixprec.pipelines._registry import (
-    ENTRY_POINT_GROUP,
+from mixprec.pipelines._factory import (
     FactoryError,
-    PluginWarning,
-    UnknownPipelineError,
-    available,
     build_factory,
-    get,
     is_factory_spec,
     load_factory,
     normalize_spec,
     portable_spec,
+)
+from mixprec.pipelines._io import EXTENSIONS, describe, describe_all, run_to_file, write_output
+from mixprec.pipelines._registry import (
+    ENTRY_POINT_GROUP,
+    PluginWarning,
+    UnknownPipelineError,
+    available,
+    get,
     plugin_errors,
     refresh,
     register,

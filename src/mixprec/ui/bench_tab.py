@@ -59,7 +59,7 @@ def _status(value: Any, lang: str) -> str:
 
 def results_table(run: dict[str, Any], lang: str) -> str:
     """The run's headline columns as a Markdown table with translated headers."""
-    from mixprec.bench.report import render_table_rows
+    from mixprec.bench.table import render_table_rows
 
     rows = render_table_rows(run)
     if not rows:
@@ -206,7 +206,7 @@ def bench_run(lang: str, pipeline: str, size: str, configs: Sequence[str] | None
 
 
 def _finished(lang: str, where: str, run_id: int) -> Outputs:
-    from mixprec.bench.report import main_plot_png
+    from mixprec.bench.plots import main_plot_png
     from mixprec.bench.store import Store, StoreError
 
     try:

@@ -24,7 +24,7 @@ import gradio as gr
 
 import mixprec
 from mixprec import pipelines
-from mixprec.tuning.tuner import tune_plot_png
+from mixprec.tuning.report import tune_plot_png
 from mixprec.ui.forms import (SIZES, cancel_job, check_choice, check_whole, error_text, markdown_table, png_html,
                               status_html, store_location)
 from mixprec.ui.i18n import t

@@ -1,0 +1,113 @@
+"""The runs as data for other tools: CSV (:func:`to_csv`) and strict JSON (:func:`to_json`), one record per
+configuration with every metric, its error and, in JSON, its raw samples and full policy."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any, Mapping, Sequence
+
+from mixprec.bench import rundata
+
+__all__ = ["to_csv", "to_json"]
+
+#: Metrics of a configuration, in the order the exports list them.
+METRIC_ORDER: tuple[str, ...] = (
+    "latency_median", "latency_p10", "latency_p90", "latency_mean", "latency_ci_low", "latency_ci_high",
+    "latency_ci_exact", "speedup", "throughput_items_per_s", "tokens_per_s", "rtf", "peak_mem_bytes",
+    "weight_bytes", "compile_s", "max_abs_err", "rel_err", "cosine", "sqnr_db", "snr_db", "lsd_db", "psnr_db", "ssim",
+    "embedding_cosine_mean", "embedding_cosine_min", "token_agreement", "nonfinite", "fallbacks",
+)
+
+_ROW_FIELDS = ("run_id", "pipeline", "size", "run_status", "started", "finished", "device", "torch",
+               "config", "batch", "status", "error", "policy_name", "n_samples")
+
+
+def _metric_names(runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    present = {name for run in runs for config in rundata.configs(run) for name in rundata.metrics(config)}
+    known = [name for name in METRIC_ORDER if name in present]
+    return known + sorted(present - set(METRIC_ORDER))
+
+
+def _export_rows(runs: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    names = _metric_names(runs)
+    rows = []
+    for run in runs:
+        machine = run.get("machine") or {}
+        versions = run.get("versions") or {}
+        for config in rundata.configs(run):
+            metrics = rundata.metrics(config)
+            policy = config.get("policy")
+            row: dict[str, Any] = {
+                "run_id": run.get("id"),
+                "pipeline": run.get("pipeline"),
+                "size": run.get("size"),
+                "run_status": run.get("status"),
+                "started": run.get("started"),
+                "finished": run.get("finished"),
+                "device": machine.get("name"),
+                "torch": versions.get("torch"),
+                "config": config.get("name"),
+                "batch": config.get("batch"),
+                "status": config.get("status"),
+                "error": config.get("error"),
+                "policy_name": policy.get("name") if isinstance(policy, Mapping) else None,
+                "n_samples": len(config.get("samples") or []),
+            }
+            row.update({name: metrics.get(name) for name in names})
+            row["_samples"] = list(config.get("samples") or [])
+            row["_policy"] = policy
+            rows.append(row)
+    return [*_ROW_FIELDS, *names], rows
+
+
+def _csv_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return rundata.nonfinite_text(value) or repr(value)
+    return str(value)
+
+
+def to_csv(runs: Sequence[Mapping[str, Any]]) -> str:
+    """One CSV row per configuration: run fields, status, error and every metric.
+
+    Missing values are empty cells; infinities read ``inf`` / ``-inf``.
+    """
+    runs = list(runs)
+    fields, rows = _export_rows(runs)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(fields)
+    for row in rows:
+        writer.writerow([_csv_cell(row[f]) for f in fields])
+    return buffer.getvalue()
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float):
+        return rundata.nonfinite_text(value) or value
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def to_json(runs: Sequence[Mapping[str, Any]]) -> str:
+    """A JSON array with one object per configuration.
+
+    Each object has the CSV's fields plus ``samples`` (the raw latencies in
+    seconds) and ``policy`` (the full policy, or ``null``). Infinities and NaN
+    are the strings ``"inf"``, ``"-inf"`` and ``"nan"``, so the text is strict JSON.
+    """
+    runs = list(runs)
+    fields, rows = _export_rows(runs)
+    out = []
+    for row in rows:
+        item = {f: row[f] for f in fields}
+        item["samples"] = row["_samples"]
+        item["policy"] = row["_policy"]
+        out.append(_json_safe(item))
+    return json.dumps(out, indent=2, ensure_ascii=False, allow_nan=False) + "\n"

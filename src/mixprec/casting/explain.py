@@ -1,0 +1,100 @@
+"""What a policy does to each module, before or after it is applied: the table
+``mixprec explain`` prints (:func:`explain`) and the precision pitfalls it warns about.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mixprec.casting.targets import DTYPES, components_of
+from mixprec.casting.upcast import is_attention_module, sdpa_overflows
+from mixprec.policy.roles import dtype_property_source
+from mixprec.policy.tree import called_children, first_weight_owner
+from mixprec.policy import ModulePlan, Policy, resolve_modules
+
+__all__ = ["explain", "explain_warnings", "explain_rows", "dtype_read_warnings"]
+
+
+def explain_rows(plans: list[ModulePlan], policy: Policy) -> list[dict[str, Any]]:
+    rows = []
+    for plan in plans:
+        index = plan.decided_by.get("storage")
+        rule = policy.rules[index] if index is not None else None
+        attention = ""
+        if plan.upcast_attention and is_attention_module(plan.module):
+            attention = "upcast"
+            dtype = DTYPES[plan.compute_dtype]
+            if dtype in (torch.float16, torch.bfloat16) and not sdpa_overflows("cpu", dtype):
+                attention = "upcast (SDPA path: not needed here, 16-bit SDPA measured finite; only eager paths upcast)"
+        if plan.declared is not None:
+            rule_text, reason = f"model: {plan.declared}", "the model's own precision declaration"
+        else:
+            rule_text = f"#{index} {rule.match}" if rule is not None else "default (fp32)"
+            reason = rule.reason if rule is not None else ""
+        rows.append({
+            "module": plan.qualname or "(root)",
+            "type": plan.type_name,
+            "storage": plan.storage,
+            "compute": plan.compute_dtype,
+            "keep_fp32": plan.keep_fp32,
+            "attention": attention,
+            "output_dtype": plan.output_dtype,
+            "rule": rule_text,
+            "reason": reason,
+        })
+    return rows
+
+
+def dtype_read_warnings(plans: list[ModulePlan]) -> list[str]:
+    """Where app code that reads a module's dtype sees a dtype the module does not compute in.
+
+    Models commonly define ``self.dtype`` as ``next(self.parameters()).dtype`` and cast
+    their inputs to it, sometimes before ops with no 16-bit kernel (``torch.fft``). For
+    each component and each module it calls directly, warn when that first parameter is
+    stored in a 16-bit type but the module computes in fp32 (``compute="fp32"``): the
+    app's code then casts to 16 bits what the policy meant to keep in fp32.
+    """
+    by_id = {id(p.module): p for p in plans}
+    warnings_out: list[str] = []
+    for root in (p for p in plans if "." not in p.qualname):
+        reads = []
+        callees = [by_id[id(m)] for m in called_children(root.module) if id(m) in by_id and m._modules]
+        for plan in (root, *callees):
+            if plan.compute_dtype != "fp32":
+                continue
+            own = dtype_property_source(plan.module)  # the model's own dtype property, if any
+            if own is not None:
+                owner = own[1]
+            else:
+                owner = first_weight_owner(plan.module)
+                if owner is None:
+                    continue
+            owner_plan = by_id.get(id(owner))
+            if owner_plan is not None and owner_plan.storage != "fp32":
+                reads.append((plan.qualname or "(root)", owner_plan.qualname or "(root)", owner_plan.storage))
+        if reads:
+            who = root.qualname or "(root)"
+            storage = reads[0][2]
+            warnings_out.append(
+                f"{who} computes in fp32 from {storage} weights: code that reads a module's dtype from its first "
+                f"parameter gets {storage} ({'; '.join(f'{m}.dtype reads {o}' for m, o, _ in reads[:4])}"
+                f"{'; ...' if len(reads) > 4 else ''}) and may cast its inputs to it, before ops such as torch.fft that "
+                f"have no 16-bit CPU kernel. Keep the module it reads in fp32 (a keep_fp32 rule) or run under "
+                "mixprec.guard(applied, on_nonfinite='fallback'), which finds it.")
+    return warnings_out
+
+
+def explain(target: Any, policy: Policy) -> list[dict[str, Any]]:
+    """For every module: its resolved storage and compute dtype and the rule that decided it."""
+    comps, _ = components_of(target)
+    plans, _ = resolve_modules(comps, policy)
+    return explain_rows(plans, policy)
+
+
+def explain_warnings(target: Any, policy: Policy) -> list[str]:
+    """What :func:`explain` should warn about for ``policy`` on ``target`` (see :func:`dtype_read_warnings`)."""
+    comps, _ = components_of(target)
+    plans, _ = resolve_modules(comps, policy)
+    return dtype_read_warnings(plans)

@@ -1,0 +1,60 @@
+"""What :func:`~mixprec.casting.apply.apply` works on: a module, a mapping of named modules
+or a pipeline, normalised to named components, and their weight bytes; the torch dtype each
+policy dtype name stands for; and :class:`ApplyError` for a target or option it refuses.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+__all__ = ["ApplyError", "DTYPES", "components_of", "weight_bytes"]
+
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class ApplyError(ValueError):
+    """The target or the options of ``apply`` are invalid; nothing was changed."""
+
+
+def components_of(target: Any) -> tuple[dict[str, nn.Module], tuple[str, ...]]:
+    """Normalise a target to (named components, sensitive hints).
+
+    A bare ``nn.Module`` is one component named ``""`` (module names stay unprefixed);
+    a mapping gives its items; a pipeline gives ``pipeline.components`` and its
+    ``sensitive`` hints.
+    """
+    if isinstance(target, nn.Module):
+        return {"": target}, ()
+    if isinstance(target, Mapping):
+        comps = dict(target)
+        hints: tuple[str, ...] = ()
+        for name, module in comps.items():
+            if not isinstance(module, nn.Module):
+                raise ApplyError(f"component {name!r} is a {type(module).__name__}, not an nn.Module")
+        return comps, hints
+    source = getattr(target, "components", None)
+    if not isinstance(source, Mapping):
+        raise ApplyError(f"cannot apply a policy to {type(target).__name__}: pass an nn.Module, a mapping of named modules, or a pipeline")
+    # A pipeline (ours, or a diffusers DiffusionPipeline): its modules are the components;
+    # tokenizers, schedulers and absent parts (None) are not models and are left alone.
+    comps = {name: module for name, module in source.items() if isinstance(module, nn.Module)}
+    if not comps:
+        raise ApplyError(f"{type(target).__name__} has no nn.Module components (found: "
+                         f"{', '.join(f'{k}={type(v).__name__}' for k, v in source.items()) or 'none'})")
+    return comps, tuple(getattr(target, "sensitive", ()) or ())
+
+
+def weight_bytes(target: Any) -> int:
+    """Bytes of all unique parameters and buffers of a target."""
+    comps, _ = components_of(target)
+    seen: set[int] = set()
+    total = 0
+    for root in comps.values():
+        for t in list(root.parameters()) + list(root.buffers()):
+            if id(t) not in seen:
+                seen.add(id(t))
+                total += t.numel() * t.element_size()
+    return total

@@ -1,0 +1,127 @@
+"""What every ``mixprec`` command shares: the consoles, safe printing, flag types and flag parsers.
+
+Nothing here registers a command; the command modules import these helpers.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+#: Width when stdout is a pipe or a file (logs, CI) and COLUMNS is unset: rich's 80 columns
+#: would wrap the benchmark tables cell by cell; a terminal keeps its own width.
+PIPE_WIDTH = 180
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else PIPE_WIDTH)
+err_console = Console(stderr=True)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+SizeFlag = Annotated[str, typer.Option("--size", help="Pipeline size: default (benchmark-sized) or test (tiny).")]
+PipelineFlag = Annotated[str, typer.Option("--pipeline", help="Pipeline name (see `mixprec pipelines`), or your factory: module.path:factory or path/to/file.py:factory.")]
+DeviceFlag = Annotated[Optional[str], typer.Option("--device", help="cpu | cuda | cuda:N | mps (default: best available)")]
+DbFlag = Annotated[Optional[str], typer.Option("--db", help="SQLite file (default: bench.sqlite in the user data dir, or MIXPREC_DB).")]
+
+
+def fail(exc: Exception | str) -> None:
+    # The message repeats what the user passed (paths, values): printed as is, never as
+    # Rich markup ("[red]p.toml" must not become "p.toml").
+    err_console.print(Text.assemble(("error:", "bold red"), " ", str(exc)), highlight=False, soft_wrap=True)
+    raise typer.Exit(code=2)
+
+
+def table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
+    out = Table(title=title, title_justify="left", header_style="bold")
+    for index, column in enumerate(columns):
+        # The first column holds names (modules, settings): never cut them.
+        out.add_column(column, no_wrap=index == 0, overflow="fold")
+    for row in rows:
+        out.add_row(*("-" if v is None else str(v) for v in row))
+    return out
+
+
+def gib(n: int | None) -> str | None:
+    if n is None:
+        return None
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def as_int(text: str, flag: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected an integer") from None
+
+
+def as_float(text: str, flag: str) -> float:
+    try:
+        return float(text.strip())
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected a number") from None
+
+
+def int_list(text: str, flag: str) -> list[int]:
+    values = [as_int(part, flag) for part in text.split(",") if part.strip()]
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"{flag} {text!r}: expected comma-separated integers >= 1, e.g. 1,4")
+    return values
+
+
+def writable_path(path: str | None, flag: str) -> None:
+    """Refuse, before any work, an output path that cannot be written (a whole search or run would be lost)."""
+    if path is None:
+        return
+    if not path.strip():
+        raise ValueError(f"{flag}: empty path")
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise ValueError(f"{flag} {path!r}: is a directory; give a file name")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.exists():
+        raise ValueError(f"{flag} {path!r}: directory {str(parent)!r} does not exist")
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path!r}: {str(parent)!r} is a file, not a directory")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise ValueError(f"{flag} {path!r}: the file is not writable")
+    if not target.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path!r}: cannot create files in {str(parent)!r}")
+
+
+def open_store(db: str | None):
+    from mixprec.bench.store import Store, StoreError
+
+    try:
+        writable_path(db, "--db")
+        return Store(db)
+    except (StoreError, ValueError) as exc:
+        fail(exc)
+
+
+def checked_pipeline(name: str, size: str, seed: int, batch: int, device: str | None) -> str:
+    """The pipeline as worker processes get it: a registered name, or a factory spec with an absolute path.
+
+    A factory is built and asked for example inputs once here, so that a broken
+    one fails with its own error (exit status 2) instead of in every worker.
+    """
+    import gc
+
+    from mixprec import pipelines
+
+    if not pipelines.is_factory_spec(name):
+        if name not in pipelines.available():
+            pipelines.get(name)  # raises the registry's error, which lists the pipelines
+        if size not in ("default", "test"):
+            pipelines.get(name, size=size, seed=seed)  # an unknown size: the pipeline's own error, before any worker
+            gc.collect()
+        return name
+    spec = pipelines.normalize_spec(name)
+    pipe = pipelines.get(spec, size=size, seed=seed, **({"device": device} if device else {}))
+    pipe.example_inputs(batch, seed)
+    del pipe
+    gc.collect()
+    return spec

@@ -1,0 +1,279 @@
+"""The commands that measure and compare precision configurations: ``bench``, ``runs``, ``compare`` and ``gate``."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+import mixprec
+from mixprec.cli._app import app
+from mixprec.cli._common import (
+    DbFlag,
+    JsonFlag,
+    SizeFlag,
+    as_int,
+    checked_pipeline,
+    console,
+    err_console,
+    fail,
+    gib,
+    int_list,
+    open_store,
+    table,
+    writable_path,
+)
+
+_TERMINAL_COLUMNS = ("config", "batch", "status", "latency", "ci", "speedup", "throughput", "tokens_per_s", "rtf",
+                     "peak_mem", "weights", "compile", "snr", "psnr", "sqnr", "token_agreement", "nonfinite", "fallbacks", "error")
+
+
+def _print_run(run: dict) -> None:
+    """The run as a terminal table: the headline columns (the HTML report has every metric)."""
+    from mixprec.bench.table import COLUMNS, render_table_rows
+
+    rows = render_table_rows(run)
+    if not rows:
+        return
+    labels = dict(COLUMNS)
+    keys = [k for k in _TERMINAL_COLUMNS if k in rows[0] and not (k == "sqnr" and ("snr" in rows[0] or "psnr" in rows[0]))]
+    keys = [k for k in keys if k != "error" or any(r.get("error") for r in rows)]
+    minmax = any("(min–max)" in r.get("ci", "") for r in rows)
+    console.print(table(f"run {run['id']}: {run['pipeline']} ({run['status']}) on {run['machine'].get('name')}",
+                        [labels.get(k, k) for k in keys],
+                        [[r[k].replace(" (min–max)", "*") if k == "ci" else r[k] for k in keys] for r in rows]))
+    if minmax:
+        console.print("  * too few samples for a 95% interval of the median: the range of the samples is shown", highlight=False)
+    for note in run.get("notes", []):
+        console.print(f"  note: {note}", highlight=False, markup=False)
+
+
+@app.command()
+def bench(
+    pipeline: Annotated[str, typer.Option("--pipeline", help="Comma-separated pipeline names, e.g. tts,diffusion, or factories module.path:factory / path/to/file.py:factory.")] = "tts",
+    configs: Annotated[Optional[str], typer.Option("--configs", help="Comma-separated configurations (default: all that can help here).")] = None,
+    batch: Annotated[str, typer.Option("--batch", help="Comma-separated batch sizes.")] = "1",
+    repeat: Annotated[str, typer.Option("--repeat", help="Timed runs per configuration.")] = "3",
+    warmup: Annotated[str, typer.Option("--warmup", help="Untimed runs first.")] = "1",
+    timeout: Annotated[Optional[float], typer.Option("--timeout", help="Seconds each configuration may spend running, per batch size (default: 20x the fp32 reference's measured time, at least 30 s; the reference itself is not timed out).")] = None,
+    size: SizeFlag = "default",
+    seed: Annotated[str, typer.Option("--seed", help="Seed of weights and inputs.")] = "0",
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda")] = "cpu",
+    db: DbFlag = None,
+    html: Annotated[Optional[str], typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
+    json_out: Annotated[Optional[str], typer.Option("--json", help="Write the runs as JSON here.")] = None,
+    csv_out: Annotated[Optional[str], typer.Option("--csv", help="Write one CSV row per configuration here.")] = None,
+    budget: Annotated[Optional[str], typer.Option("--budget", help="Fit the whole benchmark into this time (e.g. 6m, 360s): the fp32 reference's first run calibrates, then warm-up and timed runs (at most --warmup and --repeat) and, if needed, the pipeline's steps are chosen to fit; the choice is printed.")] = None,
+    force_batch: Annotated[bool, typer.Option("--force-batch", help="Skip the check that every --batch fits in free memory.")] = False,
+    compiled: Annotated[bool, typer.Option("--compile", help="Add a compiled twin (torch.compile, inductor) of every configuration; or name them: fast+compile.")] = False,
+) -> None:
+    """Measure speed, memory and quality per precision configuration, side by side."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from mixprec.device import hardware
+    from mixprec.bench import export, plan, report
+    from mixprec.bench.configs import parse_configs
+    from mixprec.bench.runner import BenchOptions, run_bench
+
+    try:
+        batches = int_list(batch, "--batch")
+        n_repeat, n_warmup = as_int(repeat, "--repeat"), as_int(warmup, "--warmup")
+        if n_repeat < 1 or n_warmup < 0:
+            raise ValueError(f"--repeat must be >= 1 and --warmup >= 0, got {n_repeat} and {n_warmup}")
+        if timeout is not None and (not math.isfinite(timeout) or timeout <= 0):
+            raise ValueError(f"--timeout {timeout}: must be a finite, positive number of seconds")
+        run_seed = as_int(seed, "--seed")
+        budget_s = plan.parse_budget(budget, "--budget") if budget is not None else None
+        for flag, path in (("--html", html), ("--json", json_out), ("--csv", csv_out)):
+            writable_path(path, flag)
+        if not any(p.strip() for p in pipeline.split(",")):
+            raise ValueError(f"--pipeline {pipeline!r}: give at least one pipeline (see mixprec pipelines)")
+        names = [checked_pipeline(p.strip(), size, run_seed, batches[0], device) for p in pipeline.split(",") if p.strip()]
+        hw = hardware.probe(device)
+        specs, notes = parse_configs(configs, hw, compiled_twins=compiled)
+        if any(s.compile for s in specs):
+            from mixprec.casting.compile import check_compiler
+
+            check_compiler(mixprec.CompileSettings(), device == "cpu")
+    except (ValueError, NotImplementedError, mixprec.ApplyError) as exc:
+        fail(exc)
+    store = open_store(db)
+    command = "mixprec bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "mixprec bench"
+    if max(batches) > 1 and not force_batch:
+        for name in names:
+            _check_batches(BenchOptions(pipeline=name, configs=specs, size=size, seed=run_seed, device=device,
+                                        timeout=timeout), batches, hw)
+    run_ids = []
+    deadline = time.monotonic() + budget_s if budget_s is not None else None
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, transient=False) as bar:
+        for index, name in enumerate(names):
+            task = bar.add_task(f"{name}: starting {len(specs)} workers", total=_steps(len(specs), n_warmup, n_repeat) * len(batches))
+
+            def step(description: str, n: int, task=task, name=name) -> None:
+                bar.update(task, advance=n, description=f"{name}: {description}")
+
+            def planned(batch_size: int, chosen: plan.Plan, task=task, name=name) -> None:
+                bar.console.print(f"{name}: batch {batch_size}: {chosen.reason}", highlight=False, markup=False)
+                bar.update(task, total=_steps(len(specs), chosen.warmup, chosen.repeat) * len(batches))
+
+            share = None if deadline is None else (deadline - time.monotonic()) / (len(names) - index)
+            options = BenchOptions(pipeline=name, configs=specs, batches=batches, repeat=n_repeat, warmup=n_warmup,
+                                   timeout=timeout, size=size, seed=run_seed, device=device, notes=notes, command=command,
+                                   budget=share, on_plan=planned)
+            run_ids.append(run_bench(options, hw, store, progress=step))
+    runs = [store.load_run(i) for i in run_ids]
+    for run in runs:
+        _print_run(run)
+    if html:
+        report.save_html(runs, html)
+        console.print(f"report written to {html}", highlight=False)
+    if json_out:
+        Path(json_out).write_text(export.to_json(runs))
+    if csv_out:
+        Path(csv_out).write_text(export.to_csv(runs))
+    console.print(f"stored as run(s) {', '.join(map(str, run_ids))} in {store.path}", highlight=False)
+
+
+def _steps(configs: int, warmup: int, repeat: int) -> int:
+    """Progress steps of one batch size: every run, the reference's first one included."""
+    return configs * (warmup + repeat) + (0 if warmup else 1)
+
+
+def _check_batches(options: Any, batches: list[int], hw: Any) -> None:
+    """Refuse batch sizes that cannot fit in free memory, before any run is stored.
+
+    The fp32 reference is loaded and run once at batch 1 to measure the weights and
+    the memory one item takes; every configuration's worker holds both at once.
+    """
+    from mixprec.bench.plan import batch_limit
+    from mixprec.bench.runner import calibrate
+    from mixprec.measure.executor import WorkerError, WorkerTimeout
+    from mixprec.device.hardware import available_memory
+
+    free = available_memory(options.device)
+    if free is None:
+        return
+    err_console.print(f"{options.pipeline}: measuring the memory of one item to check --batch {max(batches)} ...",
+                      highlight=False, markup=False)
+    try:
+        cal = calibrate(options, hw, batch=1)
+    except (WorkerError, WorkerTimeout) as exc:
+        fail(f"{options.pipeline}: the fp32 reference failed while measuring memory for --batch: {exc}")
+    workers = len(options.configs)
+    limit = batch_limit(cal, workers=workers, available_bytes=free)
+    too_big = [b for b in batches if b > limit]
+    if too_big:
+        fail(f"--batch {max(too_big)}: at most {limit} fit{'s' if limit == 1 else ''} in the {gib(free)} free on this "
+             f"machine for {options.pipeline} ({workers} configuration workers, each holding the weights "
+             f"({gib(cal.weight_bytes)}) and about {gib(max(1 << 20, cal.peak_bytes))} per item, measured at batch 1); "
+             f"use a smaller --batch, fewer --configs, or --force-batch to try anyway")
+
+
+runs_app = typer.Typer(help="Benchmark runs in the store.", no_args_is_help=True)
+app.add_typer(runs_app, name="runs")
+
+
+@runs_app.command("list")
+def runs_list(db: DbFlag = None, as_json: JsonFlag = False) -> None:
+    """Recent runs."""
+    store = open_store(db)
+    rows = store.runs()
+    if as_json:
+        console.print_json(json.dumps(rows))
+        return
+    console.print(table(f"runs in {store.path}", ["id", "started", "finished", "status", "pipeline", "size", "configs"],
+                        [[r["id"], r["started"], r["finished"], r["status"], r["pipeline"], r["size"], r["configs"]] for r in rows]))
+
+
+@runs_app.command("show")
+def runs_show(run_id: Annotated[int, typer.Argument(help="Run id.")], db: DbFlag = None,
+              html: Annotated[Optional[str], typer.Option("--html", help="Also write an HTML report.")] = None,
+              as_json: JsonFlag = False) -> None:
+    """One run: every configuration and metric."""
+    from mixprec.bench import export, report
+    from mixprec.bench.store import StoreError
+
+    store = open_store(db)
+    try:
+        run = store.load_run(run_id)
+    except StoreError as exc:
+        fail(exc)
+    if as_json:
+        console.print(export.to_json([run]), highlight=False, markup=False)
+        return
+    _print_run(run)
+    if html:
+        report.save_html([run], html)
+
+
+@app.command()
+def compare(run_a: Annotated[int, typer.Argument(help="Earlier run id.")], run_b: Annotated[int, typer.Argument(help="Later run id.")],
+            db: DbFlag = None, as_json: JsonFlag = False) -> None:
+    """Per-configuration changes from run A to run B, and which exceed the noise."""
+    from mixprec.bench.gate import compare as compare_runs
+    from mixprec.bench.store import StoreError
+
+    store = open_store(db)
+    try:
+        rows = compare_runs(store.load_run(run_a), store.load_run(run_b))
+    except (StoreError, ValueError) as exc:
+        fail(exc)
+    if as_json:
+        console.print_json(json.dumps(rows, default=str))
+        return
+    console.print(table(f"run {run_a} -> run {run_b}", ["config", "batch", "latency A", "latency B", "change", "beyond noise", "quality A", "quality B"], [
+        [r["config"], r["batch"], _seconds(r.get("latency_a")), _seconds(r.get("latency_b")),
+         f"{r['latency_change']:+.1%}" if "latency_change" in r else None,
+         ("yes" if r["latency_significant"] else "no") if "latency_significant" in r else None,
+         _quality(r.get("quality_a")), _quality(r.get("quality_b"))] for r in rows]))
+
+
+def _seconds(value: float | None) -> str | None:
+    return None if value is None else f"{value:.4f} s"
+
+
+def _quality(value: float | None) -> str | None:
+    if value is None:
+        return None
+    return "exact" if value == float("inf") else f"{value:.1f} dB"
+
+
+@app.command("gate")
+def gate_cmd(
+    run_id: Annotated[int, typer.Argument(help="The run to check.")],
+    baseline: Annotated[int, typer.Option("--baseline", help="The run to compare against.")],
+    max_quality_drop: Annotated[str, typer.Option("--max-quality-drop")] = "5%",
+    max_latency_regression: Annotated[str, typer.Option("--max-latency-regression")] = "10%",
+    max_memory_increase: Annotated[str, typer.Option("--max-memory-increase")] = "0%",
+    max_failure_rate: Annotated[str, typer.Option("--max-failure-rate")] = "1%",
+    allow_different_machine: Annotated[bool, typer.Option("--allow-different-machine",
+                                                          help="Gate against a baseline measured on another machine.")] = False,
+    db: DbFlag = None,
+) -> None:
+    """Exit 1 and list every violation when a run regresses against a baseline (for CI)."""
+    from mixprec.bench.gate import gate, thresholds_from_flags
+    from mixprec.bench.store import StoreError
+
+    try:
+        thresholds = thresholds_from_flags(max_quality_drop=max_quality_drop, max_latency_regression=max_latency_regression,
+                                           max_memory_increase=max_memory_increase, max_failure_rate=max_failure_rate)
+    except ValueError as exc:
+        fail(exc)
+    store = open_store(db)
+    try:
+        violations = gate(store.load_run(run_id), store.load_run(baseline), thresholds,
+                          allow_different_machine=allow_different_machine)
+    except StoreError as exc:
+        fail(exc)
+    if violations:
+        console.print(f"gate FAILED: run {run_id} vs baseline {baseline}", highlight=False)
+        for violation in violations:
+            console.print(f"  - {violation}", highlight=False, markup=False)
+        raise typer.Exit(code=1)
+    console.print(f"gate passed: run {run_id} vs baseline {baseline}", highlight=False)

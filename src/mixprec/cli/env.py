@@ -1,0 +1,149 @@
+"""The commands that show this machine and the resolved settings: ``env``, ``config show`` and ``presets``."""
+
+from __future__ import annotations
+
+import json
+import platform
+from importlib import metadata
+from typing import Annotated, Any, Optional
+
+import typer
+
+import mixprec
+from mixprec.cli._app import app
+from mixprec.cli._common import DeviceFlag, JsonFlag, console, err_console, fail, gib, table
+from mixprec.config import ConfigError
+
+config_app = typer.Typer(help="Inspect the layered configuration.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+# Flags shared by every command that resolves configuration.
+AppFlag = Annotated[Optional[str], typer.Option("--app", help="Your app's env-var prefix, e.g. ACE_STEP.")]
+ConfigFlag = Annotated[Optional[str], typer.Option("--config", help="TOML file to read instead of pyproject.toml / mixprec.toml.")]
+EnvFileFlag = Annotated[Optional[str], typer.Option("--env-file", help=".env file (default: ./.env when present).")]
+MatmulFlag = Annotated[Optional[str], typer.Option("--float32-matmul-precision", help="highest | high | medium")]
+ConvFlag = Annotated[Optional[str], typer.Option("--conv-tf32", help="true | false: TF32 in cuDNN convolutions")]
+Fp16RedFlag = Annotated[Optional[str], typer.Option("--fp16-reduced-precision-reduction", help="true | false")]
+Bf16RedFlag = Annotated[Optional[str], typer.Option("--bf16-reduced-precision-reduction", help="true | false")]
+
+
+def _cli_values(matmul: str | None, conv: str | None, fp16: str | None, bf16: str | None) -> dict[str, Any]:
+    return {
+        "float32_matmul_precision": matmul,
+        "conv_tf32": conv,
+        "fp16_reduced_precision_reduction": fp16,
+        "bf16_reduced_precision_reduction": bf16,
+    }
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version(), "mixprec": mixprec.__version__}
+    for dist in ("torch", "transformers", "diffusers", "gradio"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+@app.command()
+def env(
+    app_prefix: AppFlag = None,
+    config: ConfigFlag = None,
+    env_file: EnvFileFlag = None,
+    matmul: MatmulFlag = None,
+    conv_tf32: ConvFlag = None,
+    fp16_rpr: Fp16RedFlag = None,
+    bf16_rpr: Bf16RedFlag = None,
+    device: Annotated[Optional[str], typer.Option("--device", help="cpu | cuda | cuda:N | mps (default: best available)")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Measure the hardware again instead of using the cache.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Hardware, measured precision speeds, effective torch numerics and versions."""
+    from mixprec.device import hardware
+
+    try:
+        resolved = mixprec.init(
+            app_prefix, config_file=config, env_file=env_file, cli=_cli_values(matmul, conv_tf32, fp16_rpr, bf16_rpr)
+        )
+        hw = hardware.probe(device, use_cache=not no_cache)
+    except (ConfigError, ValueError) as exc:
+        fail(exc)
+    state = mixprec.describe()
+    if as_json:
+        payload = {"versions": _versions(), "hardware": hw.to_dict(), "numerics": state, "settings": resolved.rows()}
+        console.print_json(json.dumps(payload, default=str))
+        return
+
+    console.print(table("Hardware", ["property", "value"], [
+        ["device", hw.device_type], ["name", hw.name],
+        ["compute capability", ".".join(map(str, hw.capability)) if hw.capability else None],
+        ["memory", gib(hw.memory_bytes)], ["cpu flags", " ".join(hw.cpu_flags) or None],
+        ["threads", hw.threads],
+        ["fp32 matmul GFLOP/s by level", " / ".join(f"{k} {v:.0f}" for k, v in hw.matmul_levels.items())],
+        ["probe", f"{hw.matmul_size}x{hw.matmul_size} matmul, {hw.seconds:.2f} s" + (" (cached)" if hw.cached else "")],
+    ]))
+    console.print(table("Precisions (measured)", ["dtype", "supported", "GFLOP/s", "vs fp32", "class"], [
+        [d.name, "yes" if d.supported else "no", d.gflops, f"{d.ratio:.2f}x" if d.ratio else None, d.klass]
+        for d in hw.dtypes.values()
+    ]))
+    console.print(table("Effective numerics (read back from torch)", ["flag", "value"], [
+        ["float32 matmul precision", state["float32_matmul_precision"]],
+        *[[f"{k.replace('_', ' ')}", f"{v} ({state['backend_meaning'][k]})"] for k, v in state["backends"].items()],
+        ["fp16 reduced-precision reduction", state["fp16_reduced_precision_reduction"]],
+        ["bf16 reduced-precision reduction", state["bf16_reduced_precision_reduction"]],
+        ["torch API", state["api"]],
+    ]))
+    console.print(table("Settings", ["setting", "value", "source"], [[r["key"], r["value"], r["source"]] for r in resolved.rows()]))
+    console.print(table("Versions", ["package", "version"], [[k, v] for k, v in _versions().items()]))
+
+
+@config_app.command("show")
+def config_show(
+    app_prefix: AppFlag = None,
+    config: ConfigFlag = None,
+    env_file: EnvFileFlag = None,
+    matmul: MatmulFlag = None,
+    conv_tf32: ConvFlag = None,
+    fp16_rpr: Fp16RedFlag = None,
+    bf16_rpr: Bf16RedFlag = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Each setting, its effective value and the source it came from (nothing is applied)."""
+    try:
+        resolved = mixprec.resolve(
+            app_prefix, config_file=config, env_file=env_file, cli=_cli_values(matmul, conv_tf32, fp16_rpr, bf16_rpr)
+        )
+    except (ConfigError, ValueError) as exc:
+        fail(exc)
+    if as_json:
+        console.print_json(json.dumps({"app": resolved.app, "files": list(resolved.files), "settings": resolved.rows()}))
+        return
+    for message in resolved.warnings:
+        err_console.print(f"[yellow]warning:[/] {message}", highlight=False)
+    console.print(table("mixprec configuration", ["setting", "value", "source"], [[r["key"], r["value"], r["source"]] for r in resolved.rows()]))
+    if resolved.files:
+        console.print("files read: " + ", ".join(resolved.files), highlight=False)
+
+
+@app.command("presets")
+def presets_cmd(device: DeviceFlag = None, as_json: JsonFlag = False) -> None:
+    """Each preset as resolved on this machine, with the reasons for every choice."""
+    from mixprec.device import hardware
+    from mixprec.policy import presets
+
+    try:
+        hw = hardware.probe(device)
+    except ValueError as exc:
+        fail(exc)
+    resolved = {name: presets.resolve(name, hw) for name in presets.PRESETS}
+    if as_json:
+        console.print_json(json.dumps({n: {"policy": p.to_dict(), "reasons": r} for n, (p, r) in resolved.items()}))
+        return
+    console.print(f"Presets for {hw.device_type} ({hw.name})", highlight=False)
+    for name, (policy, reasons) in resolved.items():
+        rows = [[f"#{i}", r.match, r.storage, r.compute, r.keep_fp32, r.upcast_attention, r.reason] for i, r in enumerate(policy.rules)]
+        console.print(table(f"{name}: matmul={policy.numerics.matmul if policy.numerics else '-'}",
+                            ["rule", "match", "storage", "compute", "keep_fp32", "upcast attn", "reason"], rows))
+        for reason in reasons:
+            console.print(f"  - {reason}", highlight=False)

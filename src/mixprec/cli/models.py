@@ -1,0 +1,205 @@
+"""The commands that look at or run one pipeline: ``explain``, ``diagnose``, ``fallbacks``, ``pipelines`` and ``run``."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Optional
+
+import typer
+
+import mixprec
+from mixprec.cli._app import app
+from mixprec.cli._common import (
+    DeviceFlag,
+    JsonFlag,
+    PipelineFlag,
+    SizeFlag,
+    as_int,
+    console,
+    err_console,
+    fail,
+    open_store,
+    table,
+    writable_path,
+)
+
+
+def _policy_for(pipe: Any, preset_name: str | None, policy_file: str | None, device: str | None) -> Any:
+    from mixprec.device import hardware
+    from mixprec.policy import Policy
+
+    if policy_file:
+        return Policy.load(policy_file)
+    if preset_name:
+        return mixprec.preset(preset_name, hardware=hardware.probe(device), hints=tuple(pipe.sensitive))
+    return None
+
+
+@app.command()
+def explain(
+    pipeline: PipelineFlag,
+    preset: Annotated[Optional[str], typer.Option("--preset", help="quality | balanced | fast | memory")] = None,
+    policy: Annotated[Optional[str], typer.Option("--policy", help="Policy .toml/.json file.")] = None,
+    size: SizeFlag = "default",
+    device: DeviceFlag = None,
+    all_modules: Annotated[bool, typer.Option("--all", help="List every module, not only those that own weights.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Per module: storage and compute dtype and the rule that decided them."""
+    from mixprec import pipelines
+
+    if (preset is None) == (policy is None):
+        fail(ValueError("give exactly one of --preset or --policy"))
+    try:
+        pipe = pipelines.get(pipeline, size=size)
+        pol = _policy_for(pipe, preset, policy, device)
+        rows = mixprec.explain(pipe, pol)
+        pitfalls = mixprec.explain_warnings(pipe, pol)
+    except (ValueError, NotImplementedError) as exc:
+        fail(exc)
+    if not all_modules:
+        owners = {name for name, m in _owners(pipe)}
+        rows = [r for r in rows if r["module"] in owners]
+    if as_json:
+        console.print_json(json.dumps({"policy": pol.to_dict(), "modules": rows, "warnings": pitfalls}))
+        return
+    console.print(table(f"{pipeline} under {pol.name}", ["module", "type", "storage", "compute", "attention", "rule"],
+                        [[r["module"], r["type"], r["storage"], r["compute"], r["attention"] or None, r["rule"]] for r in rows]))
+    console.print("rules: " + "; ".join(f"#{i} {r.match}: {r.reason}" for i, r in enumerate(pol.rules) if r.reason),
+                  highlight=False, markup=False)
+    for pitfall in pitfalls:
+        console.print(f"warning: {pitfall}", highlight=False, markup=False)
+
+
+def _owners(pipe: Any):
+    from mixprec.policy import iter_modules
+
+    for name, module in iter_modules(dict(pipe.components)):
+        if any(True for _ in module.parameters(recurse=False)) or any(True for _ in module.buffers(recurse=False)):
+            yield name, module
+
+
+@app.command()
+def diagnose(
+    pipeline: PipelineFlag,
+    preset: Annotated[Optional[str], typer.Option("--preset", help="quality | balanced | fast | memory")] = None,
+    policy: Annotated[Optional[str], typer.Option("--policy", help="Policy .toml/.json file.")] = None,
+    size: SizeFlag = "default",
+    seed: Annotated[str, typer.Option("--seed", help="Seed of weights and inputs.")] = "0",
+    top: Annotated[int, typer.Option("--top", help="Rows to show (0: all).")] = 25,
+    device: DeviceFlag = None,
+    save: Annotated[bool, typer.Option("--save", help="Keep the profile rows in the benchmark store.")] = False,
+    db: Annotated[Optional[str], typer.Option("--db", help="SQLite file for --save (default: the benchmark store).")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Profile every module under a policy: range, fp16 headroom, underflow, own and inherited error."""
+    from mixprec import pipelines
+
+    if (preset is None) == (policy is None):
+        fail(ValueError("give exactly one of --preset or --policy"))
+    try:
+        pipe = pipelines.get(pipeline, size=size, seed=as_int(seed, "--seed"))
+        pol = _policy_for(pipe, preset, policy, device)
+        prof = mixprec.profile(pipe, pipe.example_inputs(1, as_int(seed, "--seed")), pol)
+    except (ValueError, NotImplementedError) as exc:
+        fail(exc)
+    if save:
+        from mixprec.device import hardware as hardware_module
+        from mixprec.measure.machine import machine_fingerprint
+
+        store = open_store(db)
+        hw = hardware_module.probe(device)
+        run_id = store.start_run(pipeline=pipeline, size=size, machine=hw.to_dict(), fingerprint=machine_fingerprint(hw),
+                                 versions={"mixprec": mixprec.__version__}, notes=[f"mixprec diagnose under {pol.name}"],
+                                 command="mixprec diagnose")
+        store.add_profile_rows(run_id, pol.name, prof.rows())
+        store.finish_run(run_id)
+        err_console.print(f"profile stored as run {run_id} in {store.path}", highlight=False)
+    if as_json:
+        console.print_json(json.dumps({"policy": pol.to_dict(), "modules": prof.rows(), "suggestions": prof.suggestions()}))
+        return
+    rows = prof.by_risk()[: top or None]
+
+    def db(v: float | None) -> str | None:
+        return None if v is None else f"{v:.1f}"
+
+    console.print(table(f"{pipeline} under {pol.name}: most at risk first",
+                        ["module", "type", "compute", "calls", "absmax in/out", "fp16 room", "underflow 16/bf", "own dB", "inher. dB"],
+                        [[("[bold red]" + s.module + " (fp16 overflow)[/]") if s.overflows_fp16 else s.module,
+                          s.type if s.owns_weights else f"{s.type} (block)", s.compute, s.calls,
+                          f"{s.input_absmax:.3g}/{s.output_absmax:.3g}", f"{s.fp16_headroom:.2g}",
+                          f"{s.underflow_fp16:.1%}/{s.underflow_bf16:.1%}", db(s.own_sqnr_db), db(s.inherited_sqnr_db)] for s in rows]))
+    suggestion = prof.suggestions_toml()
+    if suggestion:
+        console.print("Suggested keep-fp32 rules (append to your policy file):", highlight=False)
+        console.print(suggestion, highlight=False, markup=False)
+    else:
+        console.print("No module overflows fp16 or falls below 20 dB own SQNR under this policy.", highlight=False)
+
+
+fallbacks_app = typer.Typer(help="Fallbacks the numerics guard remembered.", no_args_is_help=True)
+app.add_typer(fallbacks_app, name="fallbacks")
+
+
+@fallbacks_app.command("list")
+def fallbacks_list(as_json: JsonFlag = False) -> None:
+    """Every remembered fallback: model fingerprint, pinned modules and their dtypes."""
+    from mixprec.diagnose.fallbacks import FallbackStore
+
+    store = FallbackStore()
+    data = store.load()
+    if as_json:
+        console.print_json(json.dumps({"path": str(store.path), "fallbacks": data}))
+        return
+    rows = [[key, entry.get("model"), module, dtype, entry.get("updated")]
+            for key, entry in data.items() for module, dtype in entry.get("pins", {}).items()]
+    console.print(table(f"Remembered fallbacks ({store.path})", ["fingerprint", "components", "module", "pinned to", "updated"], rows))
+
+
+@fallbacks_app.command("clear")
+def fallbacks_clear(fingerprint: Annotated[Optional[str], typer.Argument(help="Only this fingerprint.")] = None) -> None:
+    """Forget remembered fallbacks (all, or one fingerprint)."""
+    from mixprec.diagnose.fallbacks import FallbackStore
+
+    removed = FallbackStore().clear(fingerprint)
+    console.print(f"removed {removed} remembered fallback(s)", highlight=False)
+
+
+@app.command("pipelines")
+def pipelines_cmd(size: SizeFlag = "default", as_json: JsonFlag = False) -> None:
+    """List the available pipelines with their components and parameter counts."""
+    from mixprec import pipelines
+
+    rows = pipelines.describe_all(size=size)
+    if as_json:
+        console.print_json(json.dumps({"pipelines": rows, "plugin_errors": pipelines.plugin_errors()}))
+        return
+    table_rows = []
+    for row in rows:
+        if "error" in row:
+            table_rows.append([row["name"], "-", f"[red]{row['error']}[/]", "-"])
+            continue
+        comps = ", ".join(f"{c} {n / 1e6:.2f}M" for c, n in row["components"].items())
+        table_rows.append([row["name"], row["output_kind"], comps, f"{row['total'] / 1e6:.2f}M"])
+    console.print(table(f"Pipelines (size={size})", ["name", "output", "components (parameters)", "total"], table_rows))
+    for name, error in pipelines.plugin_errors().items():
+        err_console.print(f"[yellow]warning:[/] plugin {name!r} failed to load: {error}", highlight=False)
+
+
+@app.command()
+def run(
+    pipeline: PipelineFlag,
+    out: Annotated[str, typer.Option("--out", help="Output file: .wav (audio), .png (image), .npy/.json (embedding).")],
+    seed: Annotated[str, typer.Option("--seed", help="Seed of weights and inputs.")] = "0",
+    batch: Annotated[str, typer.Option("--batch", help="Batch size.")] = "1",
+    size: SizeFlag = "default",
+) -> None:
+    """Run a pipeline once and write its output to a file you can open."""
+    from mixprec import pipelines
+
+    try:
+        writable_path(out, "--out")
+        result = pipelines.run_to_file(pipeline, out, seed=as_int(seed, "--seed"), batch=as_int(batch, "--batch"), size=size)
+    except (ValueError, NotImplementedError) as exc:
+        fail(exc)
+    console.print(table(f"mixprec run --pipeline {pipeline}", ["field", "value"], [[k, v] for k, v in result.items()]))

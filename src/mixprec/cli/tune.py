@@ -1,0 +1,190 @@
+"""The ``tune`` command: parses the search flags, shows progress, and prints the frontier and the chosen policy."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+import mixprec
+from mixprec.cli._app import app
+from mixprec.cli._common import (
+    DbFlag,
+    JsonFlag,
+    SizeFlag,
+    as_float,
+    as_int,
+    checked_pipeline,
+    console,
+    err_console,
+    fail,
+    open_store,
+    table,
+    writable_path,
+)
+
+
+@app.command("tune")
+def tune_cmd(
+    pipeline: Annotated[str, typer.Option("--pipeline", help="Pipeline to tune: a registered name, or your factory module.path:factory / path/to/file.py:factory.")] = "tts",
+    bound: Annotated[str, typer.Option("--bound", help="Quality bound 'metric op number', e.g. 'snr>=30' or 'cosine>=0.999'.")] = "sqnr>=30",
+    objective: Annotated[str, typer.Option("--objective", help="latency (fastest) or memory (smallest weights).")] = "latency",
+    budget: Annotated[Optional[str], typer.Option("--budget", help="Most measured evaluations (cached ones are free).")] = None,
+    seeds: Annotated[str, typer.Option("--seeds", help="Number of seeds quality is measured on (worst case), or a comma-separated list.")] = "2",
+    repeat: Annotated[str, typer.Option("--repeat", help="Timed runs per evaluation (median).")] = "2",
+    size: SizeFlag = "default",
+    db: DbFlag = None,
+    out: Annotated[Optional[str], typer.Option("--out", help="Write the chosen policy as TOML here.")] = None,
+    html: Annotated[Optional[str], typer.Option("--html", help="Write the frontier and search path as HTML here.")] = None,
+    as_json: JsonFlag = False,
+    try_compile: Annotated[bool, typer.Option("--try-compile", help="The local search also tries compiling the components (torch.compile), kept where it measures faster.")] = False,
+    validation_seeds: Annotated[str, typer.Option("--validation-seeds", help="Held-out seeds the chosen policy must also meet the bound on: a count (3: the three seeds after the search seeds), or seeds such as 7,8,9 or 10-19; 0 disables validation.")] = "3",
+    margin: Annotated[str, typer.Option("--margin", help="dB of error the search keeps below the bound, so the answer is not tuned to its edge (sqnr>=40 searches for 41 with 1); 0: none.")] = "1",
+) -> None:
+    """Find the fastest (or smallest) policy that meets a quality bound, by measurement.
+
+    The search measures quality on --seeds; the chosen policy is then checked on
+    --validation-seeds it never saw, and replaced by the next candidate of the frontier
+    when it misses the bound there. Exit status 1 when no candidate meets the bound (the
+    closest one is shown).
+    """
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mixprec.tuning.report import render_tune_html
+
+    try:
+        parsed = mixprec.parse_bound(bound)
+        if objective not in ("latency", "memory"):
+            raise ValueError(f"--objective {objective!r}: expected latency or memory")
+        n_budget = as_int(budget, "--budget") if budget is not None else None
+        if n_budget is not None and n_budget < 1:
+            raise ValueError(f"--budget {budget!r}: expected a positive number of evaluations")
+        seed_list = [as_int(part, "--seeds") for part in seeds.split(",") if part.strip()]
+        if len(seed_list) == 1:
+            seed_list = list(range(seed_list[0]))
+        if not seed_list or any(v < 0 for v in seed_list):
+            raise ValueError(f"--seeds {seeds!r}: expected a count >= 1 (e.g. 2) or comma-separated seeds >= 0 (e.g. 0,1)")
+        n_repeat = as_int(repeat, "--repeat")
+        if n_repeat < 1:
+            raise ValueError(f"--repeat {repeat!r}: expected at least 1")
+        held_out = _validation_seeds(validation_seeds, seed_list)
+        margin_db = as_float(margin, "--margin")
+        if not (math.isfinite(margin_db) and margin_db >= 0):
+            raise ValueError(f"--margin {margin!r}: expected a number of dB >= 0 (0: search to the bound itself)")
+        writable_path(out, "--out")
+        writable_path(html, "--html")
+        if not pipeline.strip():
+            raise ValueError(f"--pipeline {pipeline!r}: give a pipeline (see mixprec pipelines)")
+        pipeline = checked_pipeline(pipeline, size, 0, 1, None)
+        if try_compile:
+            from mixprec.casting.compile import check_compiler
+
+            check_compiler(mixprec.CompileSettings(), True)
+    except (ValueError, NotImplementedError) as exc:
+        fail(exc)
+    store = open_store(db)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=err_console, transient=False) as bar:
+        task = bar.add_task(f"{pipeline}: measuring the fp32 reference", total=n_budget)
+
+        def progress(event) -> None:
+            best = event.best
+            best_text = (f"best {best.evaluation.latency_s:.3f} s, {best.evaluation.memory_bytes / 2**20:.1f} MiB, "
+                         f"{parsed.key} {best.evaluation.quality.get(parsed.key, float('nan')):.4g}") if best else "none meets the bound yet"
+            left = f", {event.budget - event.evaluations} left" if event.budget is not None else ""
+            bar.update(task, completed=event.evaluations, description=f"{pipeline}: {event.latest.step[:40]} | {best_text}{left}")
+
+        try:
+            result = mixprec.tune(pipeline, parsed, objective=objective, budget=n_budget, seeds=seed_list, store=store,
+                                  progress=progress, size=size, repeat=n_repeat, try_compile=try_compile,
+                                  validation_seeds=held_out, margin=margin_db)
+        except ValueError as exc:
+            fail(exc)
+    if out:
+        Path(out).write_text(result.to_toml(), encoding="utf-8")
+    if html:
+        Path(html).write_text(render_tune_html(result), encoding="utf-8")
+    if as_json:
+        from mixprec.tuning.result import jsonable
+
+        console.print_json(json.dumps(jsonable(result.to_dict())))
+    else:
+        _print_tune(result, pipeline)
+        if out:
+            console.print(f"policy written to {out} (load it with mixprec.Policy.load, or MIXPREC_POLICY for mixprec.init)", highlight=False)
+        if html:
+            console.print(f"report written to {html}", highlight=False)
+    if not result.met:
+        err_console.print(f"[bold red]bound not met:[/] no candidate meets {parsed}; the closest "
+                          f"({result.closest.step}) misses it by {result.miss:.4g}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=1)
+
+
+def _print_tune(result, pipeline: str) -> None:
+    key = result.bound.key
+
+    def q(c) -> str:
+        v = c.evaluation.quality.get(key)
+        return "n/a" if v is None else ("exact" if v == float("inf") else f"{v:.6g}")
+
+    shown = list(result.frontier)
+    if result.chosen not in shown:  # chosen by the side-by-side re-timing, not by its search timing
+        shown = sorted([*shown, result.chosen], key=lambda c: c.index)
+    rows = [[c.index, c.step, f"{c.evaluation.latency_s:.4f}", f"{c.evaluation.memory_bytes / 2**20:.1f}", q(c),
+             "yes" if c.met else "no", "chosen" if c is result.chosen else ""] for c in shown]
+    console.print(table(f"tune {pipeline}: frontier of {len(result.path)} candidates ({result.bound}, {result.objective})",
+                        ["#", "step", "latency s", "weights MiB", key, "meets", ""], rows))
+    console.print(f"{result.evaluations} measured evaluations, {result.cached} reused from the store, {result.wall_s:.0f} s",
+                  highlight=False)
+    for note in result.notes:
+        console.print(f"  note: {note}", highlight=False, markup=False)
+    from mixprec.tuning.report import validation_text
+
+    console.print(f"validation: {validation_text(result)}", highlight=False, markup=False, soft_wrap=True)
+    if result.seed_summary:
+        rows = [[metric, _fmt_metric(v["worst"]), _fmt_metric(v["median"]), _fmt_metric(v["spread"]), int(v["seeds"])]
+                for metric, v in result.seed_summary.items()]
+        console.print(table("how sure: the chosen policy's quality over every seed measured",
+                            ["metric", "worst", "median", "spread", "seeds"], rows))
+    if result.met:
+        base = result.path[0].evaluation
+        chosen = result.chosen.evaluation
+        console.print(f"chosen: #{result.chosen.index} ({result.chosen.step}): {result.speedup:.2f}x "
+                      f"the speed of fp32, weights {chosen.memory_bytes / base.memory_bytes:.0%} of fp32, {key} {q(result.chosen)}; "
+                      f"kept fp32: {', '.join(result.keep_fp32) or 'none'}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _fmt_metric(value: float) -> str:
+    return "exact" if value == float("inf") else f"{value:.6g}"
+
+
+def _validation_seeds(text: str, search: list[int]) -> int | list[int]:
+    """``--validation-seeds``: a count (one number), or seeds and ranges (``7,8,9``, ``10-19``)."""
+    from mixprec.tuning.validation import validation_seed_list
+
+    valid = "a count (e.g. 3; 0 disables validation) or seeds such as 7,8,9 or 10-19"
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise ValueError(f"--validation-seeds {text!r}: expected {valid}")
+    if len(parts) == 1 and "-" not in parts[0] and "," not in text:
+        count = as_int(parts[0], "--validation-seeds")
+        if count < 0:
+            raise ValueError(f"--validation-seeds {text!r}: expected {valid}")
+        return count
+    seeds: list[int] = []
+    for part in parts:
+        low, dash, high = part.partition("-")
+        try:
+            first, last = int(low), int(high) if dash else int(low)
+        except ValueError:
+            raise ValueError(f"--validation-seeds {text!r}: {part!r} is not a seed or a range; expected {valid}") from None
+        if first < 0 or last < first or last - first > 10_000:
+            raise ValueError(f"--validation-seeds {text!r}: {part!r} is not a range of seeds >= 0; expected {valid}")
+        seeds += range(first, last + 1)
+    try:
+        return list(validation_seed_list(seeds, search))
+    except ValueError as exc:
+        raise ValueError(f"--validation-seeds {text!r} vs --seeds: {exc}") from None

@@ -1,0 +1,194 @@
+"""Measuring one target in one process: :class:`Session` keeps the fp32 references of its seeds
+and measures a policy's quality, latency, weight bytes and risk profile.
+
+It serves :class:`~mixprec.tuning.evaluators.InProcessEvaluator` directly, and inside a
+spawned worker :func:`serve_tune` answers a
+:class:`~mixprec.tuning.evaluators.WorkerEvaluator` (through
+:mod:`mixprec.measure.executor`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from mixprec.casting.apply import apply
+from mixprec.casting.targets import components_of
+from mixprec.diagnose.profile import profile
+from mixprec.measure import metrics as bench_metrics
+from mixprec.policy import Policy
+from mixprec.tuning.bounds import worst_case
+
+__all__ = ["Session", "weight_units", "risk_key", "serve_tune"]
+
+
+def weight_units(components: dict[str, torch.nn.Module]) -> list[str]:
+    """Qualified names of the modules that own floating-point parameters directly."""
+    names = []
+    for cname, root in components.items():
+        for name, module in root.named_modules():
+            if any(p is not None and p.is_floating_point() for p in module._parameters.values()):
+                names.append(((f"{cname}.{name}" if name else cname) if cname else name) or "")
+    return names
+
+
+def _output(result: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+    if isinstance(result, torch.Tensor):
+        return result, {}
+    tensor = getattr(result, "output", None)
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"run must return a tensor or an object with an .output tensor, got {type(result).__name__}")
+    extras = result.extras() if hasattr(result, "extras") else {}
+    return tensor, extras
+
+
+class Session:
+    """Measure policies on one target against fp32 references computed once.
+
+    Args:
+        target: what :func:`mixprec.apply` takes (module, mapping or pipeline).
+        make_inputs: seed -> inputs for ``run``.
+        run: inputs -> output (tensor, or an object with ``.output``).
+        seeds: the seeds quality is measured on; latency uses the first.
+        kind: output kind for :func:`mixprec.measure.metrics.quality`.
+        teacher_force: optional ``(inputs, reference_output) -> inputs`` replaying the
+            reference's discrete choices.
+    """
+
+    def __init__(self, target: Any, make_inputs: Callable[[int], Any], run: Callable[[Any], Any], *,
+                 seeds: Sequence[int], kind: str = "embedding",
+                 teacher_force: Callable[[Any, Any], Any] | None = None, sample_rate: int | None = None):
+        if not seeds:
+            raise ValueError("seeds must name at least one seed, got an empty sequence")
+        self.target, self.run, self.kind, self.sample_rate = target, run, kind, sample_rate
+        self.make_inputs, self.teacher_force = make_inputs, teacher_force
+        self.seeds = tuple(int(s) for s in seeds)
+        self.inputs: dict[int, Any] = {}
+        self.references: dict[int, torch.Tensor] = {}
+        self._reference(self.seeds)
+
+    def _reference(self, seeds: Sequence[int]) -> None:
+        """Run fp32 on the seeds not seen yet: their inputs and reference outputs."""
+        with torch.inference_mode():
+            for seed in seeds:
+                if seed in self.references:
+                    continue
+                inputs = self.make_inputs(seed)
+                result = self.run(inputs)
+                tensor, _ = _output(result)
+                self.references[seed] = tensor.detach().float().cpu().clone()
+                self.inputs[seed] = self.teacher_force(inputs, result) if self.teacher_force is not None else inputs
+
+    @property
+    def components(self) -> dict[str, torch.nn.Module]:
+        return components_of(self.target)[0]
+
+    def _quality(self, seed: int) -> dict[str, float]:
+        result = self.run(self.inputs[seed])
+        tensor, extras = _output(result)
+        quality = bench_metrics.quality(tensor.detach().float().cpu(), self.references[seed], self.kind,
+                                        sample_rate=self.sample_rate)
+        if extras.get("token_agreement") is not None:
+            quality["token_agreement"] = float(extras["token_agreement"])
+        return {k: float(v) for k, v in quality.items() if v is not None}
+
+    def evaluate(self, policy: Policy, repeat: int) -> dict[str, Any]:
+        """Apply ``policy``, measure quality on every seed and ``repeat`` timed runs, revert."""
+        with apply(self.target, policy) as applied, torch.inference_mode():
+            per_seed = {seed: self._quality(seed) for seed in self.seeds}  # the first run warms up
+            samples = []
+            for _ in range(max(1, repeat)):
+                start = time.perf_counter()
+                self.run(self.inputs[self.seeds[0]])
+                samples.append(time.perf_counter() - start)
+            memory = applied.weight_bytes()
+        return {"latency_s": statistics.median(samples), "samples": samples, "memory_bytes": float(memory),
+                "quality": worst_case(list(per_seed.values())), "per_seed": per_seed}
+
+    def qualities(self, policy: Policy, seeds: Sequence[int]) -> dict[int, dict[str, float]]:
+        """Quality of ``policy`` on each of ``seeds`` (fp32 references computed for new seeds first)."""
+        seeds = [int(s) for s in seeds]
+        self._reference(seeds)
+        with apply(self.target, policy), torch.inference_mode():
+            return {seed: self._quality(seed) for seed in seeds}
+
+    def time(self, policy: Policy, repeat: int = 1) -> list[float]:
+        """Seconds of ``repeat`` runs under ``policy`` on the first seed (no quality runs).
+
+        A compiled policy first makes one untimed call, which compiles.
+        """
+        with apply(self.target, policy), torch.inference_mode():
+            if policy.compile is not None:
+                self.run(self.inputs[self.seeds[0]])
+            samples = []
+            for _ in range(max(1, repeat)):
+                start = time.perf_counter()
+                self.run(self.inputs[self.seeds[0]])
+                samples.append(time.perf_counter() - start)
+        return samples
+
+    def risk(self, policy: Policy) -> list[dict[str, Any]]:
+        """Every module holding weights under ``policy``, riskiest first (from :func:`mixprec.profile`).
+
+        Rows cover the weight-owning layers (``unit`` true) and every block and
+        component enclosing one, each with its own error: the prior of the
+        hierarchical search (:func:`hierarchical_keep`).
+        """
+        units = set(weight_units(self.components))
+        enclosing = {unit.rsplit(".", k)[0] for unit in units for k in range(1, unit.count(".") + 1)}
+        prof = profile(self.target, self.inputs[self.seeds[0]], policy, run=self.run)
+        rows = []
+        for stats in prof.modules:
+            if stats.module not in units and stats.module not in enclosing:
+                continue
+            own = stats.own_sqnr_db if stats.own_sqnr_db is not None else math.inf
+            rows.append({"module": stats.module, "own_sqnr_db": own, "overflows_fp16": bool(stats.overflows_fp16),
+                         "own_nonfinite": bool(stats.own_nonfinite), "unit": stats.module in units})
+        rows.sort(key=risk_key)
+        return rows
+
+
+def risk_key(row: dict[str, Any]) -> tuple[bool, float]:
+    """Riskiest first: overflow or inf/NaN, then the lowest own SQNR."""
+    own = row["own_sqnr_db"]
+    return (not (row["overflows_fp16"] or row["own_nonfinite"]), own if not math.isnan(own) else -math.inf)
+
+
+def serve_tune(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs in the worker process
+    """Serve ``tune_reference`` / ``tune_profile`` / ``tune_eval`` / ``tune_time`` / ``tune_validate`` / ``finish``."""
+    from mixprec import pipelines
+
+    if job.get("threads"):
+        torch.set_num_threads(int(job["threads"]))
+    pipe = pipelines.get(job["pipeline"], size=job["size"], seed=0)
+    batch = int(job.get("batch", 1))
+    conn.send(("ready", {"output_kind": pipe.output_kind, "components": list(pipe.components),
+                         "sensitive": [str(h) for h in pipe.sensitive],
+                         "units": weight_units(pipe.components), "pid": __import__("os").getpid()}))
+    session: Session | None = None
+    while True:
+        command, payload = conn.recv()
+        if command == "tune_reference":
+            start = time.perf_counter()
+            session = Session(pipe, lambda seed: pipe.example_inputs(batch, seed), pipe.run, seeds=payload["seeds"],
+                              kind=pipe.output_kind, teacher_force=pipe.teacher_forced, sample_rate=pipe.sample_rate)
+            conn.send(("ok", {"seconds": time.perf_counter() - start}))
+        elif command in ("tune_eval", "tune_profile", "tune_time", "tune_validate") and session is None:
+            conn.send(("error", f"{command} before tune_reference"))
+        elif command == "tune_eval":
+            conn.send(("ok", session.evaluate(Policy.from_dict(payload["policy"]), int(payload.get("repeat", 3)))))
+        elif command == "tune_time":
+            conn.send(("ok", session.time(Policy.from_dict(payload["policy"]), int(payload.get("repeat", 1)))))
+        elif command == "tune_profile":
+            conn.send(("ok", session.risk(Policy.from_dict(payload["policy"]))))
+        elif command == "tune_validate":
+            conn.send(("ok", session.qualities(Policy.from_dict(payload["policy"]), payload["seeds"])))
+        elif command == "finish":
+            conn.send(("done", {}))
+            return
+        else:
+            conn.send(("error", f"unknown command {command!r}; valid: tune_reference, tune_eval, tune_time, tune_profile, tune_validate, finish"))
