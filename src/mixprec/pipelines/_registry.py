@@ -154,7 +154,7 @@ def available() -> list[str]:
     return sorted({*_BUILTINS, *_registered, *_load_plugins()})
 
 
-def _registered(name: str) -> Factory:
+def _lookup(name: str) -> Factory:
     if name in _registered:
         return _registered[name]
     if name in _BUILTINS:
@@ -198,7 +198,7 @@ def get(name: str, *, size: str = "default", seed: int = 0, **kwargs: Any) -> Pi
     check_batch_seed(1, seed)
     if is_factory_spec(name):
         return build_factory(name, size=size, seed=seed, **kwargs)
-    pipeline = _registered(name)(size=size, seed=seed, **kwargs)
+    pipeline = _lookup(name)(size=size, seed=seed, **kwargs)
     if not isinstance(pipeline, Pipeline):
         raise TypeError(
             f"factory of pipeline {name!r} returned {type(pipeline).__name__}, not a Pipeline"
