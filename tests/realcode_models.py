@@ -104,3 +104,67 @@ def tts_inputs(seed: int = 0, batch: int = 2, steps: int = 12):
 def tiny_tts(seed: int = 0) -> TinyTTS:
     torch.manual_seed(seed)
     return TinyTTS().eval()
+
+
+class MelVocoder(nn.Module):
+    """A vocoder used through its own method, as ACE-Step's vocoder is (``decode``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.ConvTranspose1d(8, 8, 4, stride=2, padding=1)
+        self.out = nn.Conv1d(8, 1, 3, padding=1)
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.out(torch.relu(self.up(mel))))
+
+    def decode(self, mel: torch.Tensor) -> torch.Tensor:
+        return self.forward(mel).squeeze(1)
+
+
+class Backbone(nn.Module):
+    """A holder without methods of its own: the app reaches through it (``self.backbone.vocoder``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.decoder = nn.Sequential(nn.Conv1d(4, 8, 3, padding=1), nn.SiLU(), nn.Conv1d(8, 8, 3, padding=1))
+        self.vocoder = MelVocoder()
+
+
+class TinyCodec(nn.Module):
+    """Latents to a resampled waveform in the component's own methods, as ``MusicDCAE.decode``.
+
+    The method bodies are app code: they call modules at any depth and hand what comes
+    back to library code with tensors of their own, in fp32 as the app wrote them.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.backbone = Backbone()
+        self.scale = 0.5
+
+    def forward(self, latents: torch.Tensor) -> torch.Tensor:
+        return self.backbone.vocoder(self.backbone.decoder(latents))
+
+    def decode(self, latents: torch.Tensor, sr: int = 16000) -> torch.Tensor:
+        """Through a grandchild's own method, then torchaudio's resampling."""
+        import torchaudio
+
+        mel = self.backbone.decoder(latents / self.scale)
+        wav = self.backbone.vocoder.decode(mel)
+        return torchaudio.functional.resample(wav, sr, 24000)
+
+    def decode_smoothed(self, latents: torch.Tensor) -> torch.Tensor:
+        """Through a grandchild's forward, then a convolution with a kernel made here in fp32."""
+        wav = self.backbone.vocoder(self.backbone.decoder(latents)).squeeze(1)
+        kernel = torch.hann_window(5, periodic=False).view(1, 1, 5)
+        kernel = kernel / kernel.sum()
+        return torch.nn.functional.conv1d(wav.unsqueeze(1), kernel, padding=2).squeeze(1)
+
+
+def tiny_codec(seed: int = 0) -> TinyCodec:
+    torch.manual_seed(seed)
+    return TinyCodec().eval()
+
+
+def codec_latents(seed: int = 0, batch: int = 2, frames: int = 16) -> torch.Tensor:
+    return torch.randn(batch, 4, frames, generator=torch.Generator().manual_seed(seed))

@@ -17,7 +17,7 @@ from torch import nn
 from mixprec.casting.upcast import UpcastAttentionMode
 
 __all__ = [
-    "Boundary", "EntryGate", "EntryBoundary", "ForwardWrapper", "LeafCast", "UpcastScope", "pin_fp32", "cast_floats", "own_tensors",
+    "AppEntry", "Boundary", "EntryGate", "EntryBoundary", "ForwardWrapper", "LeafCast", "UpcastScope", "pin_fp32", "cast_floats", "own_tensors",
     "add_method_hook", "MethodHookHandle", "first_float_dtype",
 ]
 
@@ -105,7 +105,7 @@ class Boundary:
     module: nn.Module
     compute: Callable[[], torch.dtype]
     output: Callable[[], torch.dtype | None]
-    caller_dtypes: list[torch.dtype | None] = dataclasses.field(default_factory=list)
+    caller_dtypes: list[tuple[torch.dtype | None, bool]] = dataclasses.field(default_factory=list)
     #: 0-d and 1-d floats (timesteps, sigmas, scales) are scalars to most modules and
     #: lose meaning in 16 bits (t=999 rounds to 1000 in bf16): they pass unchanged,
     #: except into torch's own layers, whose kernels need every input in their dtype.
@@ -113,15 +113,19 @@ class Boundary:
     #: What to hand back when the caller passed no floating tensor (token ids only):
     #: the dtype the model had before the policy, so callers never get 16-bit surprises.
     fallback: torch.dtype | None = None
+    #: The component's :class:`EntryGate`: called from the app's own code (a component
+    #: method's body), the module hands back the caller's dtype, not its parent's, as
+    #: type promotion would have in fp32.
+    gate: Any = None
 
     def pre(self, module, args, kwargs):
-        self.caller_dtypes.append(first_float_dtype((args, kwargs)))
+        self.caller_dtypes.append((first_float_dtype((args, kwargs)), self.gate is not None and self.gate.outside))
         dtype = self.compute()
         return cast_floats(args, dtype, min_ndim=self.min_ndim), cast_floats(kwargs, dtype, min_ndim=self.min_ndim)
 
     def post(self, module, args, kwargs, output):
-        caller = self.caller_dtypes.pop() if self.caller_dtypes else None
-        target = self.output() or caller or self.fallback
+        caller, from_app = self.caller_dtypes.pop() if self.caller_dtypes else (None, False)
+        target = caller if (from_app and caller is not None) else (self.output() or caller or self.fallback)
         return output if target is None else cast_floats(output, target)
 
     def around(self, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -219,11 +223,14 @@ class LeafCast(ForwardWrapper):
 
 
 class EntryGate:
-    """Whether a component's own ``forward`` is running.
+    """Whether a component's module code is running, or only the app's own code.
 
-    Components are often used through other methods (``vae.decode``, ``vae.encode``)
-    that call their children directly and skip the component's forward hooks. While
-    the component's forward is not running, its direct children act as entry points.
+    Components are often used through other methods (``vae.decode``,
+    ``MusicDCAE.decode``) whose bodies are app code: they call children directly, hand
+    their outputs to library functions (``torchaudio.functional.resample``) and mix
+    them with tensors of their own. ``depth`` counts the module calls of this component
+    in progress that entered from app code (the component's own ``forward``, and any
+    :class:`EntryBoundary` or :class:`AppEntry` that fired); at depth 0 only app code runs.
     """
 
     def __init__(self) -> None:
@@ -245,7 +252,7 @@ class EntryGate:
 
 
 class EntryBoundary(Boundary):
-    """A root-style boundary on a direct child, active only when entered from outside."""
+    """A root-style boundary on a direct child, active only when entered from app code."""
 
     def __init__(self, module, compute, gate: EntryGate):
         super().__init__(module, compute, lambda: None)
@@ -253,11 +260,66 @@ class EntryBoundary(Boundary):
         self.active: list[bool] = []
 
     def pre(self, module, args, kwargs):
-        self.active.append(self.gate.outside)
-        return super().pre(module, args, kwargs) if self.active[-1] else None
+        active = self.gate.outside
+        self.active.append(active)
+        if not active:
+            return None
+        self.gate.depth += 1
+        return super().pre(module, args, kwargs)
 
     def post(self, module, args, kwargs, output):
-        return super().post(module, args, kwargs, output) if (self.active.pop() if self.active else False) else None
+        if not (self.active.pop() if self.active else False):
+            return None
+        self.gate.depth -= 1
+        return super().post(module, args, kwargs, output)
+
+
+class AppEntry(ForwardWrapper):
+    """Any module of a component called from the app's code hands back the caller's dtype.
+
+    App code inside a component's own methods reaches modules at any depth
+    (``self.vocoder.decode(mel)``, ``self.backbone.head(x)``) and then mixes what they
+    return with its own fp32 tensors (a resampling kernel, a window, ``torch.zeros``).
+    Called while :class:`EntryGate` says no module code of the component runs, this
+    returns floating outputs in the dtype of the first floating input (the dtype they
+    would have had in fp32: the model's own dtype where only ids were passed), and counts
+    as module code while it runs, so only the outermost call casts. Called from module
+    code (the usual case) it only reads the gate.
+
+    :meth:`around` serves as a method hook for the module's own methods (``decode``,
+    ``inference``); :meth:`install` wraps ``forward`` the way :class:`LeafCast` does
+    (no forward hook, so torch's fast call path stays).
+    """
+
+    __slots__ = ("gate", "fallback")
+
+    def __init__(self, gate: EntryGate, fallback: torch.dtype):
+        self.gate, self.fallback, self.active = gate, fallback, False
+
+    def around(self, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        gate = self.gate
+        if gate.depth:
+            return call(*args, **kwargs)
+        caller = first_float_dtype((args, kwargs)) or self.fallback
+        gate.depth += 1
+        try:
+            output = call(*args, **kwargs)
+        finally:
+            gate.depth -= 1
+        return cast_floats(output, caller)
+
+    def install(self, module: nn.Module) -> AppEntry:
+        """Wrap ``module.forward``; returns ``self``, whose :meth:`remove` undoes it."""
+        self.module, self.previous = module, module.__dict__.get("forward")
+        forward, gate = module.forward, self.gate
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if gate.depth or not self.active:
+                return forward(*args, **kwargs)
+            return self.around(forward, args, kwargs)
+
+        self._set(module, wrapper, forward)
+        return self
 
 
 _METHOD_TABLE = "_mixprec_method_hooks"

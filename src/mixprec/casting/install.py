@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from mixprec.casting.fp32compute import Fp32Compute
-from mixprec.casting.hooks import (Boundary, EntryBoundary, EntryGate, LeafCast, UpcastScope, add_method_hook, cast_floats,
+from mixprec.casting.hooks import (AppEntry, Boundary, EntryBoundary, EntryGate, LeafCast, UpcastScope, add_method_hook, cast_floats,
                                    first_float_dtype, own_tensors, pin_fp32)
 from mixprec.casting.spectral import SpectralScope, uses_spectral_ops
 from mixprec.casting.targets import DTYPES
@@ -57,6 +57,7 @@ def install_wrappers(comps: dict[str, nn.Module], by_module: dict[int, ModulePla
     applied policy's revert removes what a failure half-way left behind.
     """
     for cname, root in comps.items():
+        gate = EntryGate()
         # A component without any 16-bit module gets no per-module casts at all.
         mixed = any(by_module[id(m)].storage != "fp32" or by_module[id(m)].compute_dtype != "fp32" for m in root.modules())
         # The caller of a module: its nearest ancestor that is called. A ModuleList or
@@ -91,6 +92,7 @@ def install_wrappers(comps: dict[str, nn.Module], by_module: dict[int, ModulePla
                     (lambda f=out_fixed: f) if (out_fixed or parent_dtype is None) else parent_dtype,
                     min_ndim=0 if layer else 2,
                     fallback=entry_dtypes[cname] if is_root else None,
+                    gate=None if is_root else gate,
                 )
                 if is_root:
                     handles.append(add_method_hook(module, "forward", boundary.around))
@@ -124,12 +126,34 @@ def install_wrappers(comps: dict[str, nn.Module], by_module: dict[int, ModulePla
             for method in entry_methods(root)[1:]:
                 handles.append(add_method_hook(root, method, back))
 
-        gate = EntryGate()
         handles.extend(gate.install(root))
-        for child in called_children(root):
+        children = list(called_children(root))
+        for child in children:
             entry = EntryBoundary(child, _dtype_fn(by_module[id(child)], by_module), gate)
             handles.append(child.register_forward_pre_hook(entry.pre, with_kwargs=True))
             handles.append(child.register_forward_hook(entry.post, with_kwargs=True, always_call=True))
+        if mixed:
+            _install_app_entries(root, {id(c) for c in children}, gate, entry_dtypes[cname], handles)
+
+
+def _install_app_entries(root: nn.Module, direct: set[int], gate: EntryGate, fallback: torch.dtype,
+                         handles: list[Any]) -> None:
+    """Where the app's own code (a component method's body) can call a module, that module
+    hands back the caller's dtype (:class:`AppEntry`).
+
+    Every module's own methods (``vocoder.decode``) are such places, and so is the
+    ``forward`` of every module with children, at any depth. Leaf layers deep inside a
+    component and the direct children (whose :class:`EntryBoundary` already does it)
+    get no forward wrapper: that keeps the cost to one check per block call.
+    """
+    for module in root.modules():
+        if module is root or is_container(module):
+            continue
+        entry = AppEntry(gate, fallback)
+        if module._modules and id(module) not in direct:
+            handles.append(entry.install(module))
+        for name in entry_methods(module)[1:]:
+            handles.append(add_method_hook(module, name, entry.around))
 
 
 def _return_caller_dtype(fallback: torch.dtype, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
