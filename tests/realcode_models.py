@@ -168,3 +168,36 @@ def tiny_codec(seed: int = 0) -> TinyCodec:
 
 def codec_latents(seed: int = 0, batch: int = 2, frames: int = 16) -> torch.Tensor:
     return torch.randn(batch, 4, frames, generator=torch.Generator().manual_seed(seed))
+
+
+class LazyPositionalEncoding(nn.Module):
+    """A table kept as a plain attribute and re-made in the dtype of what it meets, as
+    ESPnet's ``RelPositionalEncoding.extend_pe`` (ACE-Step's lyric encoder) does; plus a
+    mask cached on first use in an attribute that starts as ``None``."""
+
+    def __init__(self, d: int = 8, max_len: int = 16):
+        super().__init__()
+        position = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)
+        self.pe = torch.sin(position / (1 + torch.arange(d, dtype=torch.float32)) * 3.7)
+        self.mask = None
+
+    def extend_pe(self, x: torch.Tensor) -> None:
+        if self.pe.dtype != x.dtype:
+            self.pe = self.pe.to(dtype=x.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.extend_pe(x)
+        if self.mask is None:
+            self.mask = torch.ones(x.shape[-2], 1, dtype=x.dtype)
+        return x + self.pe[: x.shape[-2]] * self.mask
+
+
+class EncoderWithCache(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.pos = LazyPositionalEncoding()
+        self.out = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.pos(self.proj(x)))

@@ -176,3 +176,33 @@ def test_fp32_compute_accepts_inputs_cast_to_the_storage_dtype():
     assert out.dtype == torch.float32
     assert (out - ref).abs().max() < 0.05
     applied.revert()
+
+
+def test_revert_restores_tensors_the_model_caches_as_plain_attributes():
+    """ESPnet's ``pe`` pattern: a table re-made in bf16 during the applied run must not
+    reach the first fp32 run after revert (which must equal one before apply, bit for bit)."""
+    from realcode_models import EncoderWithCache
+
+    import copy
+
+    torch.manual_seed(0)
+    model = EncoderWithCache().eval()
+    untouched = copy.deepcopy(model)  # never applied: its first fp32 run is the reference
+    x = torch.randn(2, 12, 8)
+    table = model.pos.pe
+    with mixprec.apply(model, Policy((Rule("*", storage="bf16"),))), torch.no_grad():
+        model(x)
+        assert model.pos.pe.dtype == torch.bfloat16 and model.pos.mask.dtype == torch.bfloat16
+    assert model.pos.pe is table and model.pos.mask is None
+    with torch.no_grad():
+        assert torch.equal(model(x), untouched(x))
+
+
+def test_revert_names_plain_tensors_changed_in_place():
+    from realcode_models import EncoderWithCache
+
+    model = EncoderWithCache().eval()
+    applied = mixprec.apply(model, Policy((Rule("*", storage="bf16"),)))
+    model.pos.pe.mul_(0.5)  # in place: the values cannot be put back
+    with pytest.warns(UserWarning, match=r"cannot restore pos\.pe"):
+        applied.revert()

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from mixprec.device import backends
+from mixprec.casting.caches import PlainTensors
 from mixprec.casting.compile import Compiled, any_on_cpu, check_compiler
 from mixprec.casting.explain import dtype_read_warnings, explain_rows
 from mixprec.casting.hooks import own_tensors
@@ -63,6 +64,7 @@ class Applied:
         self._disk: tempfile.TemporaryDirectory | None = None
         self._numerics: backends.Snapshot | None = None
         self._entry_dtypes: dict[str, torch.dtype] = {}
+        self._plain: PlainTensors | None = None
         self._active = True
 
     @property
@@ -116,6 +118,9 @@ class Applied:
                 module.__dict__.pop(_MARK, None)
         if self._numerics is not None:
             backends.restore(self._numerics)
+        if self._plain is not None:
+            self._plain.restore()
+            self._plain = None
         self._active = False
         if self.keep_original == "none":
             raise RevertError(
@@ -259,6 +264,7 @@ def _materialize(applied: Applied) -> None:
         for key, t in own_tensors(plan.module):
             if t.is_floating_point():
                 owners.setdefault(id(t), (t, []))[1].append((plan, key))
+    applied._plain = PlainTensors(comps)
     applied._entry_dtypes = {cname: next((t.dtype for t in root.parameters() if t.is_floating_point()), torch.float32)
                              for cname, root in comps.items()}
     new_data: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
