@@ -113,3 +113,47 @@ def test_explain_warns_when_app_code_reading_dtype_would_see_the_storage_type():
     assert mixprec.explain_warnings(components, Policy((Rule("*", storage="bf16"),))) == []
     fixed = Policy((Rule("*", storage="bf16", compute="fp32"), Rule("speaker.head.0", keep_fp32=True)))
     assert not any("speaker.dtype" in w for w in mixprec.explain_warnings(components, fixed))
+
+
+def _tiny_dit():
+    from diffusers import DiTTransformer2DModel
+
+    torch.manual_seed(0)
+    return DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+                                 num_layers=2, sample_size=8, patch_size=2, num_embeds_ada_norm=10).eval()
+
+
+def test_role_norm_is_the_normalisation_not_the_modulation_an_adaptive_norm_owns(bf16_cpu):
+    """diffusers' AdaLayerNormZero owns a large Linear beside its LayerNorm: a preset's norm
+    rule pins the LayerNorm and leaves the projection to the storage rule."""
+    pytest.importorskip("diffusers")
+    from mixprec.policy.roles import norm_layers
+
+    dit = _tiny_dit()
+    norms = norm_layers({"dit": dit})
+    ada = dit.transformer_blocks[0].norm1
+    assert type(ada).__name__ == "AdaLayerNormZero"
+    assert id(ada) not in norms and id(ada.norm) in norms and id(ada.linear) not in norms
+    rows = {r["module"]: r for r in mixprec.explain({"dit": dit}, mixprec.preset("balanced"))}
+    assert rows["dit.transformer_blocks.0.norm1.linear"]["storage"] == "bf16"
+    assert rows["dit.transformer_blocks.0.norm1.norm"]["compute"] == "fp32"
+    fp32 = sum(p.numel() for n, p in dit.named_parameters() if rows[f"dit.{n.rpartition('.')[0]}"]["storage"] == "fp32")
+    assert fp32 / sum(p.numel() for p in dit.parameters()) < 0.2  # was about 0.4: every adaptive norm's Linear
+
+
+def test_role_head_skips_projections_inside_repeated_blocks():
+    """A UNet's transformer blocks each have a ``proj_out``; only the UNet's ``conv_out`` is its head."""
+    pytest.importorskip("diffusers")
+    from diffusers import UNet2DConditionModel
+
+    from mixprec.policy.roles import output_heads
+
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
+                                block_out_channels=(32, 64), down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                                up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=16,
+                                attention_head_dim=8, norm_num_groups=8)
+    heads = output_heads({"unet": unet})
+    names = {n for n, m in unet.named_modules() if id(m) in heads}
+    assert names == {"conv_out"}
+    assert any(n.endswith("proj_out") for n, _ in unet.named_modules())  # they exist, and are not heads

@@ -29,8 +29,9 @@ __all__ = ["PRESETS", "resolve", "preset", "UnknownPresetError"]
 
 PRESETS: tuple[str, ...] = ("quality", "balanced", "fast", "memory")
 
-#: Norm layers: computed in fp32 where a preset protects precision.
-_NORMS = "type:*Norm*"
+#: Norm layers (not the modulation projections an adaptive norm owns): computed in fp32
+#: where a preset protects precision.
+_NORMS = "role:norm"
 #: Output heads by role: final projections (Linear / conv), not sub-networks named "head".
 _HEADS = ("role:head",)
 

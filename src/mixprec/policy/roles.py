@@ -17,20 +17,21 @@ Two sources of precision knowledge beyond the policy's own rules:
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from dataclasses import dataclass
 from typing import Iterable
 
 from torch import nn
 
-from mixprec.policy.tree import first_weight_owner
+from mixprec.policy.tree import first_weight_owner, is_container
 
-__all__ = ["ROLES", "output_heads", "Declaration", "declarations", "is_projection", "dtype_sources", "dtype_property_source"]
+__all__ = ["ROLES", "output_heads", "norm_layers", "Declaration", "declarations", "is_projection", "dtype_sources", "dtype_property_source"]
 
 _FRAMEWORKS = ("torch.", "transformers.", "diffusers.", "huggingface_hub.")
 
 #: Roles a rule may select with ``role:<name>``.
-ROLES: tuple[str, ...] = ("head",)
+ROLES: tuple[str, ...] = ("head", "norm")
 
 _PROJECTIONS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 # Last name segments that denote an output stage's final projection across model families
@@ -49,23 +50,47 @@ def is_projection(module: nn.Module) -> bool:
 def output_heads(components: dict[str, nn.Module]) -> set[int]:
     """``id`` of every module with the ``head`` role.
 
-    A module is a head if it is a projection and either its name says it is a final
-    projection (``lm_head``, ``conv_post``, ``final_proj``, ...) or it is the last
-    projection of its component in definition order (what feeds the component's output,
-    such as a voice encoder's ``proj`` after its LSTM).
+    A module is a head if it is a projection at a component's output stage and either
+    its name says it is a final projection (``lm_head``, ``conv_post``, ``final_proj``,
+    ...) or it is the last projection of its component in definition order (what feeds
+    the component's output, such as a voice encoder's ``proj`` after its LSTM). A
+    projection inside a repeated block (anything held in a ``ModuleList`` or
+    ``ModuleDict``: the ``proj_out`` of each transformer block of a UNet, of each stage
+    of a DC-AE) is internal, whatever its name.
     """
     heads: set[int] = set()
     for root in components.values():
         last: nn.Module | None = None
+        repeated: set[int] = set()
         for name, module in root.named_modules():
+            if is_container(module) or id(module) in repeated:
+                repeated.update(id(m) for m in module.children())
             if not is_projection(module):
                 continue
             last = module
-            if _HEAD_NAMES.match(name.rpartition(".")[2] or name):
+            if id(module) not in repeated and _HEAD_NAMES.match(name.rpartition(".")[2] or name):
                 heads.add(id(module))
         if last is not None and last is not root:
             heads.add(id(last))
     return heads
+
+
+def norm_layers(components: dict[str, nn.Module]) -> set[int]:
+    """``id`` of every module with the ``norm`` role: a normalisation layer itself.
+
+    A class named ``*Norm*`` (or derived from one) counts unless it owns a projection:
+    diffusers' ``AdaLayerNormZero`` and its kin hold a large modulation ``Linear``
+    beside their ``LayerNorm``, and that projection is not normalisation (on a DiT,
+    pinning the whole adaptive norm kept about 40% of the weights in fp32). Their inner
+    ``LayerNorm`` has the role.
+    """
+    found: set[int] = set()
+    for root in components.values():
+        for module in root.modules():
+            if any(fnmatch.fnmatchcase(cls.__name__, "*Norm*") for cls in type(module).__mro__) and \
+                    not any(is_projection(m) for m in module.modules()):
+                found.add(id(module))
+    return found
 
 
 @dataclass(frozen=True)
