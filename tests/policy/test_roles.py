@@ -110,9 +110,21 @@ def test_explain_warns_when_app_code_reading_dtype_would_see_the_storage_type():
     assert len(warnings) == 1
     assert warnings[0].startswith("speaker computes in fp32 from bf16 weights")
     assert "speaker.dtype reads speaker.head.0" in warnings[0]
-    assert mixprec.explain_warnings(components, Policy((Rule("*", storage="bf16"),))) == []
     fixed = Policy((Rule("*", storage="bf16", compute="fp32"), Rule("speaker.head.0", keep_fp32=True)))
     assert not any("speaker.dtype" in w for w in mixprec.explain_warnings(components, fixed))
+
+
+def test_explain_warns_that_app_math_following_a_16bit_models_dtype_runs_in_16_bits():
+    """16-bit storage with 16-bit compute: an app that casts its solver's state to model.dtype
+    runs the whole ODE in 16 bits; explain says so, and a keep_fp32 rule on what the dtype
+    is read from silences it."""
+    components = {"speaker": SpeakerEncoder()}
+    (warning,) = mixprec.explain_warnings(components, Policy((Rule("*", storage="bf16"),)))
+    assert warning.startswith("speaker computes in bf16: code that reads its dtype gets bf16 (speaker.dtype reads "
+                              "speaker.head.0") and "ODE solver" in warning
+    fixed = Policy((Rule("*", storage="bf16"), Rule("speaker.head.0", keep_fp32=True)))
+    assert mixprec.explain_warnings(components, fixed) == []
+    assert mixprec.explain_warnings(components, Policy((Rule("*", storage="fp32"),))) == []
 
 
 def _tiny_dit():

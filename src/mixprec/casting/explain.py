@@ -48,41 +48,49 @@ def explain_rows(plans: list[ModulePlan], policy: Policy) -> list[dict[str, Any]
 
 
 def dtype_read_warnings(plans: list[ModulePlan]) -> list[str]:
-    """Where app code that reads a module's dtype sees a dtype the module does not compute in.
+    """Where app code that reads a module's dtype sees a 16-bit type.
 
     Models commonly define ``self.dtype`` as ``next(self.parameters()).dtype`` and cast
-    their inputs to it, sometimes before ops with no 16-bit kernel (``torch.fft``). For
-    each component and each module it calls directly, warn when that first parameter is
-    stored in a 16-bit type but the module computes in fp32 (``compute="fp32"``): the
-    app's code then casts to 16 bits what the policy meant to keep in fp32.
+    their inputs to it, sometimes before ops with no 16-bit kernel (``torch.fft``); apps
+    cast their own math to it too (a sampler's latents, an ODE solver's state, noise,
+    timesteps). For each component and each module it calls directly, warn when the
+    module that dtype is read from is stored in a 16-bit type:
+
+    * computing in fp32 from those weights (``compute="fp32"``), the app's code casts to
+      16 bits what the policy meant to keep in fp32;
+    * computing natively in 16 bits, the app's own math that follows the model's dtype
+      runs in 16 bits as well, which the policy does not show.
     """
     by_id = {id(p.module): p for p in plans}
     warnings_out: list[str] = []
     for root in (p for p in plans if "." not in p.qualname):
-        reads = []
+        reads: dict[bool, list[tuple[str, str, str]]] = {True: [], False: []}  # keyed by "computes in fp32"
         callees = [by_id[id(m)] for m in called_children(root.module) if id(m) in by_id and m._modules]
         for plan in (root, *callees):
-            if plan.compute_dtype != "fp32":
-                continue
             own = dtype_property_source(plan.module)  # the model's own dtype property, if any
-            if own is not None:
-                owner = own[1]
-            else:
-                owner = first_weight_owner(plan.module)
-                if owner is None:
-                    continue
-            owner_plan = by_id.get(id(owner))
+            owner = own[1] if own is not None else first_weight_owner(plan.module)
+            owner_plan = by_id.get(id(owner)) if owner is not None else None
             if owner_plan is not None and owner_plan.storage != "fp32":
-                reads.append((plan.qualname or "(root)", owner_plan.qualname or "(root)", owner_plan.storage))
-        if reads:
-            who = root.qualname or "(root)"
-            storage = reads[0][2]
-            warnings_out.append(
-                f"{who} computes in fp32 from {storage} weights: code that reads a module's dtype from its first "
-                f"parameter gets {storage} ({'; '.join(f'{m}.dtype reads {o}' for m, o, _ in reads[:4])}"
-                f"{'; ...' if len(reads) > 4 else ''}) and may cast its inputs to it, before ops such as torch.fft that "
-                f"have no 16-bit CPU kernel. Keep the module it reads in fp32 (a keep_fp32 rule) or run under "
-                "mixprec.guard(applied, on_nonfinite='fallback'), which finds it.")
+                reads[plan.compute_dtype == "fp32"].append((plan.qualname or "(root)", owner_plan.qualname or "(root)",
+                                                            owner_plan.storage))
+        who = root.qualname or "(root)"
+        for fp32_compute, found in reads.items():
+            if not found:
+                continue
+            storage = found[0][2]
+            where = f"{'; '.join(f'{m}.dtype reads {o}' for m, o, _ in found[:4])}{'; ...' if len(found) > 4 else ''}"
+            if fp32_compute:
+                warnings_out.append(
+                    f"{who} computes in fp32 from {storage} weights: code that reads a module's dtype from its first "
+                    f"parameter gets {storage} ({where}) and may cast its inputs to it, before ops such as torch.fft that "
+                    f"have no 16-bit CPU kernel. Keep the module it reads in fp32 (a keep_fp32 rule) or run under "
+                    "mixprec.guard(applied, on_nonfinite='fallback'), which finds it.")
+            else:
+                warnings_out.append(
+                    f"{who} computes in {storage}: code that reads its dtype gets {storage} ({where}), and an app that "
+                    f"casts its own math to that dtype (a sampler's latents, an ODE solver's state, noise, timesteps) "
+                    f"runs it in {storage} too. Where that math needs fp32, keep it in fp32 in the app, or keep the "
+                    "module the dtype is read from in fp32 (a keep_fp32 rule).")
     return warnings_out
 
 
