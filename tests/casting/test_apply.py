@@ -206,3 +206,21 @@ def test_revert_names_plain_tensors_changed_in_place():
     model.pos.pe.mul_(0.5)  # in place: the values cannot be put back
     with pytest.warns(UserWarning, match=r"cannot restore pos\.pe"):
         applied.revert()
+
+
+def test_revert_restores_plain_tensors_made_under_inference_mode():
+    """Apps run under torch.inference_mode(): its tensors keep no version counter."""
+    from realcode_models import EncoderWithCache
+
+    torch.manual_seed(0)
+    model = EncoderWithCache().eval()
+    x = torch.randn(2, 12, 8)
+    with torch.inference_mode():
+        model.pos.pe = model.pos.pe.clone()  # an inference tensor, as a first run under inference_mode makes it
+        before = model(x)
+        table = model.pos.pe
+    with mixprec.apply(model, Policy((Rule("*", storage="bf16"),))), torch.inference_mode():
+        model(x)
+        table.mul_(2.0)  # changed in place: put back from the copy
+    with torch.inference_mode():
+        assert model.pos.pe is table and torch.equal(model(x), before)
