@@ -61,3 +61,14 @@ def test_acestep_under_the_guard(acestep, policy, hw, record_property):
     """Any pin the guard makes must be narrower than a component (the harness checks); here none is needed."""
     metrics = check_combination(acestep, policy, hw, record_property, guard=True)
     assert metrics.get("guard pins", "none") in ("none", [], ())
+
+
+def test_acestep_first_fp32_run_after_revert_is_bit_identical(acestep):
+    """ACE-Step's lyric encoder caches its positional table as a plain attribute and re-makes
+    it in the dtype it meets: after a bf16 run and revert, fp32 must be exactly fp32 again."""
+    import mixprec
+
+    with mixprec.apply(acestep.target, mixprec.Policy((mixprec.Rule("*", storage="bf16"),))), torch.no_grad():
+        acestep.run()
+    with torch.no_grad():
+        assert torch.equal(acestep.run(), acestep.reference)
