@@ -8,6 +8,8 @@ and module boundaries, fp32 compute from 16-bit weights
 (:mod:`~mixprec.casting.fp32compute`), upcast attention
 (:mod:`~mixprec.casting.upcast`) and ops without 16-bit kernels
 (:mod:`~mixprec.casting.spectral`); :mod:`~mixprec.casting.compile` compiles the
-components a policy asks for, and :mod:`~mixprec.casting.explain` tells what a policy
-does to each module. What to cast is decided by :mod:`mixprec.policy`.
+components a policy asks for, :mod:`~mixprec.casting.caches` puts back the tensors a
+model cached as plain attributes during the applied run, and
+:mod:`~mixprec.casting.explain` tells what a policy does to each module. What to cast is
+decided by :mod:`mixprec.policy`.
 """
