@@ -20,7 +20,7 @@ from mixprec.diagnose.fallbacks import FallbackStore
 from mixprec.policy import Policy, Rule
 
 from guard_models import KeywordOnlyMLP, assert_fallback_output, overflowing_lyric_encoder, tokens
-from realcode_models import codec_latents, tiny_codec, tiny_tts, tts_inputs
+from realcode_models import SmoothingCodec, codec_latents, tiny_codec, tiny_tts, tts_inputs
 from spectral_models import spectral_vocoder
 
 BF16 = Policy((Rule("*", storage="bf16"),), name="bf16")
@@ -105,6 +105,39 @@ def test_module_code_inside_a_16bit_component_keeps_its_16bit_activations():
         out = model(latents)  # forward: the decoder hands the vocoder bf16, as before
     hook.remove()
     assert seen == [torch.bfloat16] and out.dtype == torch.float32
+
+
+def test_a_dtype_error_in_a_forwards_own_code_widens_only_what_reached_it(store, caplog):
+    """An op in a component's forward mixes the vocoder's 16-bit output with a kernel it made
+    in fp32: the guard hands on that one output in fp32 (the vocoder still computes in bf16)
+    instead of pinning the vocoder or the component, and remembers it."""
+    torch.manual_seed(0)
+    model, latents = SmoothingCodec().eval(), codec_latents()
+    with torch.no_grad():
+        ref = model(latents)
+    before = _tensors(model)
+    applied = mixprec.apply({"codec": model}, BF16)
+    with pytest.raises(RuntimeError, match="should be the same"), torch.no_grad():
+        model(latents)  # apply alone: the model's own forward fails
+    guard = mixprec.guard(applied, on_nonfinite="fallback", store=store)
+    with pytest.warns(UserWarning, match=r"handed on the output of codec\.backbone\.vocoder in fp32"), torch.no_grad():
+        out = model(latents)
+    assert {k: p.dtype for k, p in guard.pins.items()} == {"codec.backbone.vocoder": "fp32-output"}
+    assert _sqnr(out, ref) > 40
+    assert model.backbone.vocoder.out.weight.dtype == torch.bfloat16  # it still computes in bf16
+    applied.revert()
+    assert _bit_exact(model, before)
+
+    applied = mixprec.apply({"codec": model}, BF16)  # the next start: remembered, no fallback needed
+    with caplog.at_level(logging.INFO, logger="mixprec"):
+        again = mixprec.guard(applied, on_nonfinite="fallback", store=store)
+    assert "codec.backbone.vocoder pinned to fp32-output" in caplog.text
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            assert torch.equal(model(latents), out)
+    assert not again.reports
+    applied.revert()
 
 
 def test_casts_never_change_the_callers_objects():

@@ -16,14 +16,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, Callable
 
 from torch import nn
 
 from mixprec.policy.tree import called_children, first_weight_owner, is_container
 from mixprec.policy import ModulePlan, Policy
 
-__all__ = ["is_dtype_error", "DtypeErrorReport", "PrecisionDtypeError", "locate", "candidate_scopes"]
+__all__ = ["is_dtype_error", "DtypeErrorReport", "PrecisionDtypeError", "locate", "candidate_scopes", "direct_callees"]
 
 # Messages of dtype failures in torch's kernels (CPU and CUDA), as of torch 2.3 - 2.13.
 _DTYPE_MESSAGES = re.compile(
@@ -201,6 +201,51 @@ def candidate_scopes(report: DtypeErrorReport, plans: list[ModulePlan]) -> list[
         if name in by_name and not is_container(by_name[name].module):
             add(name)
     add(report.component)
+    return out
+
+
+def direct_callees(report: DtypeErrorReport, plans: list[ModulePlan], rerun: Callable[[], Any]) -> list[str]:
+    """Modules the failing module's own code called before the error, last first.
+
+    Re-runs the call (it fails again) with hooks on the failing module's subtree and
+    keeps the calls made while no other module of that subtree was running: the modules
+    whose outputs the failing code itself received. Only those computing in 16 bits with
+    floating weights and not already handing back fp32 are listed.
+    """
+    by_name = {p.qualname: p for p in plans}
+    by_id = {id(p.module): p for p in plans}
+    failing = by_name.get(report.module)
+    if failing is None:
+        return []
+    calls: list[str] = []
+    depth = [0]
+
+    def pre(module, args):
+        if depth[0] == 0:
+            calls.append(by_id[id(module)].qualname)
+        depth[0] += 1
+
+    def post(module, args, output):
+        depth[0] -= 1
+
+    handles = []
+    for sub in failing.module.modules():
+        if sub is not failing.module and id(sub) in by_id and not is_container(sub):
+            handles += [sub.register_forward_pre_hook(pre), sub.register_forward_hook(post, always_call=True)]
+    try:
+        rerun()
+    except (RuntimeError, TypeError, NotImplementedError):
+        pass  # the error this is about
+    finally:
+        for handle in handles:
+            handle.remove()
+    out: list[str] = []
+    for name in reversed(calls):
+        plan = by_name[name]
+        if name in out or plan.compute_dtype == "fp32" or plan.output_dtype == "fp32":
+            continue
+        if any(t.is_floating_point() for t in plan.module.parameters()):
+            out.append(name)
     return out
 
 

@@ -95,7 +95,8 @@ class Pin:
 
     Attributes:
         module: qualified name.
-        dtype: the storage dtype it was pinned to.
+        dtype: the storage dtype it was pinned to, or ``fp32-output`` when only what it
+            hands back was widened (it still computes in its own dtype).
         source: ``fallback`` (learned in this process) or ``remembered`` (from the store).
         learned: when the fallback was first learned (``YYYY-mm-dd HH:MM:SS``).
         reason: what made it necessary.

@@ -27,7 +27,8 @@ from torch import nn
 from mixprec.casting.apply import Applied
 from mixprec.casting.hooks import add_method_hook
 from mixprec.policy.tree import called_children, entry_methods
-from mixprec.diagnose.dtype_errors import DtypeErrorReport, PrecisionDtypeError, add_note, candidate_scopes, is_dtype_error, locate
+from mixprec.diagnose.dtype_errors import (DtypeErrorReport, PrecisionDtypeError, add_note, candidate_scopes, direct_callees,
+                                          is_dtype_error, locate)
 from mixprec.diagnose.fallbacks import FallbackStore, Pin, fingerprint
 from mixprec.diagnose.overflow import NonFiniteError, NonFiniteInputError, OverflowReport, all_finite, localise_overflow
 from mixprec.device.hardware import Hardware, probe
@@ -40,6 +41,9 @@ logger = logging.getLogger("mixprec")
 GUARD_MODES = ("components", "modules", "off")
 ON_NONFINITE = ("raise", "fallback", "warn")
 _ORDER = {"fp16": 0, "bf16": 1, "fp32": 2}
+#: A pin that widens only what a module hands back (``Rule(output_dtype="fp32")``), not what it computes in.
+OUTPUT_FP32 = "fp32-output"
+_FAILED = object()
 
 
 # -- the guard ---------------------------------------------------------------------------
@@ -229,7 +233,8 @@ class Guard:
         entry = self.store.entry(self.fingerprint)
         remembered = entry.get("pins", {})
         plans = {p.qualname: p for p in self.applied.plans}
-        wanted = {m: d for m, d in remembered.items() if m in plans and _ORDER[plans[m].storage] < _ORDER[d]}
+        wanted = {m: d for m, d in remembered.items() if m in plans and (
+            plans[m].output_dtype != "fp32" if d == OUTPUT_FP32 else _ORDER[plans[m].storage] < _ORDER.get(d, -1))}
         if not wanted:
             return {}
         learned = entry.get("learned", {})
@@ -243,9 +248,14 @@ class Guard:
 
     def _pin(self, pins: list[Pin]) -> None:
         # A bare model is the component "": its whole-model scope is every module ("*").
-        rules = tuple(Rule(_exact(p.module) if p.module else "*", storage=p.dtype, keep_fp32=p.dtype == "fp32" or None,
-                           reason=f"guard {p.source}: {p.module} -> {p.dtype}" + (f" ({p.reason})" if p.reason else ""))
-                      for p in pins)
+        def rule(p: Pin) -> Rule:
+            match, reason = _exact(p.module) if p.module else "*", f"guard {p.source}: {p.module} -> {p.dtype}" + (
+                f" ({p.reason})" if p.reason else "")
+            if p.dtype == OUTPUT_FP32:
+                return Rule(match, output_dtype="fp32", reason=reason)
+            return Rule(match, storage=p.dtype, keep_fp32=p.dtype == "fp32" or None, reason=reason)
+
+        rules = tuple(rule(p) for p in pins)
         self.applied.reapply(self.applied.policy.with_rules(*rules))
         self.pins.update({p.module: p for p in pins})
 
@@ -361,6 +371,9 @@ class Guard:
             raise PrecisionDtypeError(report) from exc
         start = self.applied.policy
         pins_before = dict(self.pins)
+        output = self._widen_outputs(report, call, start, pins_before)
+        if output is not _FAILED:
+            return output if all_finite(output) else self._handle(cname, root, call, output)
         tried: list[str] = []
         for scope in candidate_scopes(report, self.applied.plans):
             pin = self._learn(scope, "fp32", f"dtype error in {report.type}.{report.method}: {report.error}")
@@ -383,6 +396,29 @@ class Guard:
         # Not even fp32 everywhere the error could come from helps: the model's own error.
         raise add_note(exc, f"mixprec guard: this call fails the same way with {', '.join(tried) or 'the component'} in fp32, "
                             "so it is the model's own error, not a precision problem; the policy was left as it was")
+
+    def _widen_outputs(self, report: DtypeErrorReport, call: _Call, start: Any, pins_before: dict[str, Pin]) -> Any:
+        """The surgical fix for an op in a module's own code that mixes a 16-bit activation with
+        a tensor of its own: hand it the wider dtype where the activation left the last 16-bit
+        module that code called, before any module is pinned to fp32. Returns the re-run's
+        output, or :data:`_FAILED` when widening no single callee's output helps."""
+        tried = []
+        for scope in direct_callees(report, self.applied.plans, lambda: self._rerun(call)):
+            pin = self._learn(scope, OUTPUT_FP32, f"its 16-bit output met another dtype in {report.type}.{report.method}: "
+                                                  f"{report.error}")
+            try:
+                output = self._rerun(call)
+            except (RuntimeError, TypeError, NotImplementedError) as again:
+                self._unpin(start, pins_before)
+                if not is_dtype_error(again):
+                    raise
+                tried.append(scope)
+                continue
+            self._remember([pin])
+            warnings.warn(f"mixprec guard: {report}; handed on the output of {scope} in fp32 (it computes as before) and "
+                          "re-ran the call" + ("; remembered for the next start" if self.remember else ""), stacklevel=4)
+            return output
+        return _FAILED
 
     def _unpin(self, policy: Any, pins: dict[str, Pin]) -> None:
         self.applied.reapply(policy)
@@ -418,8 +454,10 @@ def guard(
     Besides non-finite outputs, the guard handles dtype errors raised inside a call
     (mismatched dtypes, an op without a 16-bit kernel): ``raise`` turns them into a
     :class:`PrecisionDtypeError` naming the module, its dtypes, the rule and the
-    keep-fp32 rule to add; ``fallback`` pins the narrowest scope to fp32 that makes the
-    call succeed, re-runs it and remembers the pin. A call that fails the same way with
+    keep-fp32 rule to add; ``fallback`` first tries handing on the output of one module the
+    failing code called in fp32 (pin ``fp32-output``: the module still computes in 16
+    bits), then pins the narrowest scope to fp32 that makes the call succeed, re-runs it
+    and remembers the pin. A call that fails the same way with
     everything in fp32 is the model's own error and is re-raised unchanged.
     """
     if not isinstance(applied, Applied):
