@@ -122,7 +122,14 @@ def test_browser_run_and_languages(sync_playwright, tmp_path, clean_env, bf16_cp
 
 
 def _fill(page, elem_id: str, text: str) -> None:
-    page.locator(f"#{elem_id} input, #{elem_id} textarea").first.fill(text)
+    """Type into a Gradio field and leave it, so the value is committed before the next click
+    (under load a click right after ``fill`` could still send the field's previous value)."""
+    from playwright.sync_api import expect
+
+    box = page.locator(f"#{elem_id} input, #{elem_id} textarea").first
+    box.fill(text)
+    box.press("Tab")
+    expect(box).to_have_value(text)
 
 
 def test_browser_benchmark_cancel_and_tune(sync_playwright, tmp_path, clean_env):
