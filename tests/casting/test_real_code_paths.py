@@ -119,6 +119,11 @@ def test_a_dtype_error_in_a_forwards_own_code_widens_only_what_reached_it(store,
     applied = mixprec.apply({"codec": model}, BF16)
     with pytest.raises(RuntimeError, match="should be the same"), torch.no_grad():
         model(latents)  # apply alone: the model's own forward fails
+    watching = mixprec.guard(applied, on_nonfinite="raise", remember=False)
+    with pytest.raises(mixprec.PrecisionDtypeError, match=r"(?s)in codec \(SmoothingCodec\.forward.*by `return torch\.nn\."
+                                                          r"functional\.conv1d\(wav.*output_dtype = \"fp32\""), torch.no_grad():
+        model(latents)  # raise: names the module, the line with the op, and the narrow fix
+    watching.remove()
     guard = mixprec.guard(applied, on_nonfinite="fallback", store=store)
     with pytest.warns(UserWarning, match=r"handed on the output of codec\.backbone\.vocoder in fp32"), torch.no_grad():
         out = model(latents)

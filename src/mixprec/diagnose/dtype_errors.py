@@ -13,6 +13,7 @@ narrowest first.
 
 from __future__ import annotations
 
+import linecache
 import re
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -100,14 +101,19 @@ class DtypeErrorReport:
     rule: str
     error: str
     stack: tuple[Frame, ...] = field(default=())
+    #: The source line that raised (the op), when it can be read.
+    code: str = ""
 
     def suggestion(self) -> str:
         """A keep-fp32 rule for the innermost module, as TOML to append to a policy file."""
         return f'[[rules]]\nmatch = "{self.module}"\nkeep_fp32 = true\nreason = "dtype error in {self.type}.{self.method}: {_toml_safe(self.error)}"\n'
 
     def __str__(self) -> str:
+        running = " > ".join(f"{f.module or '(root)'} ({f.type}.{f.method})" for f in self.stack)
         return (f"{self.error!r} in {self.module} ({self.type}.{self.method}, storage {self.storage}, compute {self.compute}, "
-                f"set by rule {self.rule}) at {self.where}; raised at {self.raised_at}")
+                f"set by rule {self.rule}) at {self.where}; raised at {self.raised_at}"
+                + (f" by `{self.code}`" if self.code else "")
+                + (f"; modules running: {running}" if len(self.stack) > 1 else ""))
 
 
 def _toml_safe(text: str) -> str:
@@ -121,8 +127,10 @@ class PrecisionDtypeError(RuntimeError):
         self.report = report
         message = (f"dtype error under the precision policy: {report}. "
                    f"To keep that module in fp32, add to the policy:\n{report.suggestion()}"
-                   "When the failing code is the app's own (for example it casts to self.dtype before an op without a "
-                   "16-bit kernel), mixprec.guard(applied, on_nonfinite='fallback') finds the narrowest module to pin.")
+                   "When that line mixes what a module it called returned with a tensor of its own, handing on only that "
+                   "module's output in fp32 is narrower (output_dtype = \"fp32\" on that module). When the failing code is "
+                   "the app's own (for example it casts to self.dtype before an op without a 16-bit kernel), "
+                   "mixprec.guard(applied, on_nonfinite='fallback') finds the narrowest fix.")
         super().__init__(message + (f"\n{note}" if note else ""))
 
 
@@ -160,9 +168,10 @@ def locate(exc: BaseException, component: str, root: nn.Module, plans: list[Modu
     index = plan.decided_by.get("storage")
     rule = f"#{index} {policy.rules[index].match!r}" if index is not None else "default (fp32)"
     raised_at = f"{last.tb_frame.f_code.co_filename}:{last.tb_lineno} ({last.tb_frame.f_code.co_name})" if last else "?"
+    code = linecache.getline(last.tb_frame.f_code.co_filename, last.tb_lineno).strip() if last else ""
     return DtypeErrorReport(component=component, module=top.module, type=top.type, method=top.method, where=top.where,
                             raised_at=raised_at, storage=plan.storage, compute=plan.compute_dtype, rule=rule,
-                            error=_first_line(exc), stack=tuple(frames))
+                            error=_first_line(exc), stack=tuple(frames), code=code)
 
 
 def candidate_scopes(report: DtypeErrorReport, plans: list[ModulePlan]) -> list[str]:
