@@ -122,13 +122,22 @@ def test_browser_run_and_languages(sync_playwright, tmp_path, clean_env, bf16_cp
 
 
 def _fill(page, elem_id: str, text: str) -> None:
-    """Type into a Gradio field and leave it, so the value is committed before the next click
-    (under load a click right after ``fill`` could still send the field's previous value)."""
+    """Type into a Gradio field, leave it, and check that the value stays.
+
+    A tab's fields are mounted when the tab is first shown and then receive their initial
+    values from the app; on a loaded machine that can land after the text was typed and
+    overwrite it, so the click that follows would send the default. Typing again until the
+    value holds makes the next click send what the test typed.
+    """
     from playwright.sync_api import expect
 
     box = page.locator(f"#{elem_id} input, #{elem_id} textarea").first
-    box.fill(text)
-    box.press("Tab")
+    for _ in range(10):
+        box.fill(text)
+        box.press("Tab")
+        page.wait_for_timeout(300)
+        if box.input_value() == text:
+            return
     expect(box).to_have_value(text)
 
 
@@ -173,6 +182,7 @@ def test_browser_benchmark_cancel_and_tune(sync_playwright, tmp_path, clean_env)
 
         page.get_by_role("tab", name=t("tab.tune", "en")).click()
         tune_status = page.locator("#tune-status")
+        expect(page.locator("#tune-bound textarea")).to_have_value("cosine>=0.999")  # the tab is shown and synced
         _fill(page, "tune-bound", "snr=>30")
         page.locator("#tune-start").click()
         expect(tune_status).to_contain_text("The quality bound is not valid")
