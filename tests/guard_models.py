@@ -106,3 +106,41 @@ def assert_fallback_output(out: torch.Tensor, expected: torch.Tensor, guard) -> 
     wide = {pin.dtype for pin in guard.pins.values()}
     atol = 1e-2 * float(expected.abs().max()) if "bf16" in wide else 1e-2
     assert torch.allclose(out, expected, rtol=1e-2, atol=atol), (wide, (out - expected).abs().max())
+
+
+class Gate(nn.Module):
+    """Passes its input through; the thread named by ``hold`` waits here until ``release`` is set.
+
+    ``held`` is set when that thread arrives, ``passed`` when any other thread goes through:
+    a test can start a second call exactly while the first is in the middle of its forward.
+    """
+
+    def __init__(self):
+        super().__init__()
+        import threading
+
+        self.hold: int | None = None
+        self.held, self.passed, self.release = threading.Event(), threading.Event(), threading.Event()
+
+    def forward(self, x):
+        import threading
+
+        if threading.get_ident() == self.hold:
+            self.held.set()
+            if not self.release.wait(10):
+                raise TimeoutError("Gate was never released")
+        else:
+            self.passed.set()
+        return x
+
+
+class GatedOverflowingMLP(nn.Module):
+    """:class:`OverflowingMLP` behind a :class:`Gate`: inputs near 1 overflow fp16, inputs near 1e-3 do not."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = Gate()
+        self.mlp = OverflowingMLP()
+
+    def forward(self, x):
+        return self.mlp(self.gate(x))

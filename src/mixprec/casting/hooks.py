@@ -2,6 +2,8 @@
 
 Each hook object is small and stateless apart from a per-call stack (so re-entrant
 and recursive calls pair up correctly); :mod:`mixprec.casting.apply` decides where they go.
+Those stacks, and the :class:`EntryGate` depth, belong to the calling thread: one
+applied model called from several threads pairs each thread's calls on its own.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import threading
 from typing import Any, Callable, Iterable
 
 import torch
@@ -18,7 +21,7 @@ from mixprec.casting.upcast import UpcastAttentionMode
 
 __all__ = [
     "AppEntry", "Boundary", "EntryGate", "EntryBoundary", "ForwardWrapper", "LeafCast", "UpcastScope", "pin_fp32", "cast_floats", "own_tensors",
-    "add_method_hook", "MethodHookHandle", "first_float_dtype",
+    "add_method_hook", "MethodHookHandle", "first_float_dtype", "CallStack",
 ]
 
 
@@ -82,6 +85,17 @@ def cast_floats(obj: Any, dtype: torch.dtype, *, min_ndim: int = 0) -> Any:
     return obj
 
 
+class CallStack(threading.local):
+    """A stack of per-call entries that belongs to the calling thread.
+
+    Hooks push on entering a module and pop on leaving it; calls of the same model
+    on another thread see their own stack, never this one's entries.
+    """
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+
+
 def first_float_dtype(obj: Any) -> torch.dtype | None:
     if isinstance(obj, torch.Tensor):
         return obj.dtype if obj.is_floating_point() else None
@@ -105,7 +119,8 @@ class Boundary:
     module: nn.Module
     compute: Callable[[], torch.dtype]
     output: Callable[[], torch.dtype | None]
-    caller_dtypes: list[tuple[torch.dtype | None, bool]] = dataclasses.field(default_factory=list)
+    #: (caller's dtype, entered from app code) per call in progress on this thread.
+    calls: CallStack = dataclasses.field(default_factory=CallStack, repr=False)
     #: 0-d and 1-d floats (timesteps, sigmas, scales) are scalars to most modules and
     #: lose meaning in 16 bits (t=999 rounds to 1000 in bf16): they pass unchanged,
     #: except into torch's own layers, whose kernels need every input in their dtype.
@@ -117,6 +132,10 @@ class Boundary:
     #: method's body), the module hands back the caller's dtype, not its parent's, as
     #: type promotion would have in fp32.
     gate: Any = None
+
+    @property
+    def caller_dtypes(self) -> list[tuple[torch.dtype | None, bool]]:
+        return self.calls.items
 
     def pre(self, module, args, kwargs):
         self.caller_dtypes.append((first_float_dtype((args, kwargs)), self.gate is not None and self.gate.outside))
@@ -222,8 +241,8 @@ class LeafCast(ForwardWrapper):
         return self
 
 
-class EntryGate:
-    """Whether a component's module code is running, or only the app's own code.
+class EntryGate(threading.local):
+    """Whether a component's module code is running, or only the app's own code, on this thread.
 
     Components are often used through other methods (``vae.decode``,
     ``MusicDCAE.decode``) whose bodies are app code: they call children directly, hand
@@ -231,6 +250,8 @@ class EntryGate:
     them with tensors of their own. ``depth`` counts the module calls of this component
     in progress that entered from app code (the component's own ``forward``, and any
     :class:`EntryBoundary` or :class:`AppEntry` that fired); at depth 0 only app code runs.
+    The depth is the calling thread's own (a ``threading.local``): another thread's call
+    in progress never makes this one's app code look like module code.
     """
 
     def __init__(self) -> None:
@@ -257,7 +278,11 @@ class EntryBoundary(Boundary):
     def __init__(self, module, compute, gate: EntryGate):
         super().__init__(module, compute, lambda: None)
         self.gate = gate
-        self.active: list[bool] = []
+        self.entered = CallStack()
+
+    @property
+    def active(self) -> list[bool]:
+        return self.entered.items
 
     def pre(self, module, args, kwargs):
         active = self.gate.outside
@@ -390,8 +415,12 @@ def add_method_hook(module: nn.Module, name: str, hook: Callable[..., Any], *, p
 
 class UpcastScope:
     def __init__(self, sdpa_upcast: dict[tuple[str, torch.dtype], bool] | None = None) -> None:
-        self.modes: list[UpcastAttentionMode] = []
+        self.entered = CallStack()
         self.sdpa_upcast = sdpa_upcast
+
+    @property
+    def modes(self) -> list[UpcastAttentionMode]:
+        return self.entered.items
 
     def pre(self, module, args):
         mode = UpcastAttentionMode(self.sdpa_upcast)

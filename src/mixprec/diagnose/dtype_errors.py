@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import linecache
 import re
+import threading
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Callable
@@ -228,14 +229,18 @@ def direct_callees(report: DtypeErrorReport, plans: list[ModulePlan], rerun: Cal
         return []
     calls: list[str] = []
     depth = [0]
+    caller = threading.get_ident()
 
     def pre(module, args):
+        if threading.get_ident() != caller:
+            return  # another thread's call of the same model
         if depth[0] == 0:
             calls.append(by_id[id(module)].qualname)
         depth[0] += 1
 
     def post(module, args, output):
-        depth[0] -= 1
+        if threading.get_ident() == caller:
+            depth[0] -= 1
 
     handles = []
     for sub in failing.module.modules():

@@ -15,7 +15,9 @@ in :mod:`~mixprec.diagnose.overflow`, that memory in :mod:`~mixprec.diagnose.fal
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ from mixprec.casting.hooks import add_method_hook
 from mixprec.policy.tree import called_children, entry_methods
 from mixprec.diagnose.dtype_errors import (DtypeErrorReport, PrecisionDtypeError, add_note, candidate_scopes, direct_callees,
                                           is_dtype_error, locate)
+from mixprec.diagnose.calls import CallLock, RecordedCall, ThreadState
 from mixprec.diagnose.fallbacks import FallbackStore, Pin, fingerprint
 from mixprec.diagnose.overflow import NonFiniteError, NonFiniteInputError, OverflowReport, all_finite, localise_overflow
 from mixprec.device.hardware import Hardware, probe
@@ -54,54 +57,12 @@ def _exact(qualname: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in qualname)
 
 
-def _rewind_points(args: tuple, kwargs: dict) -> list[tuple[Any, int]]:
-    # KV caches (transformers Cache objects) grow during a call; remember their length
-    # so a re-run starts from the same state. The cache's dtype is not converted: a
-    # fallback that widens attention projections in the middle of a cached decoding
-    # loop (rather than at its first call) needs a fresh cache.
-    points = []
-    for value in list(args) + list(kwargs.values()):
-        if hasattr(value, "get_seq_length") and hasattr(value, "crop"):
-            points.append((value, int(value.get_seq_length())))
-    return points
+class _Pending(threading.local):
+    """One entry's recorded call waiting for its finiteness check, on the calling thread."""
 
-
-@dataclass
-class _Call:
-    """One entry call, kept so that it can be re-run exactly: same inputs, caches, random state."""
-
-    fn: Callable[..., Any]
-    args: tuple
-    kwargs: dict
-    points: list[tuple[Any, int]]
-    rng: torch.Tensor
-    cuda_rng: list[torch.Tensor] | None
-    generators: list[tuple[torch.Generator, torch.Tensor]]
-
-    @classmethod
-    def record(cls, fn: Callable[..., Any], args: tuple, kwargs: dict) -> _Call:
-        generators = [(g, g.get_state()) for g in list(args) + list(kwargs.values()) if isinstance(g, torch.Generator)]
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-        return cls(fn, args, kwargs, _rewind_points(args, kwargs), torch.get_rng_state(), cuda, generators)
-
-    def restore(self) -> None:
-        """Rewind KV caches and put every random generator back where the call started.
-
-        Models draw noise inside a call (flow matching's ``randn_like``, sampling): a
-        re-run from another random state would return another output.
-        """
-        for cache, length in self.points:
-            grown = int(cache.get_seq_length()) - length
-            if length == 0 and hasattr(cache, "reset"):
-                cache.reset()  # drop the failed call's tensors entirely (their dtype too)
-            elif grown > 0:
-                cache.crop(-grown)  # a negative count removes that many tokens (transformers 4.x and 5.x)
-        torch.set_rng_state(self.rng)
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state_all(self.cuda_rng)
-        for generator, state in self.generators:
-            generator.set_state(state)
-
+    def __init__(self) -> None:
+        self.pending: list[RecordedCall] = []
+        self.checked = False
 
 
 class Guard:
@@ -119,8 +80,12 @@ class Guard:
         self.pins: dict[str, Pin] = {}
         self.reports: list[OverflowReport | DtypeErrorReport] = []
         self._handles: list[Any] = []
-        self._depth: dict[str, int] = {}
-        self._busy = False
+        # Per-call state belongs to the calling thread; the weights are shared: forwards
+        # hold a read of `_lock`, a re-apply its write. One fallback runs at a time.
+        self._thread = ThreadState()
+        self._lock = CallLock()
+        self._fallbacks = threading.RLock()
+        self._generation = 0
         self._fingerprint: str | None = None
 
     # -- set-up ----------------------------------------------------------------------
@@ -140,7 +105,6 @@ class Guard:
         if self.mode == "off":
             return
         for cname, root in self.applied.components.items():
-            self._depth[cname] = 0
             # Every way an app enters the component: its forward and its own methods
             # (S3Gen.inference, embed_ref, vae.decode), one check per outermost call.
             for name in entry_methods(root):
@@ -156,8 +120,8 @@ class Guard:
                         self._handles.append(sub.register_forward_hook(self._module_check(cname, name)))
 
     def _wrap(self, cname: str, root: nn.Module, name: str) -> None:
-        pending: list[_Call] = []
-        checked = [False]
+        slot = _Pending()  # this entry's call waiting for its check, per thread
+        state = self._thread
         if name == "forward":
             # What the caller passed, before the policy's boundary hooks cast it: a re-run
             # goes through __call__ again with the caller's own inputs, so the re-applied
@@ -166,9 +130,9 @@ class Guard:
             def remember(module, args, kwargs):
                 if torch.compiler.is_compiling():
                     return  # a child inside a compiled component: traced away, no graph break
-                if not self._busy and not self._depth[cname]:
-                    pending[:] = [_Call.record(root, args, kwargs)]
-                    checked[0] = False
+                if not state.busy and not state.depth[cname]:
+                    slot.pending[:] = [self._record(root, args, kwargs)]
+                    slot.checked = False
 
             # A compiled component (Policy.compile, module.compile(), torch.compile) runs
             # `entry` below as traced code, where the guard steps aside (a check there
@@ -177,9 +141,9 @@ class Guard:
             # eager re-run of the same call.
             @torch.compiler.disable
             def after_compiled(module, args, output):
-                if self._busy or self._depth[cname] or checked[0] or not pending:
+                if state.busy or state.depth[cname] or slot.checked or not slot.pending:
                     return None
-                call = pending.pop()
+                call = slot.pending.pop()
                 if all_finite(output):
                     return None
                 with torch.compiler.set_stance("force_eager"):
@@ -195,23 +159,27 @@ class Guard:
                 self._handles.append(root.register_forward_hook(after_compiled))
 
         def entry(method: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-            if torch.compiler.is_compiling() or self._busy or self._depth[cname]:
+            if torch.compiler.is_compiling() or state.busy or state.depth[cname]:
                 return method(*args, **kwargs)
-            checked[0] = True
-            if pending:
-                call = pending.pop()
+            slot.checked = True
+            if slot.pending:
+                call = slot.pending.pop()
             else:  # forward called directly (module.forward(...)): no hook ran before it
-                call = _Call.record(method, args, kwargs)
-            self._depth[cname] += 1
+                call = self._record(method, args, kwargs)
+            state.depth[cname] += 1
             try:
-                output = method(*args, **kwargs)
+                with self._lock.read():  # no re-apply changes the weights while it runs
+                    call.generation = self._generation
+                    output = method(*args, **kwargs)
             except (RuntimeError, TypeError, NotImplementedError) as exc:
+                state.depth[cname] -= 1
                 if not is_dtype_error(exc) or not self.applied.active:
                     raise
-                self._depth[cname] -= 1
                 return self._dtype_error(cname, root, call, exc)
-            else:
-                self._depth[cname] -= 1
+            except BaseException:
+                state.depth[cname] -= 1
+                raise
+            state.depth[cname] -= 1
             if all_finite(output):
                 return output
             return self._handle(cname, root, call, output)
@@ -221,7 +189,7 @@ class Guard:
 
     def _module_check(self, cname: str, name: str):
         def hook(module, args, output):
-            if not self._busy and not all_finite(output):
+            if not self._thread.busy and not all_finite(output):
                 warnings.warn(f"mixprec guard: {cname}.{name} ({type(module).__name__}) produced non-finite output", stacklevel=2)
         return hook
 
@@ -256,7 +224,7 @@ class Guard:
             return Rule(match, storage=p.dtype, keep_fp32=p.dtype == "fp32" or None, reason=reason)
 
         rules = tuple(rule(p) for p in pins)
-        self.applied.reapply(self.applied.policy.with_rules(*rules))
+        self._reapply(self.applied.policy.with_rules(*rules))
         self.pins.update({p.module: p for p in pins})
 
     def _learn(self, module: str, dtype: str, reason: str) -> Pin:
@@ -283,15 +251,38 @@ class Guard:
         self.remove()
 
     # -- localisation --------------------------------------------------------------------
-    def _rerun(self, call: _Call) -> Any:
-        call.restore()
-        self._busy = True
-        try:
-            return call.fn(*call.args, **call.kwargs)
-        finally:
-            self._busy = False
+    def _rerun(self, call: RecordedCall) -> Any:
+        with self._lock.read():
+            call.restore()
+            call.generation = self._generation
+            busy, self._thread.busy = self._thread.busy, True
+            try:
+                return call.fn(*call.args, **call.kwargs)
+            finally:
+                self._thread.busy = busy
 
-    def localise(self, cname: str, root: nn.Module, call: _Call) -> OverflowReport:
+    def _record(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> RecordedCall:
+        call = RecordedCall.record(fn, args, kwargs)
+        call.generation = self._generation
+        return call
+
+    def _reapply(self, policy: Any) -> None:
+        """Swap in ``policy`` once no other thread is inside a guarded call; new calls wait meanwhile."""
+        with self._lock.write():
+            self.applied.reapply(policy)
+            self._generation += 1
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Any:
+        """One fallback at a time; this thread's own calls in progress do not block the others'."""
+        with self._lock.parked():
+            self._fallbacks.acquire()
+        try:
+            yield
+        finally:
+            self._fallbacks.release()
+
+    def localise(self, cname: str, root: nn.Module, call: RecordedCall) -> OverflowReport:
         """Re-run one component call with per-module hooks; name the first bad module."""
         return localise_overflow(cname, root, self.applied.plans, lambda: self._rerun(call))
 
@@ -328,12 +319,18 @@ class Guard:
                 return scope, wider[0]
         return None
 
-    def _handle(self, cname: str, root: nn.Module, call: _Call, output: Any) -> Any:
+    def _handle(self, cname: str, root: nn.Module, call: RecordedCall, output: Any) -> Any:
         # The input first: NaN in, NaN out is no module's fault, and widening cannot fix it.
         for label, value in [*((f"argument {i}", a) for i, a in enumerate(call.args)),
                              *((f"argument {k!r}", v) for k, v in call.kwargs.items())]:
             if not all_finite(value):
                 raise NonFiniteInputError(cname or "(root)", label)
+        if call.generation != self._generation:
+            # Another thread widened the policy while this call ran: run it again on the
+            # weights now in force before blaming (or pinning) anything for it.
+            output = self._rerun(call)
+            if all_finite(output):
+                return output
         report = self.localise(cname, root, call)
         self.reports.append(report)
         if self.on_nonfinite == "raise":
@@ -341,9 +338,16 @@ class Guard:
         if self.on_nonfinite == "warn":
             warnings.warn(f"mixprec guard: non-finite output: {report}", stacklevel=2)
             return output
-        return self._fallback(cname, root, call, report)
+        with self._exclusive():
+            if call.generation != self._generation:  # a fallback on another thread finished meanwhile
+                output = self._rerun(call)
+                if all_finite(output):
+                    return output
+                report = self.localise(cname, root, call)
+                self.reports.append(report)
+            return self._fallback(cname, root, call, report)
 
-    def _fallback(self, cname: str, root: nn.Module, call: _Call, report: OverflowReport) -> Any:
+    def _fallback(self, cname: str, root: nn.Module, call: RecordedCall, report: OverflowReport) -> Any:
         first = report
         pins: list[Pin] = []
         for _ in range(12):  # each round pins one scope one step wider
@@ -363,12 +367,25 @@ class Guard:
             self.reports.append(report)
         raise NonFiniteError(report, f"fallback gave up after {len(pins)} changes: {', '.join(f'{p.module} -> {p.dtype}' for p in pins)}")
 
-    def _dtype_error(self, cname: str, root: nn.Module, call: _Call, exc: BaseException) -> Any:
+    def _dtype_error(self, cname: str, root: nn.Module, call: RecordedCall, exc: BaseException) -> Any:
         """A dtype error inside a call: name the module; with ``fallback``, pin the narrowest scope that works."""
         report = locate(exc, cname, root, self.applied.plans, self.applied.policy)
         self.reports.append(report)
         if self.on_nonfinite != "fallback":
             raise PrecisionDtypeError(report) from exc
+        with self._exclusive():
+            if call.generation != self._generation:  # a fallback on another thread finished meanwhile
+                try:
+                    output = self._rerun(call)
+                except (RuntimeError, TypeError, NotImplementedError) as again:
+                    if not is_dtype_error(again):
+                        raise
+                else:
+                    return output if all_finite(output) else self._handle(cname, root, call, output)
+            return self._dtype_fallback(cname, root, call, exc, report)
+
+    def _dtype_fallback(self, cname: str, root: nn.Module, call: RecordedCall, exc: BaseException,
+                        report: DtypeErrorReport) -> Any:
         start = self.applied.policy
         pins_before = dict(self.pins)
         output = self._widen_outputs(report, call, start, pins_before)
@@ -389,7 +406,7 @@ class Guard:
             self._remember([pin])
             warnings.warn(f"mixprec guard: {report}; pinned {scope} -> fp32 and re-ran the call"
                           + (f" (widening {', '.join(tried)} alone did not help)" if tried else "")
-                          + ("; remembered for the next start" if self.remember else ""), stacklevel=3)
+                          + ("; remembered for the next start" if self.remember else ""), stacklevel=4)
             if not all_finite(output):
                 return self._handle(cname, root, call, output)
             return output
@@ -397,7 +414,7 @@ class Guard:
         raise add_note(exc, f"mixprec guard: this call fails the same way with {', '.join(tried) or 'the component'} in fp32, "
                             "so it is the model's own error, not a precision problem; the policy was left as it was")
 
-    def _widen_outputs(self, report: DtypeErrorReport, call: _Call, start: Any, pins_before: dict[str, Pin]) -> Any:
+    def _widen_outputs(self, report: DtypeErrorReport, call: RecordedCall, start: Any, pins_before: dict[str, Pin]) -> Any:
         """The surgical fix for an op in a module's own code that mixes a 16-bit activation with
         a tensor of its own: hand it the wider dtype where the activation left the last 16-bit
         module that code called, before any module is pinned to fp32. Returns the re-run's
@@ -416,12 +433,12 @@ class Guard:
                 continue
             self._remember([pin])
             warnings.warn(f"mixprec guard: {report}; handed on the output of {scope} in fp32 (it computes as before) and "
-                          "re-ran the call" + ("; remembered for the next start" if self.remember else ""), stacklevel=4)
+                          "re-ran the call" + ("; remembered for the next start" if self.remember else ""), stacklevel=5)
             return output
         return _FAILED
 
     def _unpin(self, policy: Any, pins: dict[str, Pin]) -> None:
-        self.applied.reapply(policy)
+        self._reapply(policy)
         self.pins = dict(pins)
 
 

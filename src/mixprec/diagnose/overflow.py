@@ -6,6 +6,7 @@ errors the guard raises with it.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -125,10 +126,11 @@ def localise_overflow(cname: str, root: nn.Module, plans: list[ModulePlan], reru
     parents = {id(c): m for m in root.modules() for c in m.children()}
     found: list[OverflowReport] = []
     handles = []
+    caller = threading.get_ident()
 
     def check(module, args, output):
-        if found:
-            return
+        if found or threading.get_ident() != caller:
+            return  # another thread's call of the same model is not this re-run
         tensors = list(_floats(output))
         if not tensors:
             return
