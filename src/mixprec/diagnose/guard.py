@@ -232,11 +232,20 @@ class Guard:
         self._pin([pin])
         return pin
 
-    def _remember(self, pins: list[Pin]) -> None:
-        if self.remember:
+    def _remember(self, pins: list[Pin]) -> bool:
+        """Write the pins to the store; a store that cannot be written costs the memory, never the call."""
+        if not self.remember:
+            return False
+        try:
             for pin in pins:
                 self.store.remember(self.fingerprint, pin.module, pin.dtype, description=", ".join(self.applied.components),
                                     reason=pin.reason)
+        except OSError as exc:
+            warnings.warn(f"mixprec guard: the fallback worked, but it could not be remembered in {self.store.path} "
+                          f"({type(exc).__name__}: {exc}); it holds for this process only. Set MIXPREC_CACHE_DIR to a "
+                          "writable folder, or pass guard(..., store=FallbackStore(path)) or remember=False", stacklevel=4)
+            return False
+        return True
 
     def remove(self) -> None:
         """Remove the guard's hooks and method wrappers (pins stay in the applied policy)."""
@@ -359,9 +368,9 @@ class Guard:
             pins.append(self._learn(scope, dtype, f"non-finite output: {report.reason} in {report.module}"))
             output = self._rerun(call)
             if all_finite(output):
-                self._remember(pins)
+                remembered = self._remember(pins)
                 warnings.warn(f"mixprec guard: {first}; pinned {', '.join(f'{p.module} -> {p.dtype}' for p in pins)} and re-ran the call"
-                              + ("; remembered for the next start" if self.remember else ""), stacklevel=3)
+                              + ("; remembered for the next start" if remembered else ""), stacklevel=3)
                 return output
             report = self.localise(cname, root, call)
             self.reports.append(report)
@@ -403,10 +412,10 @@ class Guard:
                 tried.append(scope)
                 self._unpin(start, pins_before)
                 continue
-            self._remember([pin])
+            remembered = self._remember([pin])
             warnings.warn(f"mixprec guard: {report}; pinned {scope} -> fp32 and re-ran the call"
                           + (f" (widening {', '.join(tried)} alone did not help)" if tried else "")
-                          + ("; remembered for the next start" if self.remember else ""), stacklevel=4)
+                          + ("; remembered for the next start" if remembered else ""), stacklevel=4)
             if not all_finite(output):
                 return self._handle(cname, root, call, output)
             return output
@@ -431,9 +440,9 @@ class Guard:
                     raise
                 tried.append(scope)
                 continue
-            self._remember([pin])
+            remembered = self._remember([pin])
             warnings.warn(f"mixprec guard: {report}; handed on the output of {scope} in fp32 (it computes as before) and "
-                          "re-ran the call" + ("; remembered for the next start" if self.remember else ""), stacklevel=5)
+                          "re-ran the call" + ("; remembered for the next start" if remembered else ""), stacklevel=5)
             return output
         return _FAILED
 
