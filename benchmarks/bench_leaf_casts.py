@@ -13,6 +13,10 @@ with the leaf-cast wrappers and with exactly those removed (all other hooks kept
 in interleaved A-B-B-A rounds; the ratio of medians is the overhead. The hook calls
 are counted too (leaf-cast checks per pipeline run).
 
+``--wrappers meet`` measures the rule for where dtypes meet (:class:`DtypeMeet`, a
+``try`` around each entry method of every mixed component) the same way, under
+``--policy``, in the state every model is in until an op refuses its inputs.
+
 ``--wrappers app`` measures the rule for where a component's own methods (app code)
 meet module outputs instead: under ``--policy`` (a preset, default ``fast``), the same
 applied model runs with and without every ``AppEntry`` (the forward wrappers on blocks
@@ -20,7 +24,7 @@ and the hooks on modules' own methods), interleaved the same way. Each round giv
 with/without ratio; the table shows their median and range.
 
 Usage:
-    HF_HUB_OFFLINE=1 python benchmarks/bench_leaf_casts.py [--wrappers leaf|app] [--size default] [--repeat 5] [--out FILE]
+    HF_HUB_OFFLINE=1 python benchmarks/bench_leaf_casts.py [--wrappers leaf|app|meet] [--size default] [--repeat 5] [--out FILE]
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from _report import finish
 import mixprec
 from mixprec import hardware, pipelines
 from mixprec.casting.hooks import AppEntry, LeafCast, MethodHookHandle, add_method_hook
+from mixprec.casting.meet import DtypeMeet
 from mixprec.policy import Policy, Rule
 
 
@@ -51,12 +56,13 @@ def _first_layers(pipe) -> list[str]:
 
 
 class _AppEntries:
-    """Every AppEntry of an applied model, switched off and on together."""
+    """Every AppEntry (or, with ``kind=DtypeMeet``, every DtypeMeet) of an applied model,
+    switched off and on together."""
 
-    def __init__(self, handles: list) -> None:
-        self.forwards = [h for h in handles if isinstance(h, AppEntry)]
+    def __init__(self, handles: list, kind: type = AppEntry) -> None:
+        self.forwards = [h for h in handles if isinstance(h, kind)]
         self.methods = [h for h in handles if isinstance(h, MethodHookHandle) and isinstance(
-            getattr(h.entry[2], "__self__", None), AppEntry)]
+            getattr(h.entry[2], "__self__", None), kind)]
 
     def __len__(self) -> int:
         return len(self.forwards) + len(self.methods)
@@ -93,7 +99,8 @@ def bench(name: str, size: str, repeat: int, wrappers: str = "leaf", preset: str
     else:
         policy = mixprec.preset(preset)
     applied = mixprec.apply(pipe, policy)
-    switch = _LeafCasts(applied._handles) if wrappers == "leaf" else _AppEntries(applied._handles)
+    switch = (_LeafCasts(applied._handles) if wrappers == "leaf"
+              else _AppEntries(applied._handles, DtypeMeet if wrappers == "meet" else AppEntry))
     times: dict[str, list[float]] = {"without": [], "with": []}
     for round_index in range(repeat + 1):
         for mode in (("without", "with") if round_index % 2 else ("with", "without")):
@@ -149,14 +156,15 @@ def per_call_cost(rounds: int = 7, calls: int = 2000) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pipelines", default="tts,diffusion,minilm")
-    parser.add_argument("--wrappers", choices=("leaf", "app"), default="leaf")
-    parser.add_argument("--policy", default="fast", help="with --wrappers app: the preset applied")
+    parser.add_argument("--wrappers", choices=("leaf", "app", "meet"), default="leaf")
+    parser.add_argument("--policy", default="fast", help="with --wrappers app or meet: the preset applied")
     parser.add_argument("--size", default="default")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     hw = hardware.probe()
-    what = "leaf casts" if args.wrappers == "leaf" else f"app entries (preset {args.policy})"
+    what = {"leaf": "leaf casts", "app": f"app entries (preset {args.policy})",
+            "meet": f"dtype-meet hooks (preset {args.policy})"}[args.wrappers]
     lines = [
         f"$ HF_HUB_OFFLINE=1 python benchmarks/bench_leaf_casts.py {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip(),
         "",

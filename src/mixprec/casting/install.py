@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from mixprec.casting.fp32compute import Fp32Compute
+from mixprec.casting.meet import DtypeMeet
 from mixprec.casting.hooks import (AppEntry, Boundary, EntryBoundary, EntryGate, LeafCast, UpcastScope, add_method_hook, cast_floats,
                                    first_float_dtype, own_tensors, pin_fp32)
 from mixprec.casting.spectral import SpectralScope, uses_spectral_ops
@@ -125,6 +126,10 @@ def install_wrappers(comps: dict[str, nn.Module], by_module: dict[int, ModulePla
             back = functools.partial(_return_caller_dtype, entry_dtypes[cname])
             for method in entry_methods(root)[1:]:
                 handles.append(add_method_hook(root, method, back))
+            # Where the component's tensors meet tensors of another dtype in an op that
+            # cannot take both, the call runs again with such ops in the wider dtype.
+            for method in entry_methods(root):
+                handles.append(add_method_hook(root, method, DtypeMeet(root, cname, method).around, priority=50))
 
         handles.extend(gate.install(root))
         children = list(called_children(root))

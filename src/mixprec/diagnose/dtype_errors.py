@@ -14,7 +14,6 @@ narrowest first.
 from __future__ import annotations
 
 import linecache
-import re
 import threading
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -22,45 +21,15 @@ from typing import Any, Callable
 
 from torch import nn
 
+from mixprec.casting.meet import is_dtype_error
 from mixprec.policy.tree import called_children, first_weight_owner, is_container
 from mixprec.policy import ModulePlan, Policy
 
 __all__ = ["is_dtype_error", "DtypeErrorReport", "PrecisionDtypeError", "locate", "candidate_scopes", "direct_callees"]
 
-# Messages of dtype failures in torch's kernels (CPU and CUDA), as of torch 2.3 - 2.13.
-_DTYPE_MESSAGES = re.compile(
-    "|".join((
-        r"must have the same dtype",
-        r"to have the same dtype",
-        r"expected scalar type \w+ but found \w+",
-        r"Unsupported dtype",
-        r"not implemented for '(?:BFloat16|Half)'",
-        r"should be the same",  # Input type (float) and bias type (c10::BFloat16) should be the same
-        r"does not match (?:weight|bias) dtype",
-        r"dtype mismatch",
-        r"mismatched dtypes?",
-        r"expected (?:both|all) (?:inputs|tensors) to have (?:the )?same dtype",
-        r"Expected (?:object|tensor) of scalar type",
-        r"Expected .{0,40}dtype",
-        r"found dtype \w+ but expected",
-        r"Unsupported input dtype",
-        r"(?:BFloat16|Half) is not supported",
-        r"does not support (?:bf16|bfloat16|half|fp16|float16)",
-        r"[Ll]ow precision dtypes not supported",
-        r"doesn't support tensors of type",
-        r"(?:expected|unsupported|not supported|not implemented|but got).{0,120}\b(?:BFloat16|Half|bfloat16|float16)\b",
-    )),
-    re.IGNORECASE,
-)
-
 #: Frames of torch's own call machinery: the module they belong to is running, but the
 #: method name to report is that of the next frame of the same module.
 _CALL_MACHINERY = {"_call_impl", "_wrapped_call_impl", "__call__", "inner", "wrapper", "decorate_context"}
-
-
-def is_dtype_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is a dtype failure of a kernel (mismatched or unsupported dtype)."""
-    return isinstance(exc, (RuntimeError, TypeError, NotImplementedError)) and bool(_DTYPE_MESSAGES.search(str(exc)))
 
 
 @dataclass(frozen=True)

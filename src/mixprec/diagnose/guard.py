@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from mixprec.casting.apply import Applied
+from mixprec.casting.meet import DeferDtypeErrors
 from mixprec.casting.hooks import add_method_hook
 from mixprec.policy.tree import called_children, entry_methods
 from mixprec.diagnose.dtype_errors import (DtypeErrorReport, PrecisionDtypeError, add_note, candidate_scopes, direct_callees,
@@ -109,6 +110,8 @@ class Guard:
             # (S3Gen.inference, embed_ref, vae.decode), one check per outermost call.
             for name in entry_methods(root):
                 self._wrap(cname, root, name)
+            # A dtype error is the guard's to fix (a pin it remembers), not widened by apply.
+            self._handles.append(DeferDtypeErrors(root))
             # Its direct children too, when called from outside any of those methods,
             # through __call__ or directly (tokenizer.forward(...), vocoder.inference(...)).
             for child in called_children(root):

@@ -1,0 +1,231 @@
+"""Where dtypes meet inside a component: an op that refuses its inputs runs in the wider dtype.
+
+Real model code makes tensors of its own inside a 16-bit component and hands them to
+ops together with the component's activations: an fp32 resampling kernel passed to
+``F.conv1d``, an fp32 alignment matrix in an ``einsum``, a window, ``torch.zeros``. Or
+it calls an op that has no 16-bit kernel on this device (``torch.linalg.inv``,
+``torch.fft.rfft`` of bf16 on CPU). In fp32 nothing of this fails; in 16 bits the op
+raises a dtype error, wherever it sits: in a module's ``forward``, in a component's own
+method, in a library function the model calls.
+
+One rule covers every such place, without a list of ops and without reading the
+model's source: when a call of an applied component fails with a dtype error
+(:func:`is_dtype_error`), the call runs again under :class:`WidenMode`, in which any op
+that raises a dtype error is retried once with its floating tensors in the widest
+floating dtype among them (fp32 where they were all 16-bit, or where bf16 met fp16).
+Ops that succeed are untouched, so the result is what fp32 type promotion would have
+given at exactly the places that needed it. The component keeps the mode from then on
+(:class:`DtypeMeet` is per entry method of a component, so a failure in ``decode``
+does not slow ``forward``), and one warning names the op, the dtypes and where it was
+called from.
+
+Nothing is paid until an op fails: the hook is a ``try`` around the call. Under the
+mode every op of that component's call pays a Python check (about 1 µs), measured in
+``benchmarks/bench_leaf_casts.py --wrappers meet``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import traceback
+import warnings
+from typing import Any, Callable
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from mixprec.casting.hooks import cast_floats
+
+__all__ = ["DtypeMeet", "WidenMode", "is_dtype_error", "float_dtypes", "widest", "DEFER", "DeferDtypeErrors"]
+
+#: Set (as a count) on a component's root while a numerics guard watches it: a dtype
+#: error is then the guard's to fix, with a pin it remembers, so it is not widened here.
+DEFER = "_mixprec_dtype_errors_deferred"
+
+# Messages of dtype failures in torch's kernels (CPU and CUDA), as of torch 2.3 - 2.13.
+_DTYPE_MESSAGES = re.compile(
+    "|".join((
+        r"must have the same (?:dtype|scalar type)",
+        r"to have the same dtype",
+        r"expected scalar type \w+ but found \w+",
+        r"Unsupported dtype",
+        r"not implemented for '(?:BFloat16|Half)'",
+        r"should be the same",  # Input type (float) and bias type (c10::BFloat16) should be the same
+        r"does not match (?:weight|bias) dtype",
+        r"dtype mismatch",
+        r"mismatched dtypes?",
+        r"expected (?:both|all) (?:inputs|tensors) to have (?:the )?same dtype",
+        r"Expected (?:object|tensor) of scalar type",
+        r"Expected .{0,40}dtype",
+        r"found dtype \w+ but expected",
+        r"Unsupported input dtype",
+        r"(?:BFloat16|Half) is not supported",
+        r"does not support (?:bf16|bfloat16|half|fp16|float16)",
+        r"[Ll]ow precision dtypes not supported",
+        r"doesn't support tensors of type",
+        r"(?:expected|unsupported|not supported|not implemented|but got).{0,120}\b(?:BFloat16|Half|bfloat16|float16)\b",
+    )),
+    re.IGNORECASE,
+)
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def is_dtype_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a dtype failure of a kernel (mismatched or unsupported dtype)."""
+    return isinstance(exc, (RuntimeError, TypeError, NotImplementedError)) and bool(_DTYPE_MESSAGES.search(str(exc)))
+
+
+def float_dtypes(obj: Any, found: set[torch.dtype] | None = None) -> set[torch.dtype]:
+    """The floating dtypes of the tensors in ``obj`` (tensors, tuples, lists, dict values)."""
+    found = set() if found is None else found
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point():
+            found.add(obj.dtype)
+    elif isinstance(obj, (tuple, list)):
+        for item in obj:
+            float_dtypes(item, found)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            float_dtypes(item, found)
+    return found
+
+
+def widest(dtypes: set[torch.dtype]) -> torch.dtype:
+    """The dtype an op refusing ``dtypes`` runs in: the widest of them, and fp32 where
+    none is wider than 16 bits (a lone 16-bit dtype without a kernel, or bf16 with fp16)."""
+    wide = max(dtypes, key=lambda d: torch.finfo(d).bits)
+    return torch.float32 if wide in _HALF else wide
+
+
+def _name(func: Callable[..., Any]) -> str:
+    name = getattr(func, "__name__", None) or repr(func)
+    qualname = getattr(func, "__qualname__", None) or name
+    if qualname.startswith(("TensorBase.", "_TensorBase.", "Tensor.")):
+        return f"Tensor.{name}"
+    module = getattr(func, "__module__", None) or ""
+    if getattr(torch, name, None) is func:
+        return f"torch.{name}"  # torch.einsum, not torch.functional.einsum
+    if module.startswith("torch._C._"):  # torch.linalg.inv: module torch._C._linalg, named linalg_inv
+        short = module[len("torch._C._"):]
+        if name.startswith(short + "_") and getattr(getattr(torch, short, None), name[len(short) + 1:], None) is func:
+            return f"torch.{short}.{name[len(short) + 1:]}"
+    if not module or module.startswith("torch._C") or qualname.startswith("_VariableFunctionsClass."):
+        return f"torch.{name}"
+    return f"{module}.{name}"
+
+
+def _call_site() -> str:
+    """Where the op was called from: the innermost frame outside torch and this package."""
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
+    here = os.path.dirname(os.path.dirname(__file__)) + os.sep
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        if not frame.filename.startswith((torch_dir, here)):
+            return f"{frame.filename}:{frame.lineno} ({frame.name})"
+    return "unknown"
+
+
+class WidenMode(TorchFunctionMode):
+    """While active, an op that raises a dtype error is retried in the widest floating
+    dtype of its inputs; ``seen`` collects (op, input dtypes, dtype run in, call site)."""
+
+    def __init__(self, seen: list[tuple[str, tuple[str, ...], str, str]] | None = None) -> None:
+        super().__init__()
+        self.seen = [] if seen is None else seen
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        try:
+            return func(*args, **kwargs)
+        except (RuntimeError, TypeError, NotImplementedError) as exc:
+            name = getattr(func, "__name__", "")
+            # In-place ops and ``out=`` write into a tensor of their own dtype: widening
+            # their inputs would not change what they refuse.
+            if name.endswith("_") or "out" in kwargs or not is_dtype_error(exc):
+                raise
+            dtypes = float_dtypes((args, kwargs))
+            if not dtypes or (len(dtypes) == 1 and next(iter(dtypes)) not in _HALF):
+                raise
+            wide = widest(dtypes)
+            result = func(*cast_floats(args, wide), **cast_floats(kwargs, wide))
+            if len(self.seen) < 32:
+                self.seen.append((_name(func), tuple(sorted(str(d).replace("torch.", "") for d in dtypes)),
+                                  str(wide).replace("torch.", ""), _call_site()))
+            return result
+
+
+class DtypeMeet:
+    """Around one entry method of an applied component: re-runs a call that failed with
+    a dtype error under :class:`WidenMode`, and keeps the mode for later calls.
+
+    Installed as the outermost of apply's method hooks (inside the guard's), so the
+    re-run starts from the caller's own arguments and goes through the component's
+    casts again. A re-run that fails with another dtype error raises the original one;
+    one that gets past the dtypes and fails otherwise raises that error, the model's
+    own (what its fp32 run gives). Either way the component keeps running without the mode.
+    """
+
+    def __init__(self, root: Any, component: str, method: str) -> None:
+        self.root, self.component, self.method = root, component, method
+        self.widen = False
+        self.seen: list[tuple[str, tuple[str, ...], str, str]] = []
+        self._local = threading.local()
+
+    def around(self, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        if getattr(self.root, DEFER, 0):
+            return call(*args, **kwargs)
+        if self.widen:
+            with WidenMode(self.seen):
+                return call(*args, **kwargs)
+        try:
+            return call(*args, **kwargs)
+        except (RuntimeError, TypeError, NotImplementedError) as exc:
+            if not is_dtype_error(exc) or getattr(self._local, "retrying", False):
+                raise
+            original = exc
+        self._local.retrying = True
+        before = len(self.seen)
+        try:
+            with WidenMode(self.seen):
+                output = call(*args, **kwargs)
+        except BaseException as again:
+            if is_dtype_error(again):
+                raise original from None
+            raise  # past the dtypes, the model fails on its own: its error, as fp32 gives it
+        finally:
+            self._local.retrying = False
+        if len(self.seen) == before:
+            # The re-run passed without widening anything: the failure was not a meeting of
+            # dtypes this rule fixes (e.g. state the first call changed); say so, keep it off.
+            warnings.warn(f"mixprec: {self.component}.{self.method} failed with a dtype error ({original}) and passed "
+                          "when run again; nothing was widened", stacklevel=3)
+            return output
+        self.widen = True
+        ops = list(dict.fromkeys(f"{op} ({' and '.join(dtypes)}, called from {where})" for op, dtypes, _, where in self.seen[before:]))
+        component = f"component {self.component!r}" if self.component else "the model"
+        warnings.warn(
+            f"mixprec: in {component} ({self.method}), ops refused the dtypes of their inputs: "
+            f"{'; '.join(ops[:3])}{f'; and {len(ops) - 3} more' if len(ops) > 3 else ''}. Such ops now run in the "
+            f"wider dtype ({self.seen[before][2]}) in {self.method}; this call was run again", stacklevel=3)
+        return output
+
+
+class DeferDtypeErrors:
+    """While it lasts, dtype errors in ``root``'s calls pass through :class:`DtypeMeet`
+    unwidened, to whoever watches the calls (the numerics guard); :meth:`remove` ends it."""
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        root.__dict__[DEFER] = root.__dict__.get(DEFER, 0) + 1
+
+    def remove(self) -> None:
+        if self.root is None:
+            return
+        count = self.root.__dict__.get(DEFER, 0) - 1
+        if count > 0:
+            self.root.__dict__[DEFER] = count
+        else:
+            self.root.__dict__.pop(DEFER, None)
+        self.root = None
