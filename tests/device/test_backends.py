@@ -164,3 +164,90 @@ def test_failed_write_leaves_nothing_half_applied():
     # matmul and cuDNN were written before the failure and must have been rolled back.
     assert old.writes == ["medium", "highest"]
     assert backends.snapshot(old) == before
+
+
+# -- owners of the settings: ending out of order -------------------------------------------
+
+
+def test_numerics_blocks_exited_out_of_order_end_where_they_started():
+    import contextlib
+
+    assert torch.get_float32_matmul_precision() == "highest"
+    first, second = backends.numerics(matmul="medium"), backends.numerics(matmul="high")
+    first.__enter__()
+    second.__enter__()
+    with pytest.warns(UserWarning, match=r"numerics\(matmul='medium'\) ended while .*numerics\(matmul='high'\).*kept matmul"):
+        first.__exit__(None, None, None)
+    assert torch.get_float32_matmul_precision() == "high"  # the later block still holds it
+    second.__exit__(None, None, None)
+    assert torch.get_float32_matmul_precision() == "highest"  # not the stale "medium"
+
+    stack = contextlib.ExitStack()
+    inner = backends.numerics(conv_tf32=False)
+    stack.enter_context(backends.numerics(matmul="medium"))
+    conv_before = torch.backends.cudnn.allow_tf32
+    inner.__enter__()
+    with pytest.warns(UserWarning, match=r"put back matmul='highest'"):
+        stack.close()  # the outer block ends first: its matmul goes, the inner's conv setting stays
+    assert torch.get_float32_matmul_precision() == "highest"
+    assert torch.backends.cudnn.allow_tf32 is False
+    inner.__exit__(None, None, None)
+    assert torch.backends.cudnn.allow_tf32 is conv_before
+    assert torch.get_float32_matmul_precision() == "highest"
+
+
+def test_numerics_blocks_on_two_threads_ending_out_of_order():
+    import threading
+
+    entered, done = threading.Event(), threading.Event()
+
+    def other():
+        with backends.numerics(matmul="high"):
+            entered.set()
+            done.wait(10)
+
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        first = backends.numerics(matmul="medium")
+        first.__enter__()
+        thread = threading.Thread(target=other)
+        thread.start()
+        assert entered.wait(10)
+        first.__exit__(None, None, None)  # this thread ends first
+        done.set()
+        thread.join(10)
+    assert torch.get_float32_matmul_precision() == "highest"
+
+
+def test_policies_reverted_first_in_first_out_and_apply_inside_a_block(bf16_cpu):
+    from mixprec.policy import Policy, Rule
+
+    medium = Policy((Rule("*", storage="bf16"),), numerics=NumericSettings(matmul="medium"))
+    high = Policy((Rule("*", storage="bf16"),), numerics=NumericSettings(matmul="high"))
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    first, second = mixprec.apply(a, medium), mixprec.apply(b, high)
+    with pytest.warns(UserWarning, match="ended while"):
+        first.revert()
+    assert torch.get_float32_matmul_precision() == "high"
+    second.revert()
+    assert torch.get_float32_matmul_precision() == "highest"
+
+    block = backends.numerics(matmul="high")
+    block.__enter__()
+    applied = mixprec.apply(a, medium)
+    with pytest.warns(UserWarning, match="ended while"):
+        block.__exit__(None, None, None)  # the block ends before the policy inside it is reverted
+    assert torch.get_float32_matmul_precision() == "medium"
+    applied.revert()
+    assert torch.get_float32_matmul_precision() == "highest"
+
+
+def test_in_order_ends_restore_exactly_and_warn_nothing():
+    before = backends.snapshot()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with backends.numerics(matmul="medium"):
+            handle = backends.apply_settings(NumericSettings(matmul="high", conv_tf32=False))
+            backends.restore(handle)
+            assert torch.get_float32_matmul_precision() == "medium"
+    assert backends.snapshot() == before

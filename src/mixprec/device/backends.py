@@ -20,6 +20,15 @@ them. mixprec therefore writes only through ``set_float32_matmul_precision`` and
 tree counterpart), checks afterwards that every getter reads, and restores
 snapshots node by node. On torch < 2.9 only the legacy family exists.
 
+Every change made through :func:`apply_settings` or :func:`numerics` has an owner on
+one per-process stack, and ends through :func:`restore` with the handle it returned (or
+by leaving the ``with`` block). Owners ending in the order they started put back
+exactly the snapshot taken before them. One that ends while a later one still holds
+settings (two threads, an ``ExitStack`` unwound by hand, two policies reverted
+first-in-first-out) withdraws only its own choices: each setting it chose goes back to
+what it was before it, unless a later owner chose that setting too, the later owners
+will put back the right values when they end, and a warning says so.
+
 Everything here takes an optional ``torch_module`` so the legacy-only path can be
 exercised against a stand-in for an older torch.
 """
@@ -27,6 +36,7 @@ exercised against a stand-in for an older torch.
 from __future__ import annotations
 
 import contextlib
+import threading
 import warnings
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -172,6 +182,22 @@ def _write_reduction(t: Any, name: str, value: Any) -> None:
 def restore(snap: Snapshot, torch_module: Any | None = None) -> None:
     """Put every flag back exactly as it was when ``snap`` was taken.
 
+    ``snap`` returned by :func:`apply_settings` ends that owner of the settings: see
+    the module docstring for an owner that ends while a later one still holds settings.
+    Any other snapshot is written back as it is.
+    """
+    with _owners_lock:
+        owners = _owners(torch_module)
+        index = next((i for i, owner in enumerate(owners) if owner.handle is snap), None)
+        if index is None:
+            _restore(snap, torch_module)
+        else:
+            _release(owners, index, torch_module)
+
+
+def _restore(snap: Snapshot, torch_module: Any | None = None) -> None:
+    """Write every flag of ``snap`` back (see :func:`restore`).
+
     The legacy setters run first (they also reset the matching tree leaves);
     then every tree node that still differs is written directly, parents before
     children. A state that the application itself left mixed (legacy getters
@@ -204,6 +230,11 @@ def apply_settings(settings: NumericSettings, torch_module: Any | None = None) -
     afterwards, the previous state is restored and the error re-raised, so a
     setting is never left half-applied.
     """
+    return _acquire(settings, _FIELDS, f"apply_settings({settings})", torch_module)
+
+
+def _write(settings: NumericSettings, torch_module: Any | None = None) -> Snapshot:
+    """Write ``settings`` (no owner); returns the snapshot taken just before. Rolls back on failure."""
     t = _torch(torch_module)
     before = snapshot(t)
     try:
@@ -225,9 +256,92 @@ def apply_settings(settings: NumericSettings, torch_module: Any | None = None) -
                 "previous numeric state restored"
             )
     except BaseException:
-        restore(before, t)
+        _restore(before, t)
         raise
     return before
+
+
+# -- owners of the settings ----------------------------------------------------------------
+
+#: NumericSettings fields, and the legacy getter each is read from in a Snapshot.
+_LEGACY_OF = {
+    "matmul": "float32_matmul_precision",
+    "conv_tf32": "cudnn_allow_tf32",
+    "fp16_reduced_precision_reduction": "fp16_reduced_precision_reduction",
+    "bf16_reduced_precision_reduction": "bf16_reduced_precision_reduction",
+}
+_FIELDS = frozenset(_LEGACY_OF)
+
+
+@dataclass(eq=False)
+class _Owner:
+    """One change of the settings that has not ended yet."""
+
+    handle: Snapshot  # what the caller holds (apply_settings' return value), compared by identity
+    label: str
+    chosen: frozenset[str]  # the fields this owner chose; it wrote the others as it found them
+    before: dict[str, Any]  # each field's value just before it wrote (from `handle`)
+    #: Fields whose value in `handle` belonged to an owner that has ended since: put back after it.
+    corrections: dict[str, Any] = field(default_factory=dict)
+
+
+#: The owners not ended yet, oldest first, per torch module (tests drive stand-ins for older torch).
+_stacks: dict[int, list[_Owner]] = {}
+_owners_lock = threading.RLock()
+
+
+def _owners(torch_module: Any | None) -> list[_Owner]:
+    return _stacks.setdefault(id(_torch(torch_module)), [])
+
+
+def _values(snap: Snapshot) -> dict[str, Any]:
+    values = {}
+    for name, key in _LEGACY_OF.items():
+        value = snap.legacy.get(key)
+        if value is not None:
+            values[name] = bool(value[0]) if isinstance(value, tuple) and name != "matmul" else value
+    return values
+
+
+def _acquire(settings: NumericSettings, chosen: frozenset[str], label: str, torch_module: Any | None) -> Snapshot:
+    with _owners_lock:
+        before = _write(settings, torch_module)
+        _owners(torch_module).append(_Owner(before, label, chosen, _values(before)))
+        return before
+
+
+def _release(owners: list[_Owner], index: int, torch_module: Any | None) -> None:
+    owner = owners.pop(index)
+    if index == len(owners):  # the newest: everything goes back as it was before it
+        _restore(owner.handle, torch_module)
+        if owner.corrections:
+            _write_fields(owner.corrections, torch_module)
+        return
+    # Ended while later owners hold settings: withdraw only this owner's own choices.
+    withdrawn = {f: owner.corrections.get(f, owner.before[f]) for f in owner.chosen if f in owner.corrections or f in owner.before}
+    shadowed: dict[str, str] = {}
+    for later in owners[index:]:
+        for name, value in withdrawn.items():
+            if name not in shadowed:
+                later.corrections[name] = value  # its snapshot holds this owner's value for it
+        for name in later.chosen & withdrawn.keys():
+            shadowed.setdefault(name, later.label)
+    now = {name: value for name, value in withdrawn.items() if name not in shadowed}
+    if now:
+        _write_fields(now, torch_module)
+    later = ", ".join(o.label for o in owners[index:])
+    kept = ", ".join(f"{name} (held by {label})" for name, label in sorted(shadowed.items()))
+    put_back = ", ".join(f"{name}={value!r}" for name, value in sorted(now.items()))
+    warnings.warn(f"mixprec numerics: {owner.label} ended while {later}, started after it, still holds numeric settings; "
+                  + (f"put back {put_back}" if put_back else "nothing to put back now")
+                  + (f"; kept {kept}" if kept else "")
+                  + ". End numeric settings in the reverse order they started (nested with blocks, revert the last "
+                    "applied policy first) to avoid this", stacklevel=4)
+
+
+def _write_fields(values: dict[str, Any], torch_module: Any | None) -> None:
+    current = current_settings(torch_module) if not read_legacy(torch_module)[1] else NumericSettings()
+    _write(current.replace(**values), torch_module)
 
 
 def current_settings(torch_module: Any | None = None) -> NumericSettings:
@@ -278,8 +392,10 @@ def numerics(
         "fp16_reduced_precision_reduction": fp16_reduced_precision_reduction,
         "bf16_reduced_precision_reduction": bf16_reduced_precision_reduction,
     }
-    wanted = base.replace(**{k: v for k, v in overrides.items() if v is not None})
-    before = apply_settings(wanted, torch_module)
+    chosen = {k: v for k, v in overrides.items() if v is not None}
+    wanted = base.replace(**chosen)
+    label = "mixprec.numerics(" + ", ".join(f"{k}={getattr(wanted, k)!r}" for k in chosen) + ")"
+    before = _acquire(wanted, frozenset(chosen), label, torch_module)
     try:
         yield wanted
     finally:
