@@ -11,6 +11,7 @@ import typer
 
 import mixprec
 from mixprec.cli._common import console
+from mixprec.cli._text import say
 
 app = typer.Typer(
     name="mixprec",
@@ -23,7 +24,7 @@ app = typer.Typer(
 
 def _version_callback(value: bool) -> None:
     if value:
-        console.print(f"mixprec {mixprec.__version__}")
+        say(console, f"mixprec {mixprec.__version__}")
         raise typer.Exit()
 
 

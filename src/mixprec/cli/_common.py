@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from mixprec.cli._text import FitTable, header_min_width, safe, say
+
 #: Width when stdout is a pipe or a file (logs, CI) and COLUMNS is unset: rich's 80 columns
 #: would wrap the benchmark tables cell by cell; a terminal keeps its own width.
 PIPE_WIDTH = 180
@@ -31,17 +33,24 @@ DbFlag = Annotated[Optional[str], typer.Option("--db", help="SQLite file (defaul
 def fail(exc: Exception | str) -> None:
     # The message repeats what the user passed (paths, values): printed as is, never as
     # Rich markup ("[red]p.toml" must not become "p.toml").
-    err_console.print(Text.assemble(("error:", "bold red"), " ", str(exc)), highlight=False, soft_wrap=True)
+    say(err_console, ("error:", "bold red"), " ", str(exc))
     raise typer.Exit(code=2)
 
 
-def table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
+def table(title: str, columns: list[str], rows: list[list[Any]]) -> FitTable:
+    # Titles and cells hold user text (module names, paths, errors): never Rich markup,
+    # control characters escaped (see cli._text). A cell may be a styled line().
+    return FitTable(title, columns, rows, _rich_table)
+
+
+def _rich_table(title: Text, columns: list[str], rows: list[list[Text]]) -> Table:
     out = Table(title=title, title_justify="left", header_style="bold")
     for index, column in enumerate(columns):
-        # The first column holds names (modules, settings): never cut them.
-        out.add_column(column, no_wrap=index == 0, overflow="fold")
+        # The first column holds names (modules, settings): never cut them. A header is
+        # never broken inside a word ("Configuratio n").
+        out.add_column(safe(column), no_wrap=index == 0, overflow="fold", min_width=header_min_width(column))
     for row in rows:
-        out.add_row(*("-" if v is None else str(v) for v in row))
+        out.add_row(*row)
     return out
 
 

@@ -28,6 +28,7 @@ from mixprec.cli._common import (
     table,
     writable_path,
 )
+from mixprec.cli._text import clean, json_text, say
 
 _TERMINAL_COLUMNS = ("config", "batch", "status", "latency", "ci", "speedup", "throughput", "tokens_per_s", "rtf",
                      "peak_mem", "weights", "compile", "snr", "psnr", "sqnr", "token_agreement", "nonfinite", "fallbacks", "error")
@@ -48,9 +49,9 @@ def _print_run(run: dict) -> None:
                         [labels.get(k, k) for k in keys],
                         [[r[k].replace(" (min–max)", "*") if k == "ci" else r[k] for k in keys] for r in rows]))
     if minmax:
-        console.print("  * too few samples for a 95% interval of the median: the range of the samples is shown", highlight=False)
+        say(console, "  * too few samples for a 95% interval of the median: the range of the samples is shown")
     for note in run.get("notes", []):
-        console.print(f"  note: {note}", highlight=False, markup=False)
+        say(console, "  note: ", note)
 
 
 @app.command()
@@ -110,16 +111,16 @@ def bench(
                                         timeout=timeout), batches, hw)
     run_ids = []
     deadline = time.monotonic() + budget_s if budget_s is not None else None
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, transient=False) as bar:
         for index, name in enumerate(names):
-            task = bar.add_task(f"{name}: starting {len(specs)} workers", total=_steps(len(specs), n_warmup, n_repeat) * len(batches))
+            task = bar.add_task(clean(f"{name}: starting {len(specs)} workers"), total=_steps(len(specs), n_warmup, n_repeat) * len(batches))
 
             def step(description: str, n: int, task=task, name=name) -> None:
-                bar.update(task, advance=n, description=f"{name}: {description}")
+                bar.update(task, advance=n, description=clean(f"{name}: {description}"))
 
             def planned(batch_size: int, chosen: plan.Plan, task=task, name=name) -> None:
-                bar.console.print(f"{name}: batch {batch_size}: {chosen.reason}", highlight=False, markup=False)
+                say(bar.console, f"{name}: batch {batch_size}: {chosen.reason}")
                 bar.update(task, total=_steps(len(specs), chosen.warmup, chosen.repeat) * len(batches))
 
             share = None if deadline is None else (deadline - time.monotonic()) / (len(names) - index)
@@ -132,12 +133,12 @@ def bench(
         _print_run(run)
     if html:
         report.save_html(runs, html)
-        console.print(f"report written to {html}", highlight=False)
+        say(console, f"report written to {html}")
     if json_out:
         Path(json_out).write_text(export.to_json(runs))
     if csv_out:
         Path(csv_out).write_text(export.to_csv(runs))
-    console.print(f"stored as run(s) {', '.join(map(str, run_ids))} in {store.path}", highlight=False)
+    say(console, f"stored as run(s) {', '.join(map(str, run_ids))} in {store.path}")
 
 
 def _steps(configs: int, warmup: int, repeat: int) -> int:
@@ -159,8 +160,7 @@ def _check_batches(options: Any, batches: list[int], hw: Any) -> None:
     free = available_memory(options.device)
     if free is None:
         return
-    err_console.print(f"{options.pipeline}: measuring the memory of one item to check --batch {max(batches)} ...",
-                      highlight=False, markup=False)
+    say(err_console, f"{options.pipeline}: measuring the memory of one item to check --batch {max(batches)} ...")
     try:
         cal = calibrate(options, hw, batch=1)
     except (WorkerError, WorkerTimeout) as exc:
@@ -205,7 +205,7 @@ def runs_show(run_id: Annotated[int, typer.Argument(help="Run id.")], db: DbFlag
     except StoreError as exc:
         fail(exc)
     if as_json:
-        console.print(export.to_json([run]), highlight=False, markup=False)
+        console.print(json_text(export.to_json([run])), highlight=False, markup=False, emoji=False, soft_wrap=True)
         return
     _print_run(run)
     if html:
@@ -272,8 +272,8 @@ def gate_cmd(
     except StoreError as exc:
         fail(exc)
     if violations:
-        console.print(f"gate FAILED: run {run_id} vs baseline {baseline}", highlight=False)
+        say(console, f"gate FAILED: run {run_id} vs baseline {baseline}")
         for violation in violations:
-            console.print(f"  - {violation}", highlight=False, markup=False)
+            say(console, "  - ", violation)
         raise typer.Exit(code=1)
-    console.print(f"gate passed: run {run_id} vs baseline {baseline}", highlight=False)
+    say(console, f"gate passed: run {run_id} vs baseline {baseline}")

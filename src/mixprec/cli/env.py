@@ -12,6 +12,7 @@ import typer
 import mixprec
 from mixprec.cli._app import app
 from mixprec.cli._common import DeviceFlag, JsonFlag, console, err_console, fail, gib, table
+from mixprec.cli._text import say
 from mixprec.config import ConfigError
 
 config_app = typer.Typer(help="Inspect the layered configuration.", no_args_is_help=True)
@@ -120,10 +121,10 @@ def config_show(
         console.print_json(json.dumps({"app": resolved.app, "files": list(resolved.files), "settings": resolved.rows()}))
         return
     for message in resolved.warnings:
-        err_console.print(f"[yellow]warning:[/] {message}", highlight=False)
+        say(err_console, ("warning:", "yellow"), " ", message)
     console.print(table("mixprec configuration", ["setting", "value", "source"], [[r["key"], r["value"], r["source"]] for r in resolved.rows()]))
     if resolved.files:
-        console.print("files read: " + ", ".join(resolved.files), highlight=False)
+        say(console, "files read: " + ", ".join(resolved.files))
 
 
 @app.command("presets")
@@ -140,10 +141,10 @@ def presets_cmd(device: DeviceFlag = None, as_json: JsonFlag = False) -> None:
     if as_json:
         console.print_json(json.dumps({n: {"policy": p.to_dict(), "reasons": r} for n, (p, r) in resolved.items()}))
         return
-    console.print(f"Presets for {hw.device_type} ({hw.name})", highlight=False)
+    say(console, f"Presets for {hw.device_type} ({hw.name})")
     for name, (policy, reasons) in resolved.items():
         rows = [[f"#{i}", r.match, r.storage, r.compute, r.keep_fp32, r.upcast_attention, r.reason] for i, r in enumerate(policy.rules)]
         console.print(table(f"{name}: matmul={policy.numerics.matmul if policy.numerics else '-'}",
                             ["rule", "match", "storage", "compute", "keep_fp32", "upcast attn", "reason"], rows))
         for reason in reasons:
-            console.print(f"  - {reason}", highlight=False)
+            say(console, "  - ", reason)

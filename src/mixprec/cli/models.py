@@ -22,6 +22,7 @@ from mixprec.cli._common import (
     table,
     writable_path,
 )
+from mixprec.cli._text import line, say
 
 
 def _policy_for(pipe: Any, preset_name: str | None, policy_file: str | None, device: str | None) -> Any:
@@ -65,10 +66,9 @@ def explain(
         return
     console.print(table(f"{pipeline} under {pol.name}", ["module", "type", "storage", "compute", "attention", "rule"],
                         [[r["module"], r["type"], r["storage"], r["compute"], r["attention"] or None, r["rule"]] for r in rows]))
-    console.print("rules: " + "; ".join(f"#{i} {r.match}: {r.reason}" for i, r in enumerate(pol.rules) if r.reason),
-                  highlight=False, markup=False)
+    say(console, "rules: " + "; ".join(f"#{i} {r.match}: {r.reason}" for i, r in enumerate(pol.rules) if r.reason))
     for pitfall in pitfalls:
-        console.print(f"warning: {pitfall}", highlight=False, markup=False)
+        say(console, "warning: ", pitfall)
 
 
 def _owners(pipe: Any):
@@ -114,7 +114,7 @@ def diagnose(
                                  command="mixprec diagnose")
         store.add_profile_rows(run_id, pol.name, prof.rows())
         store.finish_run(run_id)
-        err_console.print(f"profile stored as run {run_id} in {store.path}", highlight=False)
+        say(err_console, f"profile stored as run {run_id} in {store.path}")
     if as_json:
         console.print_json(json.dumps({"policy": pol.to_dict(), "modules": prof.rows(), "suggestions": prof.suggestions()}))
         return
@@ -125,16 +125,16 @@ def diagnose(
 
     console.print(table(f"{pipeline} under {pol.name}: most at risk first",
                         ["module", "type", "compute", "calls", "absmax in/out", "fp16 room", "underflow 16/bf", "own dB", "inher. dB"],
-                        [[("[bold red]" + s.module + " (fp16 overflow)[/]") if s.overflows_fp16 else s.module,
+                        [[line((f"{s.module} (fp16 overflow)", "bold red")) if s.overflows_fp16 else s.module,
                           s.type if s.owns_weights else f"{s.type} (block)", s.compute, s.calls,
                           f"{s.input_absmax:.3g}/{s.output_absmax:.3g}", f"{s.fp16_headroom:.2g}",
                           f"{s.underflow_fp16:.1%}/{s.underflow_bf16:.1%}", db(s.own_sqnr_db), db(s.inherited_sqnr_db)] for s in rows]))
     suggestion = prof.suggestions_toml()
     if suggestion:
-        console.print("Suggested keep-fp32 rules (append to your policy file):", highlight=False)
-        console.print(suggestion, highlight=False, markup=False)
+        say(console, "Suggested keep-fp32 rules (append to your policy file):")
+        say(console, suggestion)
     else:
-        console.print("No module overflows fp16 or falls below 20 dB own SQNR under this policy.", highlight=False)
+        say(console, "No module overflows fp16 or falls below 20 dB own SQNR under this policy.")
 
 
 fallbacks_app = typer.Typer(help="Fallbacks the numerics guard remembered.", no_args_is_help=True)
@@ -162,7 +162,7 @@ def fallbacks_clear(fingerprint: Annotated[Optional[str], typer.Argument(help="O
     from mixprec.diagnose.fallbacks import FallbackStore
 
     removed = FallbackStore().clear(fingerprint)
-    console.print(f"removed {removed} remembered fallback(s)", highlight=False)
+    say(console, f"removed {removed} remembered fallback(s)")
 
 
 @app.command("pipelines")
@@ -177,13 +177,13 @@ def pipelines_cmd(size: SizeFlag = "default", as_json: JsonFlag = False) -> None
     table_rows = []
     for row in rows:
         if "error" in row:
-            table_rows.append([row["name"], "-", f"[red]{row['error']}[/]", "-"])
+            table_rows.append([row["name"], "-", line((row["error"], "red")), "-"])
             continue
         comps = ", ".join(f"{c} {n / 1e6:.2f}M" for c, n in row["components"].items())
         table_rows.append([row["name"], row["output_kind"], comps, f"{row['total'] / 1e6:.2f}M"])
     console.print(table(f"Pipelines (size={size})", ["name", "output", "components (parameters)", "total"], table_rows))
     for name, error in pipelines.plugin_errors().items():
-        err_console.print(f"[yellow]warning:[/] plugin {name!r} failed to load: {error}", highlight=False)
+        say(err_console, ("warning:", "yellow"), f" plugin {name!r} failed to load: {error}")
 
 
 @app.command()

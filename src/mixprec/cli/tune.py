@@ -25,6 +25,7 @@ from mixprec.cli._common import (
     table,
     writable_path,
 )
+from mixprec.cli._text import clean, say
 
 
 @app.command("tune")
@@ -86,16 +87,16 @@ def tune_cmd(
     except (ValueError, NotImplementedError) as exc:
         fail(exc)
     store = open_store(db)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err_console, transient=False) as bar:
-        task = bar.add_task(f"{pipeline}: measuring the fp32 reference", total=n_budget)
+        task = bar.add_task(clean(f"{pipeline}: measuring the fp32 reference"), total=n_budget)
 
         def progress(event) -> None:
             best = event.best
             best_text = (f"best {best.evaluation.latency_s:.3f} s, {best.evaluation.memory_bytes / 2**20:.1f} MiB, "
                          f"{parsed.key} {best.evaluation.quality.get(parsed.key, float('nan')):.4g}") if best else "none meets the bound yet"
             left = f", {event.budget - event.evaluations} left" if event.budget is not None else ""
-            bar.update(task, completed=event.evaluations, description=f"{pipeline}: {event.latest.step[:40]} | {best_text}{left}")
+            bar.update(task, completed=event.evaluations, description=clean(f"{pipeline}: {event.latest.step[:40]} | {best_text}{left}"))
 
         try:
             result = mixprec.tune(pipeline, parsed, objective=objective, budget=n_budget, seeds=seed_list, store=store,
@@ -114,12 +115,12 @@ def tune_cmd(
     else:
         _print_tune(result, pipeline)
         if out:
-            console.print(f"policy written to {out} (load it with mixprec.Policy.load, or MIXPREC_POLICY for mixprec.init)", highlight=False)
+            say(console, f"policy written to {out} (load it with mixprec.Policy.load, or MIXPREC_POLICY for mixprec.init)")
         if html:
-            console.print(f"report written to {html}", highlight=False)
+            say(console, f"report written to {html}")
     if not result.met:
-        err_console.print(f"[bold red]bound not met:[/] no candidate meets {parsed}; the closest "
-                          f"({result.closest.step}) misses it by {result.miss:.4g}", highlight=False, soft_wrap=True)
+        say(err_console, ("bound not met:", "bold red"), f" no candidate meets {parsed}; the closest "
+            f"({result.closest.step}) misses it by {result.miss:.4g}")
         raise typer.Exit(code=1)
 
 
@@ -137,13 +138,12 @@ def _print_tune(result, pipeline: str) -> None:
              "yes" if c.met else "no", "chosen" if c is result.chosen else ""] for c in shown]
     console.print(table(f"tune {pipeline}: frontier of {len(result.path)} candidates ({result.bound}, {result.objective})",
                         ["#", "step", "latency s", "weights MiB", key, "meets", ""], rows))
-    console.print(f"{result.evaluations} measured evaluations, {result.cached} reused from the store, {result.wall_s:.0f} s",
-                  highlight=False)
+    say(console, f"{result.evaluations} measured evaluations, {result.cached} reused from the store, {result.wall_s:.0f} s")
     for note in result.notes:
-        console.print(f"  note: {note}", highlight=False, markup=False)
+        say(console, "  note: ", note)
     from mixprec.tuning.report import validation_text
 
-    console.print(f"validation: {validation_text(result)}", highlight=False, markup=False, soft_wrap=True)
+    say(console, f"validation: {validation_text(result)}")
     if result.seed_summary:
         rows = [[metric, _fmt_metric(v["worst"]), _fmt_metric(v["median"]), _fmt_metric(v["spread"]), int(v["seeds"])]
                 for metric, v in result.seed_summary.items()]
@@ -152,9 +152,9 @@ def _print_tune(result, pipeline: str) -> None:
     if result.met:
         base = result.path[0].evaluation
         chosen = result.chosen.evaluation
-        console.print(f"chosen: #{result.chosen.index} ({result.chosen.step}): {result.speedup:.2f}x "
-                      f"the speed of fp32, weights {chosen.memory_bytes / base.memory_bytes:.0%} of fp32, {key} {q(result.chosen)}; "
-                      f"kept fp32: {', '.join(result.keep_fp32) or 'none'}", highlight=False, markup=False, soft_wrap=True)
+        say(console, f"chosen: #{result.chosen.index} ({result.chosen.step}): {result.speedup:.2f}x "
+            f"the speed of fp32, weights {chosen.memory_bytes / base.memory_bytes:.0%} of fp32, {key} {q(result.chosen)}; "
+            f"kept fp32: {', '.join(result.keep_fp32) or 'none'}")
 
 
 def _fmt_metric(value: float) -> str:
