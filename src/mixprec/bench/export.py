@@ -62,18 +62,34 @@ def _export_rows(runs: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[dic
     return [*_ROW_FIELDS, *names], rows
 
 
+#: A text cell starting with one of these is a formula to a spreadsheet (OWASP "CSV injection").
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
 def _csv_cell(value: Any) -> str:
     if value is None:
         return ""
+    if isinstance(value, bool):
+        return str(value)
     if isinstance(value, float):
         return rundata.nonfinite_text(value) or repr(value)
-    return str(value)
+    if isinstance(value, int):
+        return str(value)
+    # Text (configuration, pipeline and policy names, errors) is data, never a live formula:
+    # a leading quote makes spreadsheets show it as typed.
+    text = str(value)
+    text = "'" + text if text.startswith(FORMULA_STARTS) else text
+    # The writer quotes a cell holding its line terminator ("\n") but not a lone "\r",
+    # which readers take for the end of the row: a carriage return reads as a line break.
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def to_csv(runs: Sequence[Mapping[str, Any]]) -> str:
     """One CSV row per configuration: run fields, status, error and every metric.
 
-    Missing values are empty cells; infinities read ``inf`` / ``-inf``.
+    Missing values are empty cells; infinities read ``inf`` / ``-inf``. A text cell that
+    a spreadsheet would run as a formula (starting with ``= + - @``, tab or carriage
+    return) gets a leading ``'``.
     """
     runs = list(runs)
     fields, rows = _export_rows(runs)
