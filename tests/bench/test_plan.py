@@ -100,7 +100,12 @@ def test_cli_budget_prints_the_plan_and_a_huge_batch_is_refused_before_any_run(t
                                   "--budget", "10m", "--repeat", "2", "--warmup", "1", "--db", str(db)])
     assert ok.exit_code == 0, ok.output
     assert "minilm: batch 1: 1 warm-up + 2 timed runs per configuration" in ok.output and "as asked" in ok.output
-    assert [len(c["samples"]) for c in Store(db).load_run(1)["configs"]] == [2, 2]
+    run = Store(db).load_run(1)
+    counts = [len(c["samples"]) for c in run["configs"]]
+    # Within the budget, rounds are added (up to as many again) while a ratio's interval
+    # is too wide to decide; two pairs never are, so rounds were added and said.
+    assert counts[0] == counts[1] and 2 < counts[0] <= 4
+    assert any(f"{counts[0] - 2} round(s) added" in note for note in run["notes"])
     for bad in (["--budget", "soon"], ["--budget", "0s"]):
         result = CliRunner().invoke(app, ["bench", "--pipeline", "minilm", "--size", "test", *bad, "--db", str(db)])
         assert result.exit_code == 2 and "--budget" in result.output

@@ -24,10 +24,12 @@ import torch
 from mixprec.measure import metrics as bench_metrics
 from mixprec.bench.configs import ConfigSpec
 from mixprec.bench.plan import Calibration, Plan, config_cost, plan_runs
+from mixprec.bench.rounds import MIN_TIMED, RoundKeeper, paired, speed_metrics
 from mixprec.bench.store import Store
 from mixprec.bench.worker import job_for, serve
 from mixprec.measure.executor import Executor, LocalProcessExecutor, WorkerError, WorkerTimeout
 from mixprec.measure.machine import machine_fingerprint, versions
+from mixprec.measure.stats import TARGET_WIDTH, instability
 from mixprec.device.hardware import Hardware
 
 __all__ = ["BenchOptions", "BenchCancelled", "run_bench", "calibrate", "size_label"]
@@ -118,6 +120,9 @@ class _Slot:
     first: dict[str, Any] | None = None
     done: dict[str, Any] = field(default_factory=dict)
     compile_s: float | None = None
+    rounds: list[int] = field(default_factory=list)  # the timed round of each sample
+    fallbacks: int = 0
+    untimed: int = 0  # timed rounds left out because a guard fallback ran in them
 
     @property
     def alive(self) -> bool:
@@ -152,8 +157,14 @@ def run_bench(
     executor: Executor | None = None,
     progress: Callable[[str, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    node: dict[str, Any] | None = None,
 ) -> int:
     """Measure every configuration and batch size; returns the run id in ``store``.
+
+    ``node`` describes where ``executor`` runs the workers when that is not this
+    machine (see :func:`mixprec.measure.cluster.probe_group`): its ``versions`` are
+    stored instead of this process's, and its ``node`` entry (label, host) with the
+    machine; ``hardware`` must then be the probe measured there.
 
     ``progress(description, steps_done)`` is called after each worker step. When
     ``should_stop()`` turns true (checked after each step) the workers are stopped, what
@@ -169,8 +180,10 @@ def run_bench(
         if should_stop is not None and should_stop():
             raise BenchCancelled(description)
 
-    run_id = store.start_run(pipeline=options.pipeline, size=options.size_label, machine=hardware.to_dict(),
-                             fingerprint=machine_fingerprint(hardware), versions=versions(), notes=options.notes,
+    machine = {**hardware.to_dict(), "node": node["node"]} if node and node.get("node") else hardware.to_dict()
+    run_id = store.start_run(pipeline=options.pipeline, size=options.size_label, machine=machine,
+                             fingerprint=machine_fingerprint(hardware),
+                             versions=node["versions"] if node and node.get("versions") else versions(), notes=options.notes,
                              command=options.command)
     status, notes = "complete", list(options.notes)
     deadline = time.monotonic() + options.budget if options.budget else None
@@ -264,6 +277,7 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
     slots: list[_Slot] = []
     warmup, repeat = options.warmup, options.repeat
     ref_limit = options.timeout if options.timeout is not None else REFERENCE_LIMIT_S
+    timed_rounds = repeat  # what a configuration that ran to the end has (a plan or the budget may change it)
     def start_others() -> None:
         for position, spec in enumerate(options.configs[1:], start=1):
             slots.append(_start(options, spec, position, batch, hardware, store, run_id, executor, state.overrides))
@@ -325,8 +339,22 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
             else:
                 _call(slot, store, limit, "reference", tokens)
 
-        for round_index in range(warmup + repeat):
+        deadline = began + budget if budget is not None else None
+        keeper = RoundKeeper(warmup, repeat, deadline, batch)
+        round_index = 0
+        while True:
+            ratios = [(slot.spec.name, paired((reference.rounds, reference.samples), (slot.rounds, slot.samples)))
+                      for slot in slots[1:] if slot.alive]
+            wide = [(name, r) for name, r in ratios if r is not None and (r.n < MIN_TIMED or r.width > TARGET_WIDTH)]
+            droppable = sorted((s for s in slots[1:] if s.alive), key=lambda s: -(s.samples[-1] if s.samples else 0.0))
+            go, dropped = keeper.go_on(round_index, wide, [(s.spec.name, s) for s in droppable])
+            for slot in dropped:
+                slot.status, slot.error = "skipped", "dropped: the run fell behind its time budget"
+                slot.worker.close()
+            if not go:
+                break
             timed = round_index >= warmup
+            keeper.start_round()
             for slot in slots:
                 if not slot.alive or (slot is reference and round_index == 0 and warmup > 0):
                     continue  # fp32's reference run was its first warm-up
@@ -336,26 +364,42 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
                     continue
                 if want:
                     slot.first = result
+                fallbacks = int(result.get("fallbacks") or 0)
+                if fallbacks > slot.fallbacks:
+                    # A guard fallback ran inside this call: its time is not the configuration's.
+                    slot.fallbacks = fallbacks
+                    if timed:
+                        slot.untimed += 1
+                        keeper.notes.append(f"batch {batch}: {slot.spec.name}: a guard fallback ran during timed round "
+                                            f"{round_index - warmup + 1}; that run is not timed")
+                        continue
                 if timed:
-                    store.add_sample(slot.config_id, len(slot.samples), result["seconds"])
+                    store.add_sample(slot.config_id, round_index - warmup, result["seconds"])
                     slot.samples.append(result["seconds"])
+                    slot.rounds.append(round_index - warmup)
                 step(f"batch {batch}: {'run' if timed else 'warm-up'} {slot.spec.name}", 1)
+            keeper.end_round()
+            round_index += 1
+        keeper.adaptive_note(round_index)
+        notes += keeper.notes
+        timed_rounds = max(0, round_index - warmup)  # every round asked for ran: "ok" needs these
 
         for slot in slots:
             if slot.alive:
                 slot.done = _call(slot, store, (ref_limit if slot is reference else limit) + 60, "finish") or {}
     finally:
-        _record(repeat, batch, slots, store)
+        notes += _record(timed_rounds, batch, slots, store)
         for slot in slots:
             if slot.worker is not None:
                 slot.worker.close()
     return notes
 
 
-def _record(repeat: int, batch: int, slots: list[_Slot], store: Store) -> None:
+def _record(repeat: int, batch: int, slots: list[_Slot], store: Store) -> list[str]:
+    """Store each configuration's metrics and status; returns notes on unstable timings."""
+    notes: list[str] = []
     reference = slots[0]
     ref_out = (reference.first or {}).get("output")
-    base = bench_metrics.latency_stats(reference.samples) if reference.samples else None
     for slot in slots:
         metrics: dict[str, Any] = {}
         if slot.samples:
@@ -364,10 +408,16 @@ def _record(repeat: int, batch: int, slots: list[_Slot], store: Store) -> None:
             metrics["latency_ci_exact"] = 1.0 if stats.get("ci_exact", True) else 0.0
             median = stats["median"]
             metrics["throughput_items_per_s"] = batch / median
-            if base:
-                metrics["speedup"] = base["median"] / median
+            ratio = paired((reference.rounds, reference.samples), (slot.rounds, slot.samples)) if reference.samples else None
+            calibration = (reference.first or {}).get("seconds") if slot is reference else None
+            metrics.update(speed_metrics(ratio, slot.samples, calibration))
+            why = instability(slot.samples, calibration=calibration)
+            if why:
+                notes.append(f"batch {batch}: unstable timings of {slot.spec.name}: {why}; re-run on a quiet machine or "
+                             "raise --repeat")
         if slot.ready:
-            metrics["weight_bytes"] = slot.ready.get("weight_bytes")
+            # What is stored after the run: a guard's pins may have moved weights back to fp32.
+            metrics["weight_bytes"] = (slot.done or {}).get("weight_bytes") or slot.ready.get("weight_bytes")
 
         if slot.compile_s is not None:
             metrics["compile_s"] = slot.compile_s
@@ -377,7 +427,10 @@ def _record(repeat: int, batch: int, slots: list[_Slot], store: Store) -> None:
         first = slot.first or {}
         out = first.get("output")
         extras = first.get("extras", {})
-        if out is not None and ref_out is not None and out.shape == ref_out.shape:
+        mismatch = out is not None and ref_out is not None and out.shape != ref_out.shape
+        if mismatch:
+            metrics["shape_mismatch"] = 1.0
+        elif out is not None and ref_out is not None:
             kind = (reference.ready or slot.ready).get("output_kind", "embedding")
             metrics.update(bench_metrics.quality(out, ref_out, kind, sample_rate=extras.get("sample_rate")))
         if out is not None:
@@ -396,8 +449,13 @@ def _record(repeat: int, batch: int, slots: list[_Slot], store: Store) -> None:
         status, error = slot.status, slot.error
         if status == "running":
             # Cut short (cancel, Ctrl-C, a crash of the runner): "ok" only with every sample.
-            status = "ok" if len(slot.samples) == repeat else "partial"
+            status = "ok" if len(slot.samples) + slot.untimed >= repeat else "partial"
             if status == "partial":
                 error = f"stopped after {len(slot.samples)} of {repeat} timed runs"
+        if mismatch and status in ("ok", "partial"):
+            # Another output is not the same model at another precision: no quality to speak of.
+            status, error = "failed", (f"output shape {tuple(out.shape)} differs from the fp32 reference's "
+                                       f"{tuple(ref_out.shape)}: not comparable")
         policy = slot.ready.get("policy") if slot.ready else None
         store.finish_config(slot.config_id, status=status, metrics=metrics, error=error, policy=policy)
+    return notes

@@ -68,7 +68,8 @@ def serve(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs in
             if cuda:
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - start
-            result: dict[str, Any] = {"seconds": seconds}
+            guard = info.get("guard")
+            result: dict[str, Any] = {"seconds": seconds, "fallbacks": len(guard.reports) if guard is not None else 0}
             if payload and payload.get("want_output"):
                 result["output"] = out.output.detach().float().cpu()
                 result["extras"] = {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in out.extras().items()}
@@ -76,7 +77,7 @@ def serve(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs in
         elif command == "finish":
             peak = (torch.cuda.max_memory_allocated() if cuda else max(0, peak_bytes() - baseline))
             guard = info.get("guard")
-            conn.send(("done", {"peak_mem_bytes": int(peak), "peak_kind": ("cuda max_memory_allocated" if cuda else "RSS above post-load baseline")
+            conn.send(("done", {"peak_mem_bytes": int(peak), "weight_bytes": weight_bytes(pipe), "peak_kind": ("cuda max_memory_allocated" if cuda else "RSS above post-load baseline")
                                              + (", compiling included" if spec.compile else ""),
                                 "fallbacks": len(guard.reports) if guard is not None else 0,
                                 "pins": {m: p.dtype for m, p in guard.pins.items()} if guard is not None else {}}))

@@ -1,0 +1,134 @@
+"""How many timed rounds a batch gets, and what the paired samples say.
+
+Each round runs the fp32 reference and then every configuration once, so round ``r``
+of a configuration and round ``r`` of the reference were timed under the same
+conditions: their ratio is one paired measurement (:func:`mixprec.measure.stats.paired_ratio`).
+
+:class:`RoundKeeper` decides, before each round, whether to run it:
+
+- **behind the budget**: when the rounds left would end past the deadline, the
+  planned rounds are cut (never below :data:`MIN_TIMED`), and if even those do not fit
+  the slowest configurations are dropped; both are named in the run's notes;
+- **adaptive rounds**: with a budget, after the planned rounds, rounds are added while
+  some configuration's speed ratio interval is wider than
+  :data:`~mixprec.measure.stats.TARGET_WIDTH` and the budget allows one more; those
+  still wide at the end are named as undecided.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from mixprec.measure.stats import TARGET_WIDTH, Ratio, instability, paired_ratio
+
+__all__ = ["RoundKeeper", "paired", "speed_metrics", "load_note", "MIN_TIMED"]
+
+#: Fewer timed rounds than this give no interval worth a decision.
+MIN_TIMED = 3
+
+
+def paired(reference: tuple[Sequence[int], Sequence[float]], candidate: tuple[Sequence[int], Sequence[float]]) -> Ratio | None:
+    """The paired speed ratio of ``candidate`` against ``reference``, each given as
+    (round indexes, seconds); rounds only one of them has are left out."""
+    ref = dict(zip(*reference))
+    pairs = [(ref[r], s) for r, s in zip(*candidate) if r in ref]
+    if not pairs:
+        return None
+    return paired_ratio([p[0] for p in pairs], [p[1] for p in pairs])
+
+
+def speed_metrics(ratio: Ratio | None, samples: Sequence[float], calibration: float | None) -> dict[str, Any]:
+    """The stored speed figures of one configuration: its paired speed-up and interval,
+    its samples' coefficient of variation and whether they look unstable."""
+    metrics: dict[str, Any] = {}
+    if ratio is not None:
+        metrics.update(speedup=ratio.value, speedup_ci_low=ratio.low, speedup_ci_high=ratio.high, speedup_pairs=ratio.n)
+    if len(samples) >= 2:
+        mean = sum(samples) / len(samples)
+        var = sum((s - mean) ** 2 for s in samples) / (len(samples) - 1)
+        metrics["latency_cv"] = (var ** 0.5) / mean if mean > 0 else None
+    metrics["unstable"] = 1.0 if instability(samples, calibration=calibration) else 0.0
+    return metrics
+
+
+def load_note(cores: int | None = None) -> str | None:
+    """A note when the machine was busy: the 1-minute load average above the cores."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    cores = cores or os.cpu_count() or 1
+    if load > cores:
+        return f"the machine was loaded (load average {load:.1f} on {cores} cores): timings are noisier than on a quiet machine"
+    return None
+
+
+@dataclass
+class RoundKeeper:
+    """Decides round by round; ``notes`` collects what it cut, dropped or could not decide."""
+
+    warmup: int
+    repeat: int
+    deadline: float | None
+    batch: int
+    extra: int = 0
+    notes: list[str] = field(default_factory=list)
+    _last: float = 0.0
+    _started: float | None = None
+
+    def __post_init__(self) -> None:
+        # Adaptive rounds only within a budget: as many again as planned, at most.
+        self.extra = self.repeat if self.deadline is not None else 0
+
+    def start_round(self) -> None:
+        self._started = time.monotonic()
+
+    def end_round(self) -> None:
+        if self._started is not None:
+            self._last = time.monotonic() - self._started
+
+    def fits(self, rounds: int, now: float | None = None) -> bool:
+        if self.deadline is None:
+            return True
+        return (now or time.monotonic()) + rounds * self._last * 1.1 <= self.deadline
+
+    def go_on(self, index: int, wide: list[tuple[str, Ratio]], slow_first: list[tuple[str, Any]]) -> tuple[bool, list[Any]]:
+        """Whether to run round ``index`` (0-based, warm-ups included), and which slots
+        to drop first. ``wide``: (name, ratio) of configurations whose interval is wider
+        than the target; ``slow_first``: (name, slot) of droppable configurations, the
+        slowest first."""
+        planned = self.warmup + self.repeat
+        timed = index - self.warmup  # timed rounds done so far
+        if index < planned:
+            if self.deadline is None or index == 0 or self.fits(planned - index):
+                return True, []
+            if timed < MIN_TIMED:
+                dropped = []
+                while slow_first and not self.fits(MIN_TIMED - max(timed, 0) + max(0, self.warmup - index)):
+                    name, slot = slow_first.pop(0)
+                    dropped.append(slot)
+                    self._last *= 0.5  # a rough share: the slowest takes about half of a round
+                    self.notes.append(f"batch {self.batch}: behind the time budget: dropped {name}")
+                return True, dropped
+            self.notes.append(f"batch {self.batch}: behind the time budget: {planned - index} of {self.repeat} planned "
+                              f"timed round(s) dropped after {timed}")
+            return False, []
+        if not wide:
+            return False, []
+        if index < planned + self.extra and self.fits(1):
+            return True, []
+        undecided = [(name, ratio) for name, ratio in wide if ratio.verdict() == "undecided"]
+        if not undecided:
+            return False, []
+        names = ", ".join(f"{name} {ratio.text()}" for name, ratio in undecided)
+        self.notes.append(f"batch {self.batch}: undecided after {max(timed, 0)} timed rounds (interval wider than "
+                          f"{100 * TARGET_WIDTH:.0f} %, faster or slower than fp32 not supported): {names}; re-run on a quiet machine or raise --repeat/--budget")
+        return False, []
+
+    def adaptive_note(self, index: int) -> None:
+        added = index - (self.warmup + self.repeat)
+        if added > 0:
+            self.notes.append(f"batch {self.batch}: {added} round(s) added until the speed ratios were narrow enough")
