@@ -18,7 +18,7 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 __all__ = ["Store", "StoreError", "SCHEMA_VERSION", "default_db_path"]
 
@@ -121,6 +121,25 @@ def default_db_path() -> Path:
     return Path(platformdirs.user_data_dir("mixprec")) / "bench.sqlite"
 
 
+#: SQLite's own wait on a busy database before _begin takes over (and can say so).
+_BUSY_S = 2.0
+
+
+def _is_locked(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+def _is_full(exc: sqlite3.OperationalError) -> bool:
+    return "full" in str(exc).lower()
+
+
+def _warn(message: str) -> None:
+    import warnings
+
+    warnings.warn(message, stacklevel=4)
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S")
 
@@ -133,22 +152,37 @@ def _num(value: Any) -> float | None:
 
 
 class Store:
-    """A benchmark database. Open with ``Store(path)``; every method is one transaction."""
+    """A benchmark database. Open with ``Store(path)``; every method is one transaction.
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, target_version: int = SCHEMA_VERSION):
+    A write that finds the database held by another process waits for it, up to
+    ``lock_wait_s`` seconds, and tells ``on_wait`` once (default: a warning); only then
+    does it fail with :class:`StoreError`.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, target_version: int = SCHEMA_VERSION,
+                 lock_wait_s: float = 600.0, on_wait: Callable[[str], None] | None = None):
         self.path = Path(path) if path is not None else default_db_path()
+        self.lock_wait_s = float(lock_wait_s)
+        self.on_wait = on_wait if on_wait is not None else _warn
         self._check_file()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        busy_s = max(0.05, min(_BUSY_S, self.lock_wait_s))
+        self._conn = sqlite3.connect(self.path, timeout=busy_s, isolation_level=None)
         self._conn.row_factory = sqlite3.Row
         try:
-            self._conn.execute("PRAGMA busy_timeout = 30000")
+            self._conn.execute(f"PRAGMA busy_timeout = {int(busy_s * 1000)}")
             self._conn.execute("PRAGMA foreign_keys = ON")
             self._migrate(target_version)
             self._conn.execute("PRAGMA journal_mode = WAL")
         except sqlite3.DatabaseError as exc:
             self._conn.close()
+            if isinstance(exc, sqlite3.OperationalError) and _is_locked(exc):
+                raise StoreError(f"{self.path} is locked by another process ({exc}); it was left untouched. "
+                                 "Run again when the other process has finished, or choose another --db") from None
             raise StoreError(f"{self.path} is not a usable SQLite database ({exc}); it was left untouched") from None
+        except StoreError:
+            self._conn.close()
+            raise
 
     def _check_file(self) -> None:
         if not self.path.exists() or self.path.stat().st_size == 0:
@@ -160,13 +194,41 @@ class Store:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        self._conn.execute("BEGIN IMMEDIATE")
+        self._begin()
         try:
             yield self._conn
-        except BaseException:
-            self._conn.execute("ROLLBACK")
+            self._conn.execute("COMMIT")
+        except BaseException as exc:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.OperationalError) and _is_full(exc):
+                raise StoreError(f"{self.path}: the disk is full ({exc}); what was stored before is kept. "
+                                 "Free some space (or choose another --db) and run again") from None
             raise
-        self._conn.execute("COMMIT")
+
+    def _begin(self) -> None:
+        """Start a write transaction; while another process holds the database, wait (saying so once)."""
+        started, told = time.monotonic(), False
+        while True:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if not _is_locked(exc):
+                    if _is_full(exc):
+                        raise StoreError(f"{self.path}: the disk is full ({exc}); what was stored before is kept. "
+                                         "Free some space (or choose another --db) and run again") from None
+                    raise
+                waited = time.monotonic() - started
+                if waited >= self.lock_wait_s:
+                    raise StoreError(f"{self.path} stayed locked by another process for {waited:.0f} s; "
+                                     "nothing was written. Run again when the other process has finished, "
+                                     "or choose another --db") from None
+                if not told:
+                    told = True
+                    self.on_wait(f"{self.path} is in use by another process (a benchmark or tune writing to it); "
+                                 f"waiting up to {self.lock_wait_s:.0f} s for it")
+                time.sleep(min(0.2, self.lock_wait_s))
 
     def _migrate(self, target: int) -> None:
         with self._tx() as db:
@@ -282,6 +344,7 @@ class Store:
 
     def load_tune_run(self, run_id: int) -> dict[str, Any]:
         """One tune run with its ``policy_toml`` and ``result``."""
+        _check_id(run_id, "tune run")
         row = self._conn.execute("SELECT * FROM tune_runs WHERE id=?", (run_id,)).fetchone()
         if row is None:
             known = [r["id"] for r in self.tune_runs(10)]
@@ -299,6 +362,7 @@ class Store:
 
     def load_run(self, run_id: int) -> dict[str, Any]:
         """The run as a plain dict (the shape :mod:`mixprec.bench.report` renders)."""
+        _check_id(run_id, "run")
         row = self._conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
         if row is None:
             known = [r["id"] for r in self.runs(10)]
@@ -315,6 +379,15 @@ class Store:
                 "pipeline": row["pipeline"], "size": row["size"], "command": row["command"],
                 "machine": json.loads(row["machine_json"]), "machine_fingerprint": row["machine_fingerprint"],
                 "versions": json.loads(row["versions_json"]), "notes": json.loads(row["notes_json"]), "configs": configs}
+
+
+#: The largest id SQLite keeps (a signed 64-bit integer).
+MAX_ID = 2**63 - 1
+
+
+def _check_id(run_id: Any, what: str) -> None:
+    if isinstance(run_id, bool) or not isinstance(run_id, int) or not 1 <= run_id <= MAX_ID:
+        raise StoreError(f"{what} id {run_id!r} is not valid: ids are whole numbers from 1 to {MAX_ID}")
 
 
 def finite_or_none(value: Any) -> Any:

@@ -106,7 +106,7 @@ def open_store(db: str | None):
 
     try:
         writable_path(db, "--db")
-        return Store(db)
+        return Store(db, on_wait=lambda message: say(err_console, ("waiting:", "yellow"), " ", message))
     except (StoreError, ValueError) as exc:
         fail(exc)
 

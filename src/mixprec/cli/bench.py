@@ -6,7 +6,6 @@ import json
 import math
 import sys
 import time
-from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
@@ -28,6 +27,7 @@ from mixprec.cli._common import (
     table,
     writable_path,
 )
+from mixprec.cli._files import Outputs, write_run_exports
 from mixprec.cli._text import clean, json_text, say
 
 _TERMINAL_COLUMNS = ("config", "batch", "status", "latency", "ci", "speedup", "throughput", "tokens_per_s", "rtf",
@@ -77,9 +77,10 @@ def bench(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from mixprec.device import hardware
-    from mixprec.bench import export, plan, report
+    from mixprec.bench import plan
     from mixprec.bench.configs import parse_configs
     from mixprec.bench.runner import BenchOptions, run_bench
+    from mixprec.bench.store import StoreError
 
     try:
         batches = int_list(batch, "--batch")
@@ -127,18 +128,18 @@ def bench(
             options = BenchOptions(pipeline=name, configs=specs, batches=batches, repeat=n_repeat, warmup=n_warmup,
                                    timeout=timeout, size=size, seed=run_seed, device=device, notes=notes, command=command,
                                    budget=share, on_plan=planned)
-            run_ids.append(run_bench(options, hw, store, progress=step))
+            try:
+                run_ids.append(run_bench(options, hw, store, progress=step))
+            except StoreError as exc:  # the disk filled, or the store stayed locked: what was stored is kept
+                bar.stop()
+                fail(exc)
     runs = [store.load_run(i) for i in run_ids]
     for run in runs:
         _print_run(run)
-    if html:
-        report.save_html(runs, html)
-        say(console, f"report written to {html}")
-    if json_out:
-        Path(json_out).write_text(export.to_json(runs))
-    if csv_out:
-        Path(csv_out).write_text(export.to_csv(runs))
+    outputs = Outputs(err_console)
+    write_run_exports(outputs, console, runs, html=html, json_out=json_out, csv_out=csv_out)
     say(console, f"stored as run(s) {', '.join(map(str, run_ids))} in {store.path}")
+    outputs.finish()
 
 
 def _steps(configs: int, warmup: int, repeat: int) -> int:
@@ -194,22 +195,29 @@ def runs_list(db: DbFlag = None, as_json: JsonFlag = False) -> None:
 @runs_app.command("show")
 def runs_show(run_id: Annotated[int, typer.Argument(help="Run id.")], db: DbFlag = None,
               html: Annotated[Optional[str], typer.Option("--html", help="Also write an HTML report.")] = None,
+              csv_out: Annotated[Optional[str], typer.Option("--csv", help="Also write one CSV row per configuration.")] = None,
               as_json: JsonFlag = False) -> None:
     """One run: every configuration and metric."""
-    from mixprec.bench import export, report
+    from mixprec.bench import export
     from mixprec.bench.store import StoreError
 
+    try:
+        writable_path(html, "--html")
+        writable_path(csv_out, "--csv")
+    except ValueError as exc:
+        fail(exc)
     store = open_store(db)
     try:
         run = store.load_run(run_id)
     except StoreError as exc:
         fail(exc)
+    outputs = Outputs(err_console)
     if as_json:
         console.print(json_text(export.to_json([run])), highlight=False, markup=False, emoji=False, soft_wrap=True)
-        return
-    _print_run(run)
-    if html:
-        report.save_html([run], html)
+    else:
+        _print_run(run)
+    write_run_exports(outputs, err_console if as_json else console, [run], html=html, csv_out=csv_out)
+    outputs.finish()
 
 
 @app.command()

@@ -22,6 +22,7 @@ from mixprec.cli._common import (
     table,
     writable_path,
 )
+from mixprec.cli._files import Outputs
 from mixprec.cli._text import line, say
 
 
@@ -197,9 +198,19 @@ def run(
     """Run a pipeline once and write its output to a file you can open."""
     from mixprec import pipelines
 
+    result: dict[str, Any] = {}
+
+    def produce(path) -> None:
+        result.update(pipelines.run_to_file(pipeline, path, seed=run_seed, batch=run_batch, size=size))
+
+    outputs = Outputs(err_console)
     try:
         writable_path(out, "--out")
-        result = pipelines.run_to_file(pipeline, out, seed=as_int(seed, "--seed"), batch=as_int(batch, "--batch"), size=size)
+        run_seed, run_batch = as_int(seed, "--seed"), as_int(batch, "--batch")
+        outputs.write(out, "--out", produce, again=f"mixprec run --pipeline {pipeline} --out {out}")
     except (ValueError, NotImplementedError) as exc:
         fail(exc)
-    console.print(table(f"mixprec run --pipeline {pipeline}", ["field", "value"], [[k, v] for k, v in result.items()]))
+    if result:
+        result["path"] = out  # written under a temporary name first, then renamed
+        console.print(table(f"mixprec run --pipeline {pipeline}", ["field", "value"], [[k, v] for k, v in result.items()]))
+    outputs.finish()

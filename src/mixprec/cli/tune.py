@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -25,6 +24,7 @@ from mixprec.cli._common import (
     table,
     writable_path,
 )
+from mixprec.cli._files import Outputs
 from mixprec.cli._text import clean, say
 
 
@@ -104,24 +104,27 @@ def tune_cmd(
                                   validation_seeds=held_out, margin=margin_db)
         except ValueError as exc:
             fail(exc)
-    if out:
-        Path(out).write_text(result.to_toml(), encoding="utf-8")
-    if html:
-        Path(html).write_text(render_tune_html(result), encoding="utf-8")
+    outputs = Outputs(err_console)
+    again = "run the same mixprec tune command (its measurements are kept in the store and reused)"
+    wrote_out = outputs.write_text(out, "--out", result.to_toml(), again=again)
+    wrote_html = outputs.write_text(html, "--html", render_tune_html(result), again=again)
     if as_json:
         from mixprec.tuning.result import jsonable
 
         console.print_json(json.dumps(jsonable(result.to_dict())))
     else:
         _print_tune(result, pipeline)
-        if out:
+        if wrote_out:
             say(console, f"policy written to {out} (load it with mixprec.Policy.load, or MIXPREC_POLICY for mixprec.init)")
-        if html:
+        if wrote_html:
             say(console, f"report written to {html}")
+        if not wrote_out and out:
+            say(console, "the chosen policy, to save by hand:\n", result.to_toml())
     if not result.met:
         say(err_console, ("bound not met:", "bold red"), f" no candidate meets {parsed}; the closest "
             f"({result.closest.step}) misses it by {result.miss:.4g}")
         raise typer.Exit(code=1)
+    outputs.finish()
 
 
 def _print_tune(result, pipeline: str) -> None:
