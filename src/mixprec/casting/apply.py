@@ -22,9 +22,10 @@ from mixprec.device import backends
 from mixprec.casting.caches import PlainTensors
 from mixprec.casting.compile import Compiled, any_on_cpu, check_compiler
 from mixprec.casting.explain import dtype_read_warnings, explain_rows
+from mixprec.casting.follow import WeightChanges, replaced_by_app
 from mixprec.casting.hooks import own_tensors
 from mixprec.casting.install import install_wrappers
-from mixprec.casting.targets import DTYPES, ApplyError, components_of, weight_bytes
+from mixprec.casting.targets import DTYPES, ApplyError, components_of, refuse_meta, refuse_unsupported, weight_bytes
 from mixprec.policy import ModulePlan, Policy, PolicyError, closest_names, resolve_modules
 
 __all__ = ["apply", "Applied", "RevertError"]
@@ -65,6 +66,13 @@ class Applied:
         self._numerics: backends.Snapshot | None = None
         self._entry_dtypes: dict[str, torch.dtype] = {}
         self._plain: PlainTensors | None = None
+        # Weights the app changed after apply (load_state_dict, in place): the new originals.
+        self._followed: dict[int, torch.Tensor] = {}
+        self._original_dtypes: dict[int, torch.dtype] = {}
+        self._changes: WeightChanges | None = None
+        #: Counts the weight changes followed since apply (a fingerprint of the weights is stale after one).
+        self.weights_version = 0
+        self._reapplying = False
         self._active = True
 
     @property
@@ -107,6 +115,8 @@ class Applied:
             if missing:
                 raise RevertError(f"{path} lacks {len(missing)} of the {len(self._originals)} original tensors; the policy "
                                   "is still applied and nothing was changed: reload the model from its checkpoint")
+        if self._changes is not None:
+            self._changes.sync(self._original_dtypes)  # parameters changed in place: their values, not stale ones
         for handle in reversed(self._handles):  # wrappers of one method come off in the order they went on
             handle.remove()
         self._handles.clear()
@@ -127,20 +137,29 @@ class Applied:
                 "hooks and patches removed, but the original weights were not kept (keep_original='none'); "
                 "reload the model, or apply with keep_original='cpu' or 'disk'"
             )
+        replaced = []
         for key, (tensor, saved) in self._originals.items():
             original, device = (loaded[str(key)], saved) if self._disk is not None else saved
-            original = original.to(device)
+            original = self._followed.get(key, original).to(device)
             tensor.data = original
             for module, slot in self._locations.get(key, ()):
                 table = module._parameters if slot.startswith("p:") else module._buffers
                 current = table.get(slot[2:])
                 if current is not None and current is not tensor:
                     if slot.startswith("p:"):
-                        current.data = original
+                        if replaced_by_app(current, tensor):
+                            replaced.append(f"{type(module).__name__}.{slot[2:]}")  # the app's own object now
+                        else:
+                            current.data = original
                     else:
                         table[slot[2:]] = tensor
         self._originals.clear()
         self._locations.clear()
+        self._followed.clear()
+        self._changes = None
+        if replaced and not self._reapplying:  # a re-apply casts the app's new object afresh
+            warnings.warn(f"{len(replaced)} parameter(s) were replaced after the policy was applied ({', '.join(replaced[:4])}"
+                          f"{', ...' if len(replaced) > 4 else ''}): left as the app set them", stacklevel=2)
         if self._disk is not None:
             self._disk.cleanup()
             self._disk = None
@@ -151,8 +170,13 @@ class Applied:
             from safetensors.torch import load_file
 
             loaded = load_file(str(Path(self._disk.name) / "originals.safetensors"))
-            return {key: loaded[str(key)] for key in self._originals}
-        return {key: saved[0] for key, (_, saved) in self._originals.items()}
+            return {key: self._followed.get(key, loaded[str(key)]) for key in self._originals}
+        return {key: self._followed.get(key, saved[0]) for key, (_, saved) in self._originals.items()}
+
+    def _follow(self, key: int, value: torch.Tensor) -> None:
+        """Make ``value`` (the app's new weight, at any precision) the original of tensor ``key``."""
+        self._followed[key] = value.to("cpu", self._original_dtypes[key], copy=True)
+        self.weights_version += 1
 
     def reapply(self, policy: Policy, *, strict: bool = False) -> None:
         """Swap in another policy on the same components, from the original weights.
@@ -171,7 +195,11 @@ class Applied:
         if policy.compile is not None:
             check_compiler(policy.compile, any_on_cpu(self.components))
         if self._active:
-            self.revert()
+            self._reapplying = True
+            try:
+                self.revert()
+            finally:
+                self._reapplying = False
         self.policy, self.plans, self.original_bytes = policy, plans, 0
         _materialize(self)
 
@@ -218,6 +246,7 @@ def apply(
     if not isinstance(policy, Policy):
         raise ApplyError(f"policy must be a mixprec Policy, got {type(policy).__name__}")
     comps, _ = components_of(target)
+    refuse_unsupported(comps)
     for name, root in comps.items():
         for module in root.modules():
             if module.__dict__.get(_MARK):
@@ -229,6 +258,8 @@ def apply(
                     f"({type(module).__name__}); revert that one before applying another"
                 )
     plans = _validate(comps, policy, strict)
+    refuse_meta([(f"{p.qualname}.{key[2:]}".lstrip("."), t) for p in plans for key, t in own_tensors(p.module)
+                 if t.is_floating_point() and t.dtype != DTYPES[p.storage]])
     if policy.compile is not None:
         check_compiler(policy.compile, any_on_cpu(comps))
 
@@ -298,6 +329,7 @@ def _materialize(applied: Applied) -> None:
             applied._disk = tempfile.TemporaryDirectory(prefix="mixprec-originals-")
             save_file({str(k): t.data.detach().to("cpu").contiguous() for k, (t, _) in new_data.items()},
                       str(Path(applied._disk.name) / "originals.safetensors"))
+    applied._original_dtypes = {key: t.dtype for key, (t, _) in new_data.items()}
     for t, data in new_data.values():
         t.data = data
     applied._active = True
@@ -306,6 +338,9 @@ def _materialize(applied: Applied) -> None:
         if policy.numerics is not None:
             applied._numerics = backends.apply_settings(policy.numerics)
         install_wrappers(comps, by_module, policy, applied._entry_dtypes, applied._handles, applied._pinned)
+        if keep_original != "none":
+            applied._changes = WeightChanges({key: t for key, (t, _) in new_data.items()}, applied._locations, applied._follow)
+            applied._handles.extend(applied._changes.install(comps))
         if policy.compile is not None:
             for root in comps.values():
                 applied._handles.append(Compiled(root, policy.compile))

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-__all__ = ["ApplyError", "DTYPES", "components_of", "weight_bytes"]
+__all__ = ["ApplyError", "DTYPES", "components_of", "refuse_meta", "refuse_unsupported", "weight_bytes"]
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -45,6 +45,37 @@ def components_of(target: Any) -> tuple[dict[str, nn.Module], tuple[str, ...]]:
         raise ApplyError(f"{type(target).__name__} has no nn.Module components (found: "
                          f"{', '.join(f'{k}={type(v).__name__}' for k, v in source.items()) or 'none'})")
     return comps, tuple(getattr(target, "sensitive", ()) or ())
+
+
+def refuse_unsupported(comps: Mapping[str, nn.Module]) -> None:
+    """Refuse, before anything changes, components whose weights a policy cannot cast.
+
+    Raises:
+        ApplyError: for a TorchScript module (``torch.jit.script``/``trace``: no Python
+            forward to wrap, its tensors are the compiled graph's).
+    """
+    for cname, root in comps.items():
+        label = repr(cname) if cname else "(root)"
+        scripted = next((name for name, m in root.named_modules() if isinstance(m, torch.jit.ScriptModule)), None)
+        if scripted is not None:
+            where = f" (submodule {scripted!r})" if scripted else ""
+            raise ApplyError(f"component {label} is a TorchScript module{where}: mixprec cannot cast its weights or wrap "
+                             "its forward; nothing was changed. Apply the policy to the eager nn.Module, before "
+                             "torch.jit.script / torch.jit.trace")
+
+
+def refuse_meta(cast: list[tuple[str, torch.Tensor]]) -> None:
+    """Refuse ``(qualified name, tensor)`` pairs a policy would cast that live on the meta device.
+
+    Raises:
+        ApplyError: naming the first one; they hold no values to cast or to keep.
+    """
+    meta = [name for name, t in cast if t.is_meta]
+    if meta:
+        raise ApplyError(f"{len(meta)} tensor(s) the policy would cast are on the meta device (first: {meta[0]!r}) and "
+                         "hold no values; nothing was changed. Load the weights first (for example "
+                         "model.to_empty(device='cpu') then model.load_state_dict(...), or load without "
+                         "device_map='meta' / init_empty_weights), then apply")
 
 
 def weight_bytes(target: Any) -> int:

@@ -88,6 +88,7 @@ class Guard:
         self._fallbacks = threading.RLock()
         self._generation = 0
         self._fingerprint: str | None = None
+        self._fingerprint_of = 0
 
     # -- set-up ----------------------------------------------------------------------
     @property
@@ -98,8 +99,10 @@ class Guard:
 
     @property
     def fingerprint(self) -> str:
-        if self._fingerprint is None:
-            self._fingerprint = fingerprint(self.applied, self.hardware)
+        """The model's fingerprint; taken again after the app changed weights (load_state_dict)."""
+        version = self.applied.weights_version
+        if self._fingerprint is None or self._fingerprint_of != version:
+            self._fingerprint, self._fingerprint_of = fingerprint(self.applied, self.hardware), version
         return self._fingerprint
 
     def _install(self) -> None:

@@ -1,0 +1,135 @@
+"""Weights the app changes after a policy is applied: followed, so that ``revert`` and a
+re-apply (the guard's fallback) start from them, never from stale originals.
+
+Three ways an app changes weights under an applied policy:
+
+* ``model.load_state_dict(state)`` copies the loaded values into the cast tensors, which
+  rounds them to 16 bits. Hooks on every module see the state before the copy; for each
+  cast tensor the copy reached, the loaded value at its original precision becomes the
+  original that ``revert`` puts back and a re-apply casts again.
+  ``load_state_dict(..., assign=True)`` would swap the cast tensors for the loaded ones;
+  it is refused before anything is loaded into the applied model.
+* Replacing a parameter (``module.weight = nn.Parameter(w)``): the new object is the
+  app's. ``revert`` leaves it as the app set it, and a re-apply casts it afresh.
+* Changing a cast parameter in place (``weight.copy_(w)``, an optimizer step): its
+  values exist only in 16 bits; they become the original, upcast, with a warning.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from mixprec.casting.targets import ApplyError
+
+__all__ = ["WeightChanges", "replaced_by_app"]
+
+
+def replaced_by_app(current: torch.Tensor, tracked: torch.Tensor) -> bool:
+    """Whether a parameter slot holding ``current`` instead of ``tracked`` was set by the app.
+
+    With ``torch.__future__.set_overwrite_module_params_on_conversion(True)``, ``.half()``
+    and ``.to()`` make new Parameter objects themselves: those are conversions of the same
+    weights, not the app's own values.
+    """
+    return current is not tracked and not torch.__future__.get_overwrite_module_params_on_conversion()
+
+
+def _version(t: torch.Tensor) -> int | None:
+    return None if t.is_inference() else t._version
+
+
+class WeightChanges:
+    """Keeps the originals of one applied model in step with the app's weight changes.
+
+    Args:
+        originals: ``id`` of each cast tensor -> the tensor, as the applied model holds it.
+        locations: ``id`` -> the (module, ``"p:name"``/``"b:name"``) slots holding it.
+        follow: called with (``id``, new original at full precision) for every change followed.
+    """
+
+    def __init__(self, originals: dict[int, torch.Tensor], locations: dict[int, list[tuple[nn.Module, str]]],
+                 follow: Callable[[int, torch.Tensor], None]):
+        self.originals = originals
+        self.locations = locations
+        self.follow = follow
+        self.versions = {key: _version(t) for key, t in originals.items()}
+        self._loading: dict[int, tuple[torch.Tensor, int | None]] = {}
+
+    def install(self, components: dict[str, nn.Module]) -> list[Any]:
+        """Load hooks on every module of the components; returns their handles."""
+        slots: dict[int, list[tuple[str, int]]] = {}
+        for key, where in self.locations.items():
+            for module, slot in where:
+                slots.setdefault(id(module), []).append((slot, key))
+        handles: list[Any] = []
+        seen: set[int] = set()
+        for root in components.values():
+            for module in root.modules():
+                if id(module) in seen:
+                    continue
+                seen.add(id(module))
+                own = slots.get(id(module), [])
+                handles.append(module._register_load_state_dict_pre_hook(self._pre_hook(own), with_module=True))
+                if own:
+                    handles.append(module.register_load_state_dict_post_hook(self._post_hook(own)))
+        return handles
+
+    def _pre_hook(self, own: list[tuple[str, int]]):
+        def hook(module, state_dict, prefix, local_metadata, *args):
+            if local_metadata.get("assign_to_params_buffers"):
+                raise ApplyError(
+                    f"load_state_dict(..., assign=True) reached {type(module).__name__} {prefix.rstrip('.') or '(root)'!r}, "
+                    "whose tensors a mixprec policy has cast: assigning would swap them for uncast ones; nothing was "
+                    "loaded into the applied model. Load without assign=True (mixprec keeps the loaded values at "
+                    "full precision for revert), or revert() first, load, then apply again")
+            for slot, key in own:
+                name = prefix + slot[2:]
+                if name in state_dict and isinstance(state_dict[name], torch.Tensor):
+                    tensor = self.originals[key]
+                    self._loading[key] = (state_dict[name], _version(tensor))
+        return hook
+
+    def _post_hook(self, own: list[tuple[str, int]]):
+        def hook(module, incompatible_keys):
+            for slot, key in own:
+                if key not in self._loading:
+                    continue
+                loaded, before = self._loading.pop(key)
+                tensor = self.originals[key]
+                table = module._parameters if slot.startswith("p:") else module._buffers
+                if table.get(slot[2:]) is not tensor:
+                    continue
+                after = _version(tensor)
+                if before is not None and after == before:
+                    continue  # not copied (a shape mismatch, reported by torch)
+                self.follow(key, loaded.detach())
+                self.versions[key] = after
+        return hook
+
+    def sync(self, original_dtypes: dict[int, torch.dtype]) -> list[str]:
+        """Follow cast parameters changed in place since they were cast; returns their names.
+
+        Their current (16-bit) values become the originals, in ``original_dtypes[key]``.
+        """
+        changed = []
+        for key, tensor in self.originals.items():
+            where = self.locations.get(key, ())
+            if not any(slot.startswith("p:") for _, slot in where):
+                continue  # buffers (running statistics) are the model's own business, put back as they were
+            now = _version(tensor)
+            if now is None or now == self.versions.get(key):
+                continue
+            self.follow(key, tensor.detach().to(original_dtypes[key]))
+            self.versions[key] = now
+            module, slot = where[0]
+            changed.append(f"{type(module).__name__}.{slot[2:]}")
+        if changed:
+            warnings.warn(f"{len(changed)} cast parameter(s) were changed in place after the policy was applied "
+                          f"({', '.join(changed[:4])}{', ...' if len(changed) > 4 else ''}): their current 16-bit values "
+                          "become the originals. To keep full precision, change weights with load_state_dict (which "
+                          "mixprec follows), or revert, change them, and apply again", stacklevel=4)
+        return changed
