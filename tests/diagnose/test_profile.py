@@ -275,3 +275,35 @@ def test_int_inputs_that_match_are_not_flagged():
     model = nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 8))
     prof = mixprec.profile(model, torch.tensor([[1, 2, 49]]), BF16_FP32)
     assert not any(s.int_inputs_differ or s.pairing_mismatch for s in prof.modules)
+
+
+def test_a_non_finite_input_is_the_inputs_not_an_overflow_inside_a_module():
+    model = _two_layers()
+    x = torch.randn(2, 3)
+    x[1, 2] = math.nan
+    with pytest.raises(mixprec.NonFiniteInputError, match=r"non-finite values in the profiled inputs, at \[1\]\['x'\]"):
+        mixprec.profile(model, (torch.ones(2, 3), {"x": x}), Policy((Rule("*", storage="fp16"),)),
+                        run=lambda inputs: model(inputs[1]["x"]))
+
+
+class _LogThenLinear(nn.Module):
+    """Its own fp32 code makes NaN from a negative input (log), before a plain layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.lin(torch.log(x))
+
+
+def test_a_module_whose_input_turned_non_finite_is_marked_and_never_suggested():
+    torch.manual_seed(0)
+    model = _LogThenLinear()
+    x = torch.tensor([[1.0, 2.0, 3.0], [0.5, -1.0, 2.0]])  # one negative value: NaN in fp32 already
+    prof = mixprec.profile(model, x, Policy((Rule("*", storage="fp16"),)))
+    stats = {s.module: s for s in prof.modules}
+    assert stats["lin"].input_nonfinite and not stats["lin"].overflows_fp16
+    assert not stats["(root)"].input_nonfinite
+    assert not any("overflow inside the module" in s["reason"] or s["match"] == "lin" for s in prof.suggestions())
+    assert next(r for r in prof.rows() if r["module"] == "lin")["input_nonfinite"] is True  # reported in the rows

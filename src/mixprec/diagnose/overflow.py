@@ -5,6 +5,7 @@ errors the guard raises with it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from torch import nn
 from mixprec.casting.targets import DTYPES
 from mixprec.policy import ModulePlan
 
-__all__ = ["OverflowReport", "NonFiniteError", "NonFiniteInputError", "all_finite", "localise_overflow"]
+__all__ = ["OverflowReport", "NonFiniteError", "NonFiniteInputError", "all_finite", "first_nonfinite", "localise_overflow"]
 
 _NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
 
@@ -103,6 +104,23 @@ def all_finite(obj: Any) -> bool:
     if len(tensors) == 1:
         return bool(torch.isfinite(tensors[0]).all())
     return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
+
+
+def first_nonfinite(obj: Any, path: str = "") -> str | None:
+    """Where in ``obj`` (tensors, tuples, lists, dicts, dataclasses) the first floating tensor
+    holding inf or NaN is, as an index path such as ``[0]['x']``; ``None`` when all are finite."""
+    if isinstance(obj, torch.Tensor):
+        return None if not obj.is_floating_point() or bool(torch.isfinite(obj).all()) else (path or "the input")
+    if isinstance(obj, (tuple, list)):
+        items: Any = enumerate(obj)
+    elif isinstance(obj, dict):
+        items = ((repr(k), v) for k, v in obj.items())
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        items = ((f".{f.name}", getattr(obj, f.name, None)) for f in dataclasses.fields(obj))
+        return next((found for name, value in items if (found := first_nonfinite(value, path + name))), None)
+    else:
+        return None
+    return next((found for key, value in items if (found := first_nonfinite(value, f"{path}[{key}]"))), None)
 
 
 def _absmax(obj: Any, finite_only: bool = False) -> float | None:

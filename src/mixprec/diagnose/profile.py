@@ -58,6 +58,7 @@ from mixprec.casting.targets import components_of
 from mixprec.diagnose.capture import (absmax, cast_owned, first_float, fresh_inputs, int_fingerprint, sample, shared_model_memo,
                                       snapshot)
 from mixprec.diagnose.low_copy import LowCopy
+from mixprec.diagnose.overflow import NonFiniteInputError, all_finite, first_nonfinite
 from mixprec.diagnose.profile_result import ModuleStats, Profile
 from mixprec.policy import ModulePlan, Policy, resolve_modules
 
@@ -151,11 +152,19 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
     Returns:
         A :class:`Profile`.
 
+    Raises:
+        NonFiniteInputError: ``inputs`` hold inf or NaN; the input is bad, not the precision
+            (a module whose input turns non-finite during the fp32 run is marked
+            ``input_nonfinite`` instead, and never suggested).
+
     Example:
         >>> prof = mixprec.profile(pipe, pipe.example_inputs(1, 0), mixprec.preset("memory"))
         >>> print(prof.suggestions_toml())
     """
     comps, _ = components_of(target)
+    bad = first_nonfinite(inputs)
+    if bad is not None:
+        raise NonFiniteInputError(", ".join(name or "(root)" for name in comps), f"the profiled inputs, at {bad}")
     runner = run or _default_runner(target)
     plans, _ = resolve_modules(comps, policy)
     by_id = {id(p.module): p for p in plans}
@@ -187,6 +196,7 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
         s.calls += 1
         # Read the input before the forward runs: it may change it in place.
         s.input_absmax = _nanmax(s.input_absmax, absmax(first_float((args, kwargs))))
+        s.input_nonfinite = s.input_nonfinite or not all_finite((args, kwargs))
         int_prints[(key, index)] = int_fingerprint((args, kwargs))
         call = _Call(index)
         if key in block_ids:

@@ -48,6 +48,9 @@ class ModuleStats:
     owns_weights: bool = False
     #: Why a block's own error was not measured (its inputs could not be copied).
     own_skipped: str | None = None
+    #: Its input already held inf/NaN in the fp32 run (made by an earlier module or the
+    #: model's own code): its numbers say nothing about 16 bits, and it is never suggested.
+    input_nonfinite: bool = False
 
     @property
     def fp16_headroom(self) -> float:
@@ -56,7 +59,9 @@ class ModuleStats:
 
     @property
     def overflows_fp16(self) -> bool:
-        """Its output exceeds fp16's range, or its fp16 copy overflowed inside."""
+        """Its output exceeds fp16's range, or its fp16 copy overflowed inside (never for a non-finite input)."""
+        if self.input_nonfinite:
+            return False
         internal = self.own_nonfinite and self.compute == "fp16"
         return internal or self.output_absmax >= FP16_MAX or not math.isfinite(self.output_absmax)
 
@@ -103,8 +108,8 @@ class Profile:
         """
         out = []
         for s in self.by_risk():
-            if s.compute == "fp32" and s.storage == "fp32":
-                continue
+            if (s.compute == "fp32" and s.storage == "fp32") or s.input_nonfinite:
+                continue  # nothing in 16 bits, or inf/NaN came in: widening it would not help
             if not s.owns_weights:
                 reason = self._block_reason(s, min_own_sqnr_db)
                 if reason is not None:
