@@ -15,9 +15,10 @@ __all__ = ["to_csv", "to_json"]
 #: Metrics of a configuration, in the order the exports list them.
 METRIC_ORDER: tuple[str, ...] = (
     "latency_median", "latency_p10", "latency_p90", "latency_mean", "latency_ci_low", "latency_ci_high",
-    "latency_ci_exact", "speedup", "throughput_items_per_s", "tokens_per_s", "rtf", "peak_mem_bytes",
+    "latency_ci_exact", "latency_cv", "speedup", "speedup_ci_low", "speedup_ci_high", "speedup_pairs", "unstable",
+    "throughput_items_per_s", "tokens_per_s", "rtf", "peak_mem_bytes",
     "weight_bytes", "compile_s", "max_abs_err", "rel_err", "cosine", "sqnr_db", "snr_db", "lsd_db", "psnr_db", "ssim",
-    "embedding_cosine_mean", "embedding_cosine_min", "token_agreement", "nonfinite", "fallbacks",
+    "embedding_cosine_mean", "embedding_cosine_min", "token_agreement", "nonfinite", "fallbacks", "shape_mismatch",
 )
 
 _ROW_FIELDS = ("run_id", "pipeline", "size", "run_status", "started", "finished", "device", "torch",

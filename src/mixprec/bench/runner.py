@@ -24,7 +24,7 @@ import torch
 from mixprec.measure import metrics as bench_metrics
 from mixprec.bench.configs import ConfigSpec
 from mixprec.bench.plan import Calibration, Plan, config_cost, plan_runs
-from mixprec.bench.rounds import MIN_TIMED, RoundKeeper, paired, speed_metrics
+from mixprec.bench.rounds import MIN_TIMED, RoundKeeper, load_note, paired, speed_metrics
 from mixprec.bench.store import Store
 from mixprec.bench.worker import job_for, serve
 from mixprec.measure.executor import Executor, LocalProcessExecutor, WorkerError, WorkerTimeout
@@ -192,6 +192,9 @@ def run_bench(
         for index, batch in enumerate(options.batches):
             share = None if deadline is None else (deadline - time.monotonic()) / (len(options.batches) - index)
             notes += _run_batch(options, batch, hardware, store, run_id, executor, step, share, state)
+        loaded = load_note()
+        if loaded:
+            notes.append(loaded)
     except BenchCancelled:
         status = "cancelled"
     except KeyboardInterrupt:

@@ -148,6 +148,23 @@ def _policy_name(config: Mapping[str, Any]) -> str:
     return MISSING
 
 
+def _speedup(metrics: Mapping[str, Any]) -> str:
+    """``1.42x (1.31–1.55)`` from paired rounds; ``undecided`` where the interval holds 1,
+    ``unstable`` where the samples were too spread to trust."""
+    value = rundata.num(metrics.get("speedup"))
+    if value is None:
+        return MISSING
+    low, high = rundata.num(metrics.get("speedup_ci_low")), rundata.num(metrics.get("speedup_ci_high"))
+    text = f"{value:.2f}x"
+    if low is not None and high is not None and not (low == high == value):
+        text += f" ({low:.2f}–{high:.2f})"
+        if low <= 1.0 <= high and value != 1.0:
+            text += " undecided"
+    if rundata.num(metrics.get("unstable")):
+        text += " unstable"
+    return text
+
+
 def render_table_rows(run: Mapping[str, Any]) -> list[dict[str, str]]:
     """The per-configuration table of a run, formatted as plain text.
 
@@ -184,7 +201,7 @@ def render_table_rows(run: Mapping[str, Any]) -> list[dict[str, str]]:
             "policy": _policy_name(config),
             "latency": latency,
             "ci": ci,
-            "speedup": _fmt_with("{:.2f}x")(metrics.get("speedup")),
+            "speedup": _speedup(metrics),
             "throughput": _fmt_sig(" items/s")(metrics.get("throughput_items_per_s")),
         }
         for key, _, metric, fmt in metric_columns:

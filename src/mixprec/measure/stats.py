@@ -57,7 +57,7 @@ class Ratio:
     def verdict(self, threshold: float = 1.0, margin: float = 0.0) -> str:
         """``"above"`` where the whole interval is above ``threshold * (1 + margin)``,
         ``"below"`` where it is below ``threshold / (1 + margin)``, else ``"undecided"``."""
-        if not (math.isfinite(self.low) and math.isfinite(self.high)) or self.n < 2:
+        if not (math.isfinite(self.low) and math.isfinite(self.high)) or self.n < 3:
             return "undecided"
         if self.low > threshold * (1 + margin):
             return "above"

@@ -70,7 +70,14 @@ def results_table(run: dict[str, Any], lang: str) -> str:
     if not any(r.get("error") for r in rows):
         keys = [k for k in keys if k != "error"]
     body = [[_status(r[k], lang) if k == "status" else r[k] for k in keys] for r in rows]
-    return markdown_table([t(f"bench.tcol_{k}", lang) for k in keys], body)
+    table = markdown_table([t(f"bench.tcol_{k}", lang) for k in keys], body)
+    # What makes the figures less than certain is said beside them, as the CLI and the report do.
+    doubts = [n for n in run.get("notes") or () if any(w in n for w in _DOUBTS)]
+    return table + "".join(f"\n\n> {html.escape(_short(n))}" for n in doubts)
+
+
+#: Run notes that qualify the table's figures.
+_DOUBTS = ("unstable", "undecided", "behind the time budget", "the machine was loaded", "fallback ran during")
 
 
 def list_runs(path: str | None, *, lang: str = DEFAULT_LANGUAGE) -> tuple[str, list[tuple[str, int]]]:

@@ -1,0 +1,79 @@
+"""Round keeping and paired speed figures of a benchmark run."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from mixprec.bench.rounds import MIN_TIMED, RoundKeeper, paired, speed_metrics
+from mixprec.bench.store import Store
+from mixprec.bench.table import render_table_rows
+from mixprec.cli import app
+from mixprec.measure.stats import Ratio, instability, memory_beyond_noise, paired_ratio
+
+
+def test_paired_ratio_pairs_rounds_and_is_robust_to_a_noisy_round():
+    ref = [1.0, 1.1, 0.9, 1.0, 5.0, 1.05, 0.95, 1.0]  # round 5: the machine got busy for both
+    cand = [0.5, 0.55, 0.45, 0.5, 2.5, 0.52, 0.47, 0.5]
+    ratio = paired_ratio(ref, cand)
+    assert 1.9 < ratio.low <= ratio.value <= ratio.high < 2.2 and ratio.verdict() == "above"
+    # Unpaired medians would see the same figure only by luck; rounds missing on one side are dropped.
+    assert paired(([0, 1, 2, 3, 4], ref[:5]), ([0, 2, 4], [0.5, 0.45, 2.5])).n == 3
+
+
+def test_a_noisy_measurement_is_undecided_not_a_winner():
+    ref = [1.0, 0.3, 2.0, 0.5, 1.5, 0.8, 1.2]
+    cand = [0.6, 0.9, 1.0, 0.7, 2.1, 0.5, 1.3]  # per-round ratios scatter on both sides of 1
+    ratio = paired_ratio(ref, cand)
+    assert ratio.low < 1 < ratio.high and ratio.verdict() == "undecided"
+    assert Ratio(1.5, 1.4, 1.6, 2).verdict() == "undecided"  # too few rounds to decide anything
+
+
+def test_instability_and_memory_noise():
+    assert instability([1.0, 1.01, 0.99, 1.0]) is None
+    assert "CV" in instability([0.04, 2.5, 0.3, 1.0])
+    assert "calibration 3.23 s vs 13 to 31 s" in instability([13, 31, 20], calibration=3.23)
+    assert not memory_beyond_noise(36.2 * 2**20, 36.21 * 2**20, 0.0)  # RSS noise under the floor
+    assert memory_beyond_noise(36 * 2**20, 80 * 2**20, 0.1)
+
+
+def test_the_keeper_cuts_rounds_drops_the_slowest_and_adds_rounds_while_ratios_are_wide():
+    keeper = RoundKeeper(warmup=1, repeat=5, deadline=time.monotonic() + 80, batch=1)
+    keeper._last = 30.0  # a round takes 30 s: neither 5 nor 3 timed rounds fit in 80 s
+    assert keeper.go_on(0, [], []) == (True, [])
+    go, dropped = keeper.go_on(1, [], [("slow", "slot-slow"), ("fast", "slot-fast")])
+    assert go and dropped == ["slot-slow"] and "dropped slow" in keeper.notes[-1]
+    keeper._last = 50.0  # still behind after the minimum: the planned rounds left are cut
+    assert keeper.go_on(1 + MIN_TIMED, [], []) == (False, [])
+    assert f"planned timed round(s) dropped after {MIN_TIMED}" in keeper.notes[-1]
+
+    wide = [("fast", Ratio(1.05, 0.8, 1.3, 5))]
+    keeper = RoundKeeper(warmup=0, repeat=3, deadline=time.monotonic() + 1000, batch=2)
+    keeper._last = 0.01
+    assert keeper.go_on(3, wide, [])[0] and keeper.go_on(5, wide, [])[0]  # adaptive rounds, up to 3 more
+    assert keeper.go_on(6, wide, []) == (False, [])
+    assert "batch 2: undecided after 6 timed rounds" in keeper.notes[-1] and "fast 1.05x (0.80-1.30)" in keeper.notes[-1]
+    assert RoundKeeper(0, 3, None, 1).go_on(3, wide, [])[0] is False  # without a budget, no rounds are added
+
+
+def test_speed_metrics_and_the_table_show_the_interval_and_doubts():
+    metrics = speed_metrics(Ratio(0.98, 0.9, 1.07, 8), [1.0, 3.0, 0.5], None)
+    assert metrics["speedup_ci_low"] == 0.9 and metrics["unstable"] == 1.0 and metrics["latency_cv"] > 0.5
+    run = {"configs": [{"name": "fast", "batch": 1, "status": "ok", "samples": [1.0, 3.0, 0.5],
+                        "metrics": {**metrics, "latency_median": 1.0}}]}
+    assert render_table_rows(run)[0]["speedup"] == "0.98x (0.90–1.07) undecided unstable"
+
+
+def test_bench_stores_paired_intervals(tmp_path):
+    db = tmp_path / "b.sqlite"
+    result = CliRunner().invoke(app, ["bench", "--pipeline", "minilm", "--size", "test", "--configs", "fp32,fast",
+                                      "--repeat", "6", "--warmup", "1", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    run = Store(db).load_run(1)
+    fp32, fast = run["configs"]
+    assert fp32["metrics"]["speedup"] == 1.0 and fast["metrics"]["speedup_pairs"] == 6
+    m = fast["metrics"]
+    assert m["speedup_ci_low"] <= m["speedup"] <= m["speedup_ci_high"]
+    assert [s for s in fast["samples"]] and len(fast["samples"]) == 6
