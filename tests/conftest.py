@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from probe_helpers import decided
+
 from mixprec.device import backends
 
 
@@ -48,8 +50,9 @@ def bf16_cpu(tmp_path, monkeypatch):
 
     cache = tmp_path / "bf16-cpu-cache"
     monkeypatch.setenv("MIXPREC_CACHE_DIR", str(cache))
-    real = hardware.probe("cpu")
-    (path,) = cache.glob("probe-*.json")
+    real = decided(hardware.probe("cpu", use_cache=False))
+    path = hardware.cache_path(real)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fp32 = real.dtypes["fp32"].gflops or 100.0
     bf16 = dataclasses.replace(real.dtypes["bf16"], supported=True, gflops=round(2.5 * fp32, 2), ratio=2.5, klass="fast")
     simulated = dataclasses.replace(real, dtypes={**real.dtypes, "bf16": bf16})

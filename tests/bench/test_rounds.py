@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
 from typer.testing import CliRunner
 
 from mixprec.bench.rounds import MIN_TIMED, RoundKeeper, paired, speed_metrics

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from mixprec import hardware
+from mixprec.policy import presets
 from mixprec.device import backends
 
 
@@ -51,14 +52,61 @@ def test_probe_restores_torch_flags():
     assert backends.snapshot() == before
 
 
+def _scripted_timings(monkeypatch, seconds):
+    """The probe's timing source made to answer ``seconds(dtype, level, call_number)``."""
+    calls = {}
+
+    def fake_call(case):
+        key = (case.a.dtype, case.level)
+        calls[key] = calls.get(key, 0) + 1
+        return seconds(case.a.dtype, case.level, calls[key])
+
+    monkeypatch.setattr(hardware._MatmulCase, "_call", fake_call)
+    return calls
+
+
 def test_probe_is_cached_per_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
+    _scripted_timings(monkeypatch, lambda dtype, level, n: {torch.bfloat16: 0.0004, torch.float16: 0.1}.get(dtype, 0.001))
     first = hardware.probe("cpu")
-    assert not first.cached
+    assert not first.cached and first.dtypes["bf16"].klass == "fast" and first.dtypes["fp16"].klass == "emulated"
     assert len(list(tmp_path.glob("probe-*.json"))) == 1
     second = hardware.probe("cpu")
     assert second.cached
     assert second.dtypes == first.dtypes
+
+
+def test_a_probe_on_a_busy_machine_says_undecided_and_caches_nothing(tmp_path, monkeypatch):
+    """bf16's calls slowed by other jobs in every other round: no verdict, no cache."""
+    monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
+
+    def busy(dtype, level, n):
+        if dtype == torch.bfloat16:
+            return 0.0004 if (n // 2) % 2 else 0.02  # 2.5x fp32 in some rounds, 0.05x in others
+        return 0.001
+
+    _scripted_timings(monkeypatch, busy)
+    hw = hardware.probe("cpu")
+    assert hw.dtypes["bf16"].klass == hardware.UNDECIDED
+    assert not list(tmp_path.glob("probe-*.json"))
+    policy, reasons = presets.resolve("fast", hw)
+    assert all(r.storage in (None, "fp32") for r in policy.rules)  # the safe choice
+    assert any("disagreed" in r for r in reasons)
+    monkeypatch.undo()
+    monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
+    _scripted_timings(monkeypatch, lambda dtype, level, n: 0.0004 if dtype == torch.bfloat16 else 0.001)
+    assert hardware.probe("cpu").dtypes["bf16"].klass == "fast"  # measured again, now quiet
+
+
+def test_a_later_measurement_that_contradicts_the_cached_probe_drops_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
+    _scripted_timings(monkeypatch, lambda dtype, level, n: 0.005 if dtype == torch.bfloat16 else 0.001)
+    hw = hardware.probe("cpu")  # a noisy moment classed bf16 emulated (0.2x) in every round
+    assert hw.dtypes["bf16"].klass == "emulated" and hardware.cache_path(hw).exists()
+    assert hardware.contradiction(hw, "bf16", 0.9, 1.1) is None  # a model is not a matmul: no contradiction
+    why = hardware.contradiction(hw, "bf16", 1.6, 1.9)
+    assert "classed bf16 emulated" in why and "1.60x to 1.90x" in why
+    assert hardware.forget(hw) and not hardware.cache_path(hw).exists()
 
 
 def test_round_trip(hw):

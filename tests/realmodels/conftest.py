@@ -15,6 +15,8 @@ import os
 
 import pytest
 
+from probe_helpers import decided
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -70,8 +72,8 @@ def _probe_measurement(tmp_path_factory):
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("MIXPREC_CACHE_DIR", str(cache))
-            real = hardware.probe("cpu")
-            (path,) = cache.glob("probe-*.json")
+            real = decided(hardware.probe("cpu", use_cache=False))
+            path = hardware.cache_path(real)
     finally:
         torch.set_num_threads(threads)
     return real, path.name

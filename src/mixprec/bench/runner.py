@@ -30,7 +30,7 @@ from mixprec.bench.worker import job_for, serve
 from mixprec.measure.executor import Executor, LocalProcessExecutor, WorkerError, WorkerTimeout
 from mixprec.measure.machine import machine_fingerprint, versions
 from mixprec.measure.stats import TARGET_WIDTH, instability
-from mixprec.device.hardware import Hardware
+from mixprec.device.hardware import Hardware, contradiction, forget
 
 __all__ = ["BenchOptions", "BenchCancelled", "run_bench", "calibrate", "size_label"]
 
@@ -391,14 +391,14 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
             if slot.alive:
                 slot.done = _call(slot, store, (ref_limit if slot is reference else limit) + 60, "finish") or {}
     finally:
-        notes += _record(timed_rounds, batch, slots, store)
+        notes += _record(timed_rounds, batch, slots, store, hardware)
         for slot in slots:
             if slot.worker is not None:
                 slot.worker.close()
     return notes
 
 
-def _record(repeat: int, batch: int, slots: list[_Slot], store: Store) -> list[str]:
+def _record(repeat: int, batch: int, slots: list[_Slot], store: Store, hardware: Hardware | None = None) -> list[str]:
     """Store each configuration's metrics and status; returns notes on unstable timings."""
     notes: list[str] = []
     reference = slots[0]
@@ -414,6 +414,13 @@ def _record(repeat: int, batch: int, slots: list[_Slot], store: Store) -> list[s
             ratio = paired((reference.rounds, reference.samples), (slot.rounds, slot.samples)) if reference.samples else None
             calibration = (reference.first or {}).get("seconds") if slot is reference else None
             metrics.update(speed_metrics(ratio, slot.samples, calibration))
+            contradicts = (hardware is not None and slot.spec.dtype and ratio is not None and ratio.verdict() != "undecided"
+                           and contradiction(hardware, slot.spec.dtype, ratio.low, ratio.high))
+            if contradicts:
+                forgotten = forget(hardware)
+                notes.append(f"batch {batch}: {contradicts}; "
+                             + ("the cached probe was dropped, so the next process measures again"
+                                if forgotten else "run `mixprec env` to measure again"))
             why = instability(slot.samples, calibration=calibration)
             if why:
                 notes.append(f"batch {batch}: unstable timings of {slot.spec.name}: {why}; re-run on a quiet machine or "

@@ -27,7 +27,8 @@ import torch
 
 from mixprec.device import backends
 
-__all__ = ["DtypeSpeed", "Hardware", "probe", "cache_dir", "available_memory", "DTYPES", "classify"]
+__all__ = ["DtypeSpeed", "Hardware", "probe", "cache_dir", "available_memory", "DTYPES", "classify", "contradiction", "forget", "cache_path",
+           "UNDECIDED"]
 
 #: The precisions the probe measures, by short name.
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -36,8 +37,11 @@ DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "tf32": torch.float32, 
 FAST_RATIO = 1.2
 #: Speed relative to fp32 below which a precision counts as emulated.
 EMULATED_RATIO = 0.5
+#: The class of a precision whose timing rounds disagreed (a busy machine): used as if
+#: it were not fast, said as such, and never cached.
+UNDECIDED = "undecided"
 
-_PROBE_VERSION = 1
+_PROBE_VERSION = 2
 
 
 def classify(ratio: float | None, supported: bool) -> str:
@@ -220,12 +224,15 @@ def _sync(dev: torch.device) -> Callable[[], None]:
 
 
 class _MatmulCase:
-    """One timed configuration: a dtype and the float32 matmul level in force."""
+    """One timed configuration: a dtype and the float32 matmul level in force.
+
+    ``rounds`` holds the fastest call of each round: rounds are interleaved across the
+    cases, so round ``i`` of two cases ran under the same conditions.
+    """
 
     def __init__(self, n: int, dtype: torch.dtype, level: str, dev: torch.device):
         self.n, self.level, self.dev = n, level, dev
-        self.best: float | None = None
-        self.emulated = False
+        self.rounds: list[float] = []
         gen = torch.Generator(device="cpu").manual_seed(0)
         self.a = torch.randn(n, n, generator=gen).to(device=dev, dtype=dtype)
         self.b = torch.randn(n, n, generator=gen).to(device=dev, dtype=dtype)
@@ -240,28 +247,55 @@ class _MatmulCase:
     def run(self, budget_s: float, first: bool) -> None:
         with backends.numerics(matmul=self.level):
             if first:
-                elapsed = self._call()  # warm-up (kernel selection, allocation)
-                if elapsed > 4 * budget_s:
-                    # Far slower than the budget (an emulated type): one call is evidence enough.
-                    self.best, self.emulated = elapsed, True
-                    return
-            spent, calls = 0.0, 0
+                self._call()  # warm-up (kernel selection, allocation)
+            best, spent, calls = None, 0.0, 0
+            # A call far slower than the budget (an emulated type) is one call per round.
             while spent < budget_s and calls < 20:
                 elapsed = self._call()
                 spent += elapsed
                 calls += 1
-                self.best = elapsed if self.best is None else min(self.best, elapsed)
+                best = elapsed if best is None else min(best, elapsed)
+            self.rounds.append(best)
+
+    @property
+    def best(self) -> float | None:
+        return min(self.rounds) if self.rounds else None
 
     @property
     def gflops(self) -> float | None:
         return None if self.best is None else 2.0 * self.n**3 / self.best / 1e9
 
 
-def _measure(dev: torch.device, n: int, budget_s: float, rounds: int = 3) -> tuple[dict[str, float | None], dict[str, float]]:
-    """Time every case in interleaved rounds and keep each case's fastest call.
+#: Rounds of the probe, and the most it adds while the rounds disagree on a class.
+ROUNDS, MAX_ROUNDS = 3, 7
 
-    Interleaving and taking the best call keep the classification stable on a
-    shared, noisy machine: interference only ever slows a call down.
+
+#: A round whose ratio lies within this factor of a class boundary may fall on either side of it.
+_MARGIN = 1.25
+
+
+def _verdict(ratios: list[float]) -> str | None:
+    """The class of the rounds' median ratio, or None where a round contradicts it
+    beyond the margin around the class boundaries (noise, not evidence)."""
+    if not ratios:
+        return None
+    ordered = sorted(ratios)
+    median = ordered[len(ordered) // 2] if len(ordered) % 2 else (ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
+    klass = classify(median, True)
+    for ratio in ratios:
+        if classify(ratio, True) != klass and not any(b / _MARGIN <= ratio <= b * _MARGIN for b in (FAST_RATIO, EMULATED_RATIO)):
+            return None
+    return klass
+
+
+def _measure(dev: torch.device, n: int, budget_s: float, rounds: int = ROUNDS) -> tuple[dict[str, Any], dict[str, float]]:
+    """Time every case in interleaved rounds; returns per case its best rate and its
+    per-round ratios to fp32, and the fp32 rate per matmul level.
+
+    Interleaving and taking each round's best call keep the classification stable on a
+    shared, noisy machine (interference only ever slows a call down); a class is
+    decided only when every round gives it, and rounds are added (up to
+    :data:`MAX_ROUNDS`) while they disagree.
     """
     specs = {"highest": (torch.float32, "highest"), "high": (torch.float32, "high"), "medium": (torch.float32, "medium"),
              "bf16": (torch.bfloat16, "highest"), "fp16": (torch.float16, "highest")}
@@ -271,17 +305,31 @@ def _measure(dev: torch.device, n: int, budget_s: float, rounds: int = 3) -> tup
             cases[key] = _MatmulCase(n, dtype, level, dev)
         except (RuntimeError, TypeError):
             cases[key] = None  # no kernel for this dtype on this device
-    for round_index in range(rounds):
+
+    def ratios(key: str) -> list[float]:
+        ref, case = cases["highest"], cases[key]
+        if ref is None or case is None:
+            return []
+        return [r / c for r, c in zip(ref.rounds, case.rounds) if r and c]
+
+    round_index = 0
+    while True:
         for key, case in cases.items():
-            if case is None or case.emulated:
+            if case is None:
                 continue
             try:
                 case.run(budget_s / rounds, first=round_index == 0)
             except (RuntimeError, TypeError):
                 cases[key] = None
+        round_index += 1
+        undecided = [k for k in ("high", "bf16", "fp16") if cases.get(k) is not None and _verdict(ratios(k)) is None]
+        if round_index >= MAX_ROUNDS or (round_index >= rounds and not undecided):
+            break
     rate = {k: (c.gflops if c is not None else None) for k, c in cases.items()}
     levels = {k: rate[k] or 0.0 for k in ("highest", "high", "medium")}
-    return {"fp32": rate["highest"], "tf32": rate["high"], "bf16": rate["bf16"], "fp16": rate["fp16"]}, levels
+    result = {name: {"rate": rate[key], "ratios": ratios(key)}
+              for name, key in (("fp32", "highest"), ("tf32", "high"), ("bf16", "bf16"), ("fp16", "fp16"))}
+    return result, levels
 
 
 def _cache_key(dev: torch.device, name: str, flags: tuple[str, ...], threads: int) -> str:
@@ -337,9 +385,12 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
     rates, levels = _measure(dev, n, budget_s)
     seconds = time.perf_counter() - start
 
-    fp32 = rates["fp32"] or None
+    fp32 = rates["fp32"]["rate"] or None
     dtypes = {}
-    for dname, rate in rates.items():
+    undecided = False
+    for dname, measured in rates.items():
+        rate, per_round = measured["rate"], measured["ratios"]
+        # The ratio of the best calls, and the class only where every round gave it.
         ratio = (rate / fp32) if (rate and fp32) else None
         supported = rate is not None
         if dname == "tf32":
@@ -349,6 +400,8 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
         if dname == "bf16" and dev.type == "cuda":
             supported = supported and torch.cuda.is_bf16_supported()
         klass = "fast" if dname == "fp32" else classify(ratio, supported)
+        if dname != "fp32" and supported and per_round and _verdict(per_round) is None:
+            klass, undecided = UNDECIDED, True
         dtypes[dname] = DtypeSpeed(dname, supported, round(rate, 2) if rate else None, round(ratio, 3) if ratio else None, klass)
 
     hw = Hardware(
@@ -364,7 +417,8 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
         matmul_size=n,
         seconds=round(seconds, 3),
     )
-    if use_cache:
+    # A verdict the rounds disagreed on is not kept: the next process measures again.
+    if use_cache and not undecided:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
@@ -374,3 +428,38 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
             # The cache is an optimisation; an unwritable cache dir only costs a re-measure.
             pass
     return hw
+
+
+def cache_path(hw: Hardware) -> Path:
+    """Where the probe of ``hw``'s machine, device, threads and torch version is cached."""
+    return cache_dir() / f"probe-{_cache_key(torch.device(hw.device_type), hw.name, hw.cpu_flags, hw.threads)}.json"
+
+
+def contradiction(hw: Hardware, dtype: str, low: float, high: float) -> str | None:
+    """Why a later measurement contradicts the probe's class of ``dtype``, or None.
+
+    ``low``..``high`` is the interval of a whole model's speed in ``dtype`` relative to
+    fp32, measured in paired rounds. A model is not a matmul, so only unmistakable
+    disagreement counts: a precision classed as not fast whose model ran at least
+    :data:`FAST_RATIO` times fp32, or one classed fast whose model ran below
+    :data:`EMULATED_RATIO` times fp32.
+    """
+    speed = hw.dtypes.get(dtype)
+    if speed is None or not speed.supported:
+        return None
+    if speed.klass != "fast" and low >= FAST_RATIO:
+        return (f"the probe classed {dtype} {speed.klass} ({speed.ratio}x fp32) but a model in {dtype} ran "
+                f"{low:.2f}x to {high:.2f}x fp32 here")
+    if speed.klass == "fast" and high < EMULATED_RATIO:
+        return (f"the probe classed {dtype} fast ({speed.ratio}x fp32) but a model in {dtype} ran "
+                f"{low:.2f}x to {high:.2f}x fp32 here")
+    return None
+
+
+def forget(hw: Hardware) -> bool:
+    """Drop the cached probe of ``hw``'s machine, so the next :func:`probe` measures again."""
+    try:
+        cache_path(hw).unlink()
+        return True
+    except OSError:
+        return False

@@ -85,6 +85,11 @@ def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = 
         reasons.append(f"{' and '.join(emulated)} measured emulated on {hardware.name} "
                        f"({', '.join(f'{hardware.dtypes[d].ratio}x fp32' for d in emulated)}): never used for compute")
 
+    undecided = [d for d in ("bf16", "fp16") if hardware.dtypes[d].klass == "undecided"]
+    if undecided:
+        reasons.append(f"{' and '.join(undecided)}: the probe's timing rounds disagreed on {hardware.name} (a busy "
+                       "machine?), so treated as not fast and not cached; the next process measures again")
+
     if key == "quality":
         rules.append(Rule("*", storage="fp32", optional=True, reason="quality: full fp32"))
         reasons.append("fp32 storage and compute everywhere; float32 matmul precision 'highest'")
