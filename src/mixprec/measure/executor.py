@@ -12,10 +12,13 @@ needs ``start(serve, job) -> Worker``.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
+import pickle
+import sys
 import traceback
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 __all__ = ["Executor", "Serve", "Worker", "LocalProcessExecutor", "WorkerError", "WorkerTimeout"]
 
@@ -62,11 +65,42 @@ def _main(conn: Any, serve: Serve, job: dict[str, Any]) -> None:  # pragma: no c
 # -- coordinator side --------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _main_not_reimported(serve: Serve, job: dict[str, Any]) -> Iterator[None]:
+    """While a worker starts, keep ``spawn`` from re-running the caller's main script in it.
+
+    ``spawn`` imports the parent's ``__main__`` in every child so that objects pickled by
+    reference to it can be found. A script that calls ``mixprec.tune(...)`` at module
+    level, without ``if __name__ == "__main__":``, would then run again in each worker
+    and start workers of its own. The worker needs nothing from ``__main__`` when its
+    job refers to none of it: then the main module's path and spec are hidden for the
+    moment :meth:`Process.start` records them, and the worker starts clean.
+    """
+    main = sys.modules.get("__main__")
+    try:
+        refers = b"__main__" in pickle.dumps((serve, job))
+    except Exception:  # unpicklable: let multiprocessing report it as it does
+        refers = True
+    if main is None or refers:
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
+        if "__spec__" not in saved:
+            main.__dict__.pop("__spec__", None)
+
+
 class _ProcessWorker:
     def __init__(self, ctx: Any, serve: Serve, job: dict[str, Any]):
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_main, args=(child, serve, job), daemon=True, name=f"mixprec-{job.get('name', 'worker')}")
-        self.process.start()
+        with _main_not_reimported(serve, job):
+            self.process.start()
         child.close()
 
     def _receive(self, timeout: float | None) -> Any:
