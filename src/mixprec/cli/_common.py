@@ -60,11 +60,29 @@ def gib(n: int | None) -> str | None:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
-def as_int(text: str, flag: str) -> int:
+#: Upper bounds of counts given on the command line: past these a command would only
+#: exhaust memory or time (a batch of 10**20 items, 10**12 timed runs).
+MAX_BATCH = 65_536
+MAX_REPEAT = 100_000
+MAX_SEED = 2**63 - 1
+MAX_SEEDS = 1_000
+
+
+def as_int(text: str, flag: str, *, low: int | None = None, high: int | None = None) -> int:
+    """An integer flag value; with ``low``/``high``, one in that range (the error names both)."""
     try:
-        return int(text.strip())
+        value = int(text.strip())
     except ValueError:
-        raise ValueError(f"{flag} {text!r}: expected an integer") from None
+        raise ValueError(f"{flag} {_short(text)!r}: expected an integer") from None
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"from {low} to {high:,}" if low is not None and high is not None else (
+            f"at most {high:,}" if high is not None else f"at least {low}")
+        raise ValueError(f"{flag} {_short(text)!r}: expected an integer {bounds}")
+    return value
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
 
 
 def as_float(text: str, flag: str) -> float:
@@ -74,10 +92,10 @@ def as_float(text: str, flag: str) -> float:
         raise ValueError(f"{flag} {text!r}: expected a number") from None
 
 
-def int_list(text: str, flag: str) -> list[int]:
-    values = [as_int(part, flag) for part in text.split(",") if part.strip()]
+def int_list(text: str, flag: str, *, high: int | None = None) -> list[int]:
+    values = [as_int(part, flag, high=high) for part in text.split(",") if part.strip()]
     if not values or any(v < 1 for v in values):
-        raise ValueError(f"{flag} {text!r}: expected comma-separated integers >= 1, e.g. 1,4")
+        raise ValueError(f"{flag} {_short(text)!r}: expected comma-separated integers >= 1, e.g. 1,4")
     return values
 
 
@@ -130,7 +148,18 @@ def checked_pipeline(name: str, size: str, seed: int, batch: int, device: str | 
         return name
     spec = pipelines.normalize_spec(name)
     pipe = pipelines.get(spec, size=size, seed=seed, **({"device": device} if device else {}))
-    pipe.example_inputs(batch, seed)
+    example_inputs(pipe, spec, batch, seed)
     del pipe
     gc.collect()
     return spec
+
+
+def example_inputs(pipe: Any, name: str, batch: int, seed: int) -> Any:
+    """``pipe.example_inputs(batch, seed)``; whatever the pipeline's own code raises becomes a ``ValueError`` naming it."""
+    try:
+        return pipe.example_inputs(batch, seed)
+    except (ValueError, NotImplementedError):
+        raise
+    except Exception as exc:
+        raise ValueError(f"pipeline {name!r}: example_inputs(batch={batch}, seed={seed}) raised "
+                         f"{type(exc).__name__}: {exc}") from None

@@ -13,6 +13,9 @@ import typer
 import mixprec
 from mixprec.cli._app import app
 from mixprec.cli._common import (
+    MAX_BATCH,
+    MAX_REPEAT,
+    MAX_SEED,
     DbFlag,
     JsonFlag,
     SizeFlag,
@@ -83,13 +86,13 @@ def bench(
     from mixprec.bench.store import StoreError
 
     try:
-        batches = int_list(batch, "--batch")
-        n_repeat, n_warmup = as_int(repeat, "--repeat"), as_int(warmup, "--warmup")
+        batches = int_list(batch, "--batch", high=MAX_BATCH)
+        n_repeat, n_warmup = as_int(repeat, "--repeat", high=MAX_REPEAT), as_int(warmup, "--warmup", high=MAX_REPEAT)
         if n_repeat < 1 or n_warmup < 0:
             raise ValueError(f"--repeat must be >= 1 and --warmup >= 0, got {n_repeat} and {n_warmup}")
         if timeout is not None and (not math.isfinite(timeout) or timeout <= 0):
             raise ValueError(f"--timeout {timeout}: must be a finite, positive number of seconds")
-        run_seed = as_int(seed, "--seed")
+        run_seed = as_int(seed, "--seed", low=0, high=MAX_SEED)
         budget_s = plan.parse_budget(budget, "--budget") if budget is not None else None
         for flag, path in (("--html", html), ("--json", json_out), ("--csv", csv_out)):
             writable_path(path, flag)

@@ -10,12 +10,15 @@ import typer
 import mixprec
 from mixprec.cli._app import app
 from mixprec.cli._common import (
+    MAX_BATCH,
+    MAX_SEED,
     DeviceFlag,
     JsonFlag,
     PipelineFlag,
     SizeFlag,
     as_int,
     console,
+    example_inputs,
     err_console,
     fail,
     open_store,
@@ -72,6 +75,25 @@ def explain(
         say(console, "warning: ", pitfall)
 
 
+def _model_error(pipe: Any, inputs: Any, pipeline: str, policy_name: str, exc: Exception) -> str:
+    """The message for a model that raised while profiled: run once more in fp32, without mixprec,
+    to tell the model's own error from one the policy causes."""
+    import copy
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno} ({frames[-1].name})" if frames else ""
+    raised = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}{where}"
+    try:
+        pipe.run(copy.deepcopy(inputs))
+    except Exception as again:
+        if type(again) is type(exc):
+            return (f"{pipeline}: the model raised {raised}. It raises the same in fp32 without mixprec, so this is the "
+                    f"model's own error, not the precision policy's ({policy_name}); fix the model or its inputs first")
+    return (f"{pipeline}: the model raised {raised} while profiled under {policy_name}; it runs in fp32 without "
+            "mixprec, so the policy causes it: try a policy that keeps more in fp32, or mixprec.guard to find the module")
+
+
 def _owners(pipe: Any):
     from mixprec.policy import iter_modules
 
@@ -99,11 +121,20 @@ def diagnose(
     if (preset is None) == (policy is None):
         fail(ValueError("give exactly one of --preset or --policy"))
     try:
-        pipe = pipelines.get(pipeline, size=size, seed=as_int(seed, "--seed"))
+        run_seed = as_int(seed, "--seed", low=0, high=MAX_SEED)
+        if top < 0:
+            raise ValueError(f"--top {top}: expected a number of rows >= 0 (0: all)")
+        pipe = pipelines.get(pipeline, size=size, seed=run_seed)
         pol = _policy_for(pipe, preset, policy, device)
-        prof = mixprec.profile(pipe, pipe.example_inputs(1, as_int(seed, "--seed")), pol)
+        inputs = example_inputs(pipe, pipeline, 1, run_seed)
     except (ValueError, NotImplementedError) as exc:
         fail(exc)
+    try:
+        prof = mixprec.profile(pipe, inputs, pol)
+    except (ValueError, NotImplementedError, mixprec.PrecisionDtypeError) as exc:
+        fail(exc)
+    except Exception as exc:  # the model's code raised: say whose error it is, as the guard and bench do
+        fail(_model_error(pipe, inputs, pipeline, pol.name, exc))
     if save:
         from mixprec.device import hardware as hardware_module
         from mixprec.measure.machine import machine_fingerprint
@@ -206,9 +237,9 @@ def run(
     outputs = Outputs(err_console)
     try:
         writable_path(out, "--out")
-        run_seed, run_batch = as_int(seed, "--seed"), as_int(batch, "--batch")
+        run_seed, run_batch = as_int(seed, "--seed", low=0, high=MAX_SEED), as_int(batch, "--batch", high=MAX_BATCH)
         outputs.write(out, "--out", produce, again=f"mixprec run --pipeline {pipeline} --out {out}")
-    except (ValueError, NotImplementedError) as exc:
+    except (ValueError, NotImplementedError, pipelines.PipelineRunError) as exc:
         fail(exc)
     if result:
         result["path"] = out  # written under a temporary name first, then renamed

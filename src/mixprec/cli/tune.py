@@ -11,6 +11,9 @@ import typer
 import mixprec
 from mixprec.cli._app import app
 from mixprec.cli._common import (
+    MAX_REPEAT,
+    MAX_SEED,
+    MAX_SEEDS,
     DbFlag,
     JsonFlag,
     SizeFlag,
@@ -60,15 +63,17 @@ def tune_cmd(
         parsed = mixprec.parse_bound(bound)
         if objective not in ("latency", "memory"):
             raise ValueError(f"--objective {objective!r}: expected latency or memory")
-        n_budget = as_int(budget, "--budget") if budget is not None else None
+        n_budget = as_int(budget, "--budget", high=MAX_REPEAT * 10) if budget is not None else None
         if n_budget is not None and n_budget < 1:
             raise ValueError(f"--budget {budget!r}: expected a positive number of evaluations")
-        seed_list = [as_int(part, "--seeds") for part in seeds.split(",") if part.strip()]
+        seed_list = [as_int(part, "--seeds", high=MAX_SEED) for part in seeds.split(",") if part.strip()]
+        if len(seed_list) > MAX_SEEDS or (len(seed_list) == 1 and seed_list[0] > MAX_SEEDS):
+            raise ValueError(f"--seeds {seeds[:60]!r}: at most {MAX_SEEDS} seeds")
         if len(seed_list) == 1:
             seed_list = list(range(seed_list[0]))
         if not seed_list or any(v < 0 for v in seed_list):
             raise ValueError(f"--seeds {seeds!r}: expected a count >= 1 (e.g. 2) or comma-separated seeds >= 0 (e.g. 0,1)")
-        n_repeat = as_int(repeat, "--repeat")
+        n_repeat = as_int(repeat, "--repeat", high=MAX_REPEAT)
         if n_repeat < 1:
             raise ValueError(f"--repeat {repeat!r}: expected at least 1")
         held_out = _validation_seeds(validation_seeds, seed_list)
@@ -173,7 +178,7 @@ def _validation_seeds(text: str, search: list[int]) -> int | list[int]:
     if not parts:
         raise ValueError(f"--validation-seeds {text!r}: expected {valid}")
     if len(parts) == 1 and "-" not in parts[0] and "," not in text:
-        count = as_int(parts[0], "--validation-seeds")
+        count = as_int(parts[0], "--validation-seeds", high=MAX_SEEDS)
         if count < 0:
             raise ValueError(f"--validation-seeds {text!r}: expected {valid}")
         return count
@@ -184,7 +189,7 @@ def _validation_seeds(text: str, search: list[int]) -> int | list[int]:
             first, last = int(low), int(high) if dash else int(low)
         except ValueError:
             raise ValueError(f"--validation-seeds {text!r}: {part!r} is not a seed or a range; expected {valid}") from None
-        if first < 0 or last < first or last - first > 10_000:
+        if first < 0 or last < first or last - first > 10_000 or last > MAX_SEED:
             raise ValueError(f"--validation-seeds {text!r}: {part!r} is not a range of seeds >= 0; expected {valid}")
         seeds += range(first, last + 1)
     try:

@@ -18,6 +18,9 @@ def ui_cmd(
 ) -> None:
     """Serve the web UI: run, benchmark, diagnose and tune in the browser (needs pip install 'mixprec\\[ui]')."""
 
+    if not 1 <= port <= 65535:
+        fail(ValueError(f"--port {port}: expected a TCP port from 1 to 65535"))
+
     try:
         from mixprec.ui.app import launch
         from mixprec.ui.i18n import check_language

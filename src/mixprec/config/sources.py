@@ -30,6 +30,7 @@ from dotenv.parser import parse_stream
 from mixprec.config.options import OPTIONS, Option, default_value, option_for_key
 from mixprec.device.settings import NumericSettings, did_you_mean
 from mixprec.policy import Policy
+from mixprec.policy.inputs import file_problem, parse_checked, read_input_text
 from mixprec.policy.presets import preset as make_preset
 
 if sys.version_info >= (3, 11):
@@ -171,6 +172,12 @@ MAX_LISTED = 20
 MAX_QUOTED = 200
 
 
+def _name(name: Any) -> str:
+    """A name or path quoted in a message, cut when it is absurdly long."""
+    text = str(name)
+    return text if len(text) <= MAX_QUOTED else f"{text[:60]}... ({len(text)} characters)"
+
+
 def _clip(text: str) -> str:
     return text if len(text) <= 2 * MAX_QUOTED else f"{text[:MAX_QUOTED]}... ({len(text)} characters)"
 
@@ -191,21 +198,22 @@ class _Collector:
 
 
 def read_text(path: Path, what: str) -> str:
-    """A UTF-8 text file, or a :class:`ConfigError` naming the file and the first bad byte."""
+    """A UTF-8 text file, or a :class:`ConfigError` naming the file and what is wrong: not a regular
+    file (a directory, a FIFO, ``/dev/zero``), too large, or the first bad byte. A byte-order mark is dropped."""
     try:
-        return path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError([f"{path}: not a UTF-8 text {what} (byte {exc.start} is {exc.object[exc.start]:#04x})"]) from None
-    except OSError as exc:
-        raise ConfigError([f"{path}: cannot read {what}: {exc.strerror}"]) from None
+        return read_input_text(path, what)
+    except ValueError as exc:
+        raise ConfigError([str(exc)]) from None
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
     text = read_text(path, "config file")
     try:
-        return tomllib.loads(text)
+        return parse_checked(tomllib.loads, text, str(path))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{path}: malformed TOML: {exc}"]) from None
+    except ValueError as exc:  # nested too deeply
+        raise ConfigError([str(exc)]) from None
 
 
 def _file_layer(paths: list[Path], col: _Collector) -> list[str]:
@@ -213,7 +221,11 @@ def _file_layer(paths: list[Path], col: _Collector) -> list[str]:
     for path in paths:
         data = _read_toml(path)
         if path.name == "pyproject.toml":
-            table = data.get("tool", {}).get("mixprec")
+            tool = data.get("tool", {})
+            if not isinstance(tool, dict):  # `tool = "x"`: not a table, so no [tool.mixprec] either
+                col.problems.append(f"{path} key tool: expected a table ([tool.*] sections), got {type(tool).__name__}")
+                continue
+            table = tool.get("mixprec")
             where = f"{path} [tool.mixprec]"
             if table is None:
                 continue
@@ -237,10 +249,11 @@ def _file_layer(paths: list[Path], col: _Collector) -> list[str]:
 def _config_paths(config_file: str | os.PathLike[str] | None, search_dir: Path) -> list[Path]:
     if config_file is not None:
         path = Path(config_file)
-        if not path.is_file():
-            raise ConfigError([f"config file {path} does not exist"])
+        if (problem := file_problem(path)) is not None:
+            raise ConfigError([f"config file {_name(path)} {problem}"])
         return [path]
-    return [p for p in (search_dir / "pyproject.toml", search_dir / "mixprec.toml") if p.is_file()]
+    # Looked up, not named: only files that exist are read (and then must be regular files).
+    return [p for p in (search_dir / "pyproject.toml", search_dir / "mixprec.toml") if p.exists()]
 
 
 def _dotenv_layer(path: Path, app: str | None, col: _Collector) -> bool:
@@ -266,9 +279,14 @@ def _env_like(entries: Mapping[str, tuple[str | None, int]], app: str | None, co
     # A misspelt MIXPREC_ variable is almost always a mistake worth pointing out. Only
     # mixprec's own prefix is checked: an app's prefix also carries the app's settings.
     known = [n for o in OPTIONS for n in env_names(o, None)]
-    for name in entries:
-        if name.startswith(f"{ENV_PREFIX}_") and name not in known and name not in _RESERVED_ENV:
-            col.warnings.append(f"unknown setting {name} from {layer}{did_you_mean(name, known)}; ignored")
+    unknown = [name for name in entries
+               if name.startswith(f"{ENV_PREFIX}_") and name not in known and name not in _RESERVED_ENV]
+    for name in unknown[:MAX_LISTED]:
+        hint = did_you_mean(name, known) if len(name) <= MAX_QUOTED else ""
+        col.warnings.append(f"unknown setting {_name(name)} from {layer}{hint}; ignored")
+    if len(unknown) > MAX_LISTED:
+        col.warnings.append(f"... and {len(unknown) - MAX_LISTED} more unknown {ENV_PREFIX}_* settings from {layer}; "
+                            f"ignored (valid: {', '.join(known)})")
 
 
 #: Environment variables mixprec reads elsewhere (not settings).
@@ -310,9 +328,9 @@ def resolve(
     files = _file_layer(_config_paths(config_file, base), col)
 
     dotenv_path = Path(env_file) if env_file is not None else base / ".env"
-    if env_file is not None and not dotenv_path.is_file():
-        col.problems.append(f".env file {dotenv_path} does not exist")
-    elif dotenv_path.is_file():
+    if env_file is not None and (problem := file_problem(dotenv_path)) is not None:
+        col.problems.append(f".env file {_name(dotenv_path)} {problem}")
+    elif dotenv_path.exists():
         _dotenv_layer(dotenv_path, app, col)
         files.append(str(dotenv_path))
 

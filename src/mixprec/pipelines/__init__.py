@@ -37,7 +37,7 @@ from mixprec.pipelines._factory import (
     normalize_spec,
     portable_spec,
 )
-from mixprec.pipelines._io import EXTENSIONS, describe, describe_all, run_to_file, write_output
+from mixprec.pipelines._io import EXTENSIONS, PipelineRunError, describe, describe_all, run_to_file, write_output
 from mixprec.pipelines._registry import (
     ENTRY_POINT_GROUP,
     PluginWarning,
@@ -77,6 +77,7 @@ __all__ = [
     "refresh",
     "register",
     "run_to_file",
+    "PipelineRunError",
     "wrap",
     "write_output",
 ]

@@ -125,6 +125,12 @@ def _where(exc: BaseException, filename: str | None = None) -> str:
     return f" ({Path(frames[-1].filename).name} line {frames[-1].lineno})"
 
 
+def _exited(exc: SystemExit) -> str:
+    """What a factory that ended the interpreter did, and how to keep script code from running."""
+    return (f"called sys.exit({exc.code!r}); a pipeline factory must return a pipeline, not end the program "
+            "(keep script code under `if __name__ == \"__main__\":`)")
+
+
 def _error_line(exc: BaseException) -> str:
     """``"Type: first line of the message"`` of an exception."""
     if isinstance(exc, SyntaxError) and exc.msg:
@@ -153,6 +159,9 @@ def _load_file_module(spec: str, path: Path) -> types.ModuleType:
         sys.path.insert(0, folder)
     try:
         module_spec.loader.exec_module(module)
+    except SystemExit as exc:
+        del sys.modules[module_name]
+        raise FactoryError(f"pipeline factory {spec!r}: executing {str(path)!r} {_exited(exc)}") from None
     except Exception as exc:
         del sys.modules[module_name]
         raise FactoryError(
@@ -169,6 +178,9 @@ def _load_file_module(spec: str, path: Path) -> types.ModuleType:
 def _import_module(spec: str, name: str) -> types.ModuleType:
     try:
         return importlib.import_module(name)
+    except SystemExit as exc:
+        sys.modules.pop(name, None)
+        raise FactoryError(f"pipeline factory {spec!r}: importing module {name!r} {_exited(exc)}") from None
     except ImportError as exc:
         raise FactoryError(
             f"pipeline factory {spec!r}: cannot import module {name!r}: {_error_line(exc)}"
@@ -334,6 +346,8 @@ def build_factory(
         )
     try:
         result = factory(**call)
+    except SystemExit as exc:
+        raise FactoryError(f"pipeline factory {spec!r}: the factory {_exited(exc)}") from None
     except Exception as exc:
         shown = ", ".join(f"{k}={v!r}" for k, v in call.items())
         try:

@@ -63,6 +63,10 @@ def _check_extension(kind: str, path: Path) -> str:
     return suffix
 
 
+class PipelineRunError(RuntimeError):
+    """The pipeline's own code raised while :func:`run_to_file` ran it (before anything was written)."""
+
+
 def write_output(pipeline: Pipeline, output: PipelineOutput, path: str | Path) -> dict[str, Any]:
     """Write the first batch item of ``output`` (all embeddings) to ``path``.
 
@@ -131,6 +135,7 @@ def run_to_file(
 
     Raises:
         ValueError: For an unknown pipeline, a bad extension, batch or seed.
+        PipelineRunError: The pipeline raised while building its inputs or running.
     """
     check_batch_seed(batch, seed)
     known = sorted({ext for exts in EXTENSIONS.values() for ext in exts})
@@ -140,9 +145,14 @@ def run_to_file(
         )
     pipeline = get(name, size=size, seed=seed)
     _check_extension(pipeline.output_kind, Path(out_path))
-    inputs = pipeline.example_inputs(batch, seed)
-    start = time.perf_counter()
-    output = pipeline.run(inputs)
-    seconds = time.perf_counter() - start
+    try:
+        inputs = pipeline.example_inputs(batch, seed)
+        start = time.perf_counter()
+        output = pipeline.run(inputs)
+        seconds = time.perf_counter() - start
+    except (ValueError, NotImplementedError):
+        raise
+    except Exception as exc:  # the pipeline's own code; an OSError here is not about the output file
+        raise PipelineRunError(f"pipeline {name!r} raised {type(exc).__name__}: {exc}") from exc
     info = write_output(pipeline, output, out_path)
     return {"pipeline": pipeline.name, **info, "seconds": round(seconds, 4)}

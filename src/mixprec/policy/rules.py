@@ -33,6 +33,7 @@ from typing import Any
 
 from torch import nn
 
+from mixprec.policy.inputs import parse_checked, read_input_text
 from mixprec.policy.roles import ROLES
 from mixprec.device.settings import NumericSettings, did_you_mean
 
@@ -322,27 +323,34 @@ class Policy:
     @classmethod
     def from_toml(cls, text: str, where: str = "policy") -> Policy:
         try:
-            return cls.from_dict(tomllib.loads(text), where)
+            return cls.from_dict(parse_checked(tomllib.loads, text, where), where)
         except tomllib.TOMLDecodeError as exc:
             raise PolicyError(f"{where}: malformed TOML: {exc}") from None
+        except PolicyError:
+            raise
+        except ValueError as exc:  # nested too deeply
+            raise PolicyError(str(exc)) from None
 
     @classmethod
     def from_json(cls, text: str, where: str = "policy") -> Policy:
         try:
-            return cls.from_dict(json.loads(text), where)
+            return cls.from_dict(parse_checked(json.loads, text, where), where)
         except json.JSONDecodeError as exc:
             raise PolicyError(f"{where}: malformed JSON: {exc}") from None
+        except PolicyError:
+            raise
+        except ValueError as exc:  # nested too deeply
+            raise PolicyError(str(exc)) from None
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Policy:
         """Read a policy from a ``.toml`` or ``.json`` file."""
         p = Path(path)
         try:
-            text = p.read_bytes().decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise PolicyError(f"policy file {p}: not a UTF-8 text file (byte {exc.start} is {exc.object[exc.start]:#04x})") from None
-        except OSError as exc:
-            raise PolicyError(f"cannot read policy file {p}: {exc.strerror}") from None
+            # A regular file of a sane size (not a directory, FIFO or /dev/zero); a byte-order mark is dropped.
+            text = read_input_text(p, "policy file", text_kind="file")
+        except ValueError as exc:
+            raise PolicyError(str(exc)) from None
         if p.suffix.lower() == ".json":
             return cls.from_json(text, str(p))
         return cls.from_toml(text, str(p))
