@@ -25,8 +25,10 @@ def test_pass_and_each_trigger():
     assert any("fast@batch 1: latency" in v and "+20.0%" in v for v in slow)
     worse = gate(_run(snr=27.0), base, Thresholds())
     assert any("quality snr_db 27.00 vs 30.00 (drop 10.0% > 5.0%)" in v for v in worse)
-    bigger = gate(_run(mem=101 * 2**20), base, Thresholds())
-    assert any("peak_mem_bytes" in v for v in bigger)
+    bigger = gate(_run(mem=110 * 2**20), base, Thresholds())
+    assert any("peak_mem_bytes 110.0 MiB vs 100.0 MiB (+10.0% > 0.0%, and more than the 8 MiB noise floor)" in v
+               for v in bigger), bigger
+    assert gate(_run(mem=101 * 2**20), base, Thresholds()) == []  # 1 MiB: within the readings' noise
     broken = gate(_run(status="failed"), base, Thresholds())
     assert any(v.startswith("failure rate 50.0%") and "fast@1 (failed)" in v for v in broken)
     nan = gate(_run(nonfinite=3), base, Thresholds())
@@ -99,6 +101,8 @@ def _store_run(store, latency, pipeline="tts", status="complete"):
     run_id = store.start_run(pipeline=pipeline, size="test", machine={"name": "m"}, fingerprint="f", versions={}, notes=[])
     for position, (name, snr) in enumerate((("fp32", float("inf")), ("fast", 30.0))):
         cid = store.add_config(run_id, position=position, name=name, batch=1)
+        for index, spread in enumerate((-0.004, 0.002, 0.0, -0.001, 0.003)):
+            store.add_sample(cid, index, latency * (1 + spread))
         store.finish_config(cid, status="ok", metrics={"latency_median": latency, "snr_db": snr, "peak_mem_bytes": 1e8, "nonfinite": 0})
     store.finish_run(run_id, status=status)
     return run_id

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from typing import Any, Mapping, Sequence
 
 from mixprec.bench import rundata
@@ -56,7 +57,10 @@ def _export_rows(runs: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[dic
                 "policy_name": policy.get("name") if isinstance(policy, Mapping) else None,
                 "n_samples": len(config.get("samples") or []),
             }
-            row.update({name: metrics.get(name) for name in names})
+            # A metric stored without a value was measured as NaN (the store keeps NaN as
+            # NULL); one the configuration never measured is absent and stays empty.
+            row.update({name: math.nan if name in metrics and metrics[name] is None else metrics.get(name)
+                        for name in names})
             row["_samples"] = list(config.get("samples") or [])
             row["_policy"] = policy
             rows.append(row)
@@ -88,7 +92,8 @@ def _csv_cell(value: Any) -> str:
 def to_csv(runs: Sequence[Mapping[str, Any]]) -> str:
     """One CSV row per configuration: run fields, status, error and every metric.
 
-    Missing values are empty cells; infinities read ``inf`` / ``-inf``. A text cell that
+    Metrics a configuration did not measure are empty cells; NaN reads ``nan`` and
+    infinities ``inf`` / ``-inf``. A text cell that
     a spreadsheet would run as a formula (starting with ``= + - @``, tab or carriage
     return) gets a leading ``'``.
     """
@@ -117,7 +122,8 @@ def to_json(runs: Sequence[Mapping[str, Any]]) -> str:
 
     Each object has the CSV's fields plus ``samples`` (the raw latencies in
     seconds) and ``policy`` (the full policy, or ``null``). Infinities and NaN
-    are the strings ``"inf"``, ``"-inf"`` and ``"nan"``, so the text is strict JSON.
+    are the strings ``"inf"``, ``"-inf"`` and ``"nan"``, so the text is strict JSON;
+    a metric the configuration did not measure is ``null``.
     """
     runs = list(runs)
     fields, rows = _export_rows(runs)

@@ -3,17 +3,26 @@
 The gate implements the rollback triggers apps ask for: quality drop, latency
 regression, memory increase and failure rate beyond given thresholds. Configurations
 are matched by (name, batch).
+
+Speed is decided on intervals only (:mod:`mixprec.bench.evidence`): a configuration's
+speed-up against its own run's fp32 from paired rounds, and its median latency's 95 %
+interval. A change is called where the intervals support it; where they cannot tell,
+:func:`compare` says "undecided on this machine" and the gate warns (or fails with
+``fail_undecided``), but a regression the intervals support always fails.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
-from mixprec.measure.metrics import intervals_overlap
+from mixprec.bench import evidence
+from mixprec.measure.stats import MEMORY_FLOOR_BYTES, memory_beyond_noise
 
-__all__ = ["Thresholds", "gate", "compare", "comparable", "main_quality", "parse_percent", "thresholds_from_flags"]
+__all__ = ["Thresholds", "GateResult", "check", "gate", "compare", "comparable", "main_quality", "parse_percent",
+           "parse_db", "parse_bytes", "thresholds_from_flags"]
 
 
 def parse_percent(text: str, flag: str, *, upper: float | None = None) -> float:
@@ -44,23 +53,104 @@ def parse_percent(text: str, flag: str, *, upper: float | None = None) -> float:
     return value
 
 
+def parse_db(text: str, flag: str) -> float:
+    """``"40dB"``, ``"40 dB"`` or ``"40"`` -> 40.0 (a finite number of decibels); errors name the flag."""
+    raw = str(text).strip()
+    number = raw[:-2].strip() if raw.lower().endswith("db") else raw
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected decibels such as 40dB") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{flag} {text!r}: must be a finite number of decibels such as 40dB")
+    return value
+
+
+_UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+
+
+def parse_bytes(text: str, flag: str) -> float:
+    """``"8MiB"`` -> 8388608; units B, KiB, MiB, GiB, KB, MB, GB; a bare ``0`` needs none."""
+    raw = str(text).strip()
+    match = re.fullmatch(r"([0-9.eE+-]+)\s*([A-Za-z]*)", raw)
+    try:
+        value = float(match.group(1)) if match else None
+    except ValueError:
+        value = None
+    unit = match.group(2).lower() if match else ""
+    if value is None or (unit and unit not in _UNITS):
+        raise ValueError(f"{flag} {text!r}: expected a size such as 8MiB (units: B, KiB, MiB, GiB, KB, MB, GB)")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{flag} {text!r}: must be a finite size of 0 or more, such as 8MiB")
+    if not unit and value != 0:
+        raise ValueError(f"{flag} {text!r}: give the unit, for example {raw}MiB (a bare number is ambiguous)")
+    return value * _UNITS.get(unit, 1)
+
+
 def thresholds_from_flags(*, max_quality_drop: str, max_latency_regression: str, max_memory_increase: str,
-                          max_failure_rate: str) -> "Thresholds":
+                          max_failure_rate: str, min_quality: str | None = None,
+                          memory_noise_floor: str = "8MiB", fail_undecided: bool = False) -> "Thresholds":
     """Thresholds from the CLI's flags: every one needs its unit; rates and drops are 0-100%."""
     return Thresholds(
         max_quality_drop=parse_percent(max_quality_drop, "--max-quality-drop", upper=1.0),
         max_latency_regression=parse_percent(max_latency_regression, "--max-latency-regression"),
         max_memory_increase=parse_percent(max_memory_increase, "--max-memory-increase"),
         max_failure_rate=parse_percent(max_failure_rate, "--max-failure-rate", upper=1.0),
+        min_quality_db=None if min_quality is None else parse_db(min_quality, "--min-quality"),
+        memory_floor_bytes=parse_bytes(memory_noise_floor, "--memory-noise-floor"),
+        fail_undecided=fail_undecided,
     )
 
 
 @dataclass(frozen=True)
 class Thresholds:
+    """What the gate allows.
+
+    Attributes:
+        max_quality_drop: fraction the main quality figure (dB) may drop by.
+        max_latency_regression: fraction a configuration may be slower by.
+        max_memory_increase: fraction peak memory and weight bytes may grow by.
+        max_failure_rate: fraction of configurations that may fail.
+        min_quality_db: an absolute floor on the main quality figure. Against an exact
+            baseline (``inf``: fp32 against itself) any finite quality is a drop that no
+            percentage allows; a floor lets quality at or above it pass.
+        memory_floor_bytes: peak memory readings move by a few MiB between identical
+            runs; an increase must exceed this as well as ``max_memory_increase``
+            (weight bytes are counted exactly and get no floor).
+        fail_undecided: fail where the intervals can neither support nor exclude a
+            latency regression (by default such checks pass with a warning).
+    """
+
     max_quality_drop: float = 0.05
     max_latency_regression: float = 0.10
     max_memory_increase: float = 0.0
     max_failure_rate: float = 0.01
+    min_quality_db: float | None = None
+    memory_floor_bytes: float = MEMORY_FLOOR_BYTES
+    fail_undecided: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_quality_drop", "max_latency_regression", "max_memory_increase", "max_failure_rate",
+                     "memory_floor_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"Thresholds.{name} must be a finite number of 0 or more, got {value!r}")
+        if self.min_quality_db is not None and not (isinstance(self.min_quality_db, (int, float))
+                                                    and math.isfinite(self.min_quality_db)):
+            raise ValueError(f"Thresholds.min_quality_db must be a finite number of dB or None, got {self.min_quality_db!r}")
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """``violations`` fail the gate; ``undecided`` are checks the measurements could not
+    decide (they fail too where :attr:`Thresholds.fail_undecided` is set)."""
+
+    violations: list[str] = field(default_factory=list)
+    undecided: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.violations
 
 
 def main_quality(metrics: dict[str, Any]) -> tuple[str, float] | None:
@@ -92,14 +182,175 @@ def comparable(run: dict[str, Any], baseline: dict[str, Any], *, allow_different
     return problems
 
 
-def gate(run: dict[str, Any], baseline: dict[str, Any], thresholds: Thresholds, *,
-         allow_different_machine: bool = False) -> list[str]:
-    """Every violation of ``thresholds`` by ``run`` against ``baseline`` (empty: pass).
+def _distinct(a: float, b: float, decimals: int) -> tuple[str, str]:
+    """``a`` and ``b`` rounded alike, with as many decimals as it takes to tell them apart
+    (a message never shows two equal figures as a change)."""
+    for places in range(decimals, 10):
+        ta, tb = f"{a:.{places}f}", f"{b:.{places}f}"
+        if ta != tb or a == b:
+            return ta, tb
+    return repr(a), repr(b)
 
-    A run that is not ``complete``, a baseline that is not comparable (see
-    :func:`comparable`), a configuration of the baseline missing from the run, and a
-    configuration with fewer samples than asked (``partial``) are violations too: the
-    gate never passes what it could not check.
+
+def _pct_over(value: float, limit: float) -> str:
+    """``+12.5% > 10.0%``, with enough decimals that the two figures differ."""
+    for places in range(1, 8):
+        tv, tl = f"{value:.{places}%}", f"{limit:.{places}%}"
+        if tv != tl:
+            return f"+{tv} > {tl}"
+    return f"+{value!r} > {limit!r}"
+
+
+def _number(metrics: dict[str, Any], name: str) -> float | None:
+    value = metrics.get(name)
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _db(value: float) -> str:
+    return "exact (inf)" if value == math.inf else f"{value:.2f} dB"
+
+
+def _failure(cfg: dict[str, Any], ref: dict[str, Any] | None) -> str | None:
+    """Why a configuration of the run counts as failed, or ``None``."""
+    metrics = cfg["metrics"]
+    if cfg["status"] != "ok":
+        return cfg["status"]
+    if (_number(metrics, "nonfinite") or 0) > 0:
+        return "non-finite output"
+    if (_number(metrics, "shape_mismatch") or 0) > 0:
+        return "output shape differs from fp32's"
+    old = main_quality(ref["metrics"]) if ref is not None and ref["status"] == "ok" else None
+    if old is not None:
+        new = _number(metrics, old[0])
+        if new is None or math.isnan(new):
+            return "no quality figure"
+    return None
+
+
+def _quality(label: str, cfg: dict[str, Any], ref: dict[str, Any], t: Thresholds) -> list[str]:
+    old = main_quality(ref["metrics"])
+    if old is None:
+        return []  # the baseline holds the run to no quality figure
+    name, old_v = old
+    new_v = _number(cfg["metrics"], name)
+    if math.isnan(old_v):
+        return [f"{label}: could not check quality: the baseline's {name} is nan"]
+    if new_v is None or math.isnan(new_v):
+        got = "none" if new_v is None else "nan"
+        return [f"{label}: could not check quality: the baseline has {name} {_db(old_v)}, the run {got} "
+                "(an output that could not be compared with fp32's, such as one of another shape, fails)"]
+    if old_v == math.inf:
+        if new_v == math.inf or t.min_quality_db is not None:
+            return []  # exact again, or the floor decides (see _floor)
+        return [f"{label}: quality {name} {new_v:.2f} dB vs exact (inf) in the baseline: a drop from an exact match is "
+                "a regression that no --max-quality-drop allows; pass --min-quality DB to accept quality at or above a floor"]
+    if old_v == -math.inf:
+        return []
+    drop = (old_v - new_v) / abs(old_v) if old_v else (math.inf if new_v < old_v else 0.0)
+    if drop <= t.max_quality_drop:
+        return []
+    new_t, old_t = _distinct(new_v, old_v, 2)
+    return [f"{label}: quality {name} {new_t} vs {old_t} (drop {_pct_over(drop, t.max_quality_drop)[1:]})"]
+
+
+def _floor(label: str, cfg: dict[str, Any], t: Thresholds) -> list[str]:
+    if t.min_quality_db is None:
+        return []
+    quality = main_quality(cfg["metrics"])
+    if quality is None or math.isnan(quality[1]):
+        return [f"{label}: could not check --min-quality {t.min_quality_db:g} dB: no quality figure"]
+    name, value = quality
+    if value >= t.min_quality_db:
+        return []
+    value_t, floor_t = _distinct(value, t.min_quality_db, 2)
+    return [f"{label}: quality {name} {value_t} dB < --min-quality {floor_t} dB"]
+
+
+def _latency(label: str, run: dict[str, Any], cfg: dict[str, Any], baseline: dict[str, Any], ref: dict[str, Any],
+             t: Thresholds) -> tuple[list[str], list[str]]:
+    """(violations, undecided) of the latency check of one configuration."""
+    allowed = t.max_latency_regression
+    old_l, new_l = evidence.latency(ref), evidence.latency(cfg)
+    reference = evidence.reference(run, cfg["batch"])
+    # The reference's speed-up is 1 by definition: only its latency can tell.
+    is_reference = reference is not None and reference["name"] == cfg["name"]
+    old_s, new_s = (None, None) if is_reference else (evidence.speedup(baseline, ref), evidence.speedup(run, cfg))
+    if old_l is None and old_s is None:
+        return [], []  # the baseline timed nothing to hold the run to
+    by_speed = evidence.regression(old_s, new_s, allowed, higher_is_slower=False)
+    by_latency = evidence.regression(old_l, new_l, allowed, higher_is_slower=True)
+    if by_speed is None and by_latency is None:
+        return [f"{label}: could not check latency: the baseline was timed, the run has no timing to compare"], []
+    speed_text = (f"speed-up vs its fp32 {new_s.text()} vs {old_s.text()} in the baseline"
+                  if old_s is not None and new_s is not None else "")
+    latency_text = ""
+    if old_l is not None and new_l is not None:
+        new_t, old_t = _distinct(new_l.value, old_l.value, 4)
+        latency_text = f"latency {new_t} s vs {old_t} s ({new_l.value / old_l.value - 1:+.1%})"
+    if "regression" in (by_speed, by_latency):
+        parts = []
+        if by_latency == "regression":
+            parts.append(f"{latency_text}: its 95% interval {new_l.low:.4g}-{new_l.high:.4g} s lies above the baseline's "
+                         f"{old_l.low:.4g}-{old_l.high:.4g} s plus {allowed:.1%}")
+        if by_speed == "regression":
+            parts.append(f"{speed_text}: more than {allowed:.1%} slower over the whole interval")
+        elif by_speed == "ok":
+            parts.append(f"its {speed_text} shows no regression: the whole run ran slower (a busier machine, "
+                         "or fp32 itself slower)")
+        return [f"{label}: " + "; ".join(parts)], []
+    if "ok" in (by_speed, by_latency):
+        return [], []
+    shown = ", ".join(p for p in (latency_text, speed_text) if p)
+    return [], [f"{label}: latency regression beyond {allowed:.1%} undecided on this machine ({shown}): the intervals "
+                "neither exclude nor support it; re-run with more --repeat, or on a quieter machine"]
+
+
+def _memory(label: str, cfg: dict[str, Any], ref: dict[str, Any], t: Thresholds) -> list[str]:
+    violations = []
+    # Peak memory readings (RSS, allocator peaks) move between identical runs; weight bytes are exact.
+    for metric, floor in (("peak_mem_bytes", t.memory_floor_bytes), ("weight_bytes", 0.0)):
+        old_b, new_b = _number(ref["metrics"], metric), _number(cfg["metrics"], metric)
+        if old_b is None or not math.isfinite(old_b):
+            continue
+        if new_b is None or math.isnan(new_b):
+            violations.append(f"{label}: could not check {metric}: the baseline has {old_b / 2**20:.1f} MiB, the run none")
+            continue
+        if not memory_beyond_noise(old_b, new_b, t.max_memory_increase, floor_bytes=floor):
+            continue
+        new_t, old_t = _distinct(new_b / 2**20, old_b / 2**20, 1)
+        increase = new_b / old_b - 1 if old_b else math.inf
+        over = _pct_over(increase, t.max_memory_increase)
+        noise = f", and more than the {floor / 2**20:g} MiB noise floor" if floor else ""
+        violations.append(f"{label}: {metric} {new_t} MiB vs {old_t} MiB ({over}{noise})")
+    return violations
+
+
+def check(run: dict[str, Any], baseline: dict[str, Any], thresholds: Thresholds, *,
+          allow_different_machine: bool = False) -> GateResult:
+    """Check ``run`` against ``baseline``: every violation of ``thresholds``, and what could not be decided.
+
+    The gate never passes what it could not check: a run or baseline that is not
+    ``complete``, a baseline that is not comparable (see :func:`comparable`), a
+    configuration of the baseline missing from the run, a configuration with fewer
+    samples than asked (``partial``), a quality, latency or memory figure the baseline
+    has and the run lacks, and a run in which every configuration failed (whatever
+    ``max_failure_rate`` allows) are violations. A configuration whose output has
+    another shape than fp32's, or that lacks the quality figure its baseline has,
+    counts as failed.
+
+    Quality: a drop beyond ``max_quality_drop``; against an exact baseline (``inf``) any
+    finite figure fails unless ``min_quality_db`` is set, which then applies to every
+    configuration. Latency: a regression beyond ``max_latency_regression`` fails where
+    the intervals support it (the speed-up against the run's own fp32 from paired rounds,
+    or the median latency's interval); where they can neither support nor exclude it the
+    check is ``undecided`` (a violation only with ``fail_undecided``). Memory: an
+    increase beyond ``max_memory_increase`` and, for peak memory, beyond
+    ``memory_floor_bytes``.
     """
     violations: list[str] = []
     for label, which in (("run", run), ("baseline", baseline)):
@@ -113,44 +364,52 @@ def gate(run: dict[str, Any], baseline: dict[str, Any], thresholds: Thresholds, 
     if missing:
         violations.append("configurations of the baseline missing from the run: "
                           + ", ".join(f"{name}@{batch}" for name, batch in missing))
+    base = _index(baseline)
     configs = run["configs"]
-    failed = [c for c in configs if c["status"] != "ok" or (c["metrics"].get("nonfinite") or 0) > 0]
+    failed = [(c, why) for c in configs if (why := _failure(c, base.get((c["name"], c["batch"])))) is not None]
     rate = len(failed) / len(configs) if configs else 1.0
     if rate > thresholds.max_failure_rate:
-        names = ", ".join(f"{c['name']}@{c['batch']} ({c['status'] if c['status'] != 'ok' else 'non-finite output'})" for c in failed)
+        names = ", ".join(f"{c['name']}@{c['batch']} ({why})" for c, why in failed)
         violations.append(f"failure rate {rate:.1%} > {thresholds.max_failure_rate:.1%}: {names}")
-    base = _index(baseline)
+    if configs and len(failed) == len(configs):
+        violations.append(f"every configuration of run {run.get('id', '?')} failed, {evidence.REFERENCE} included: "
+                          "nothing was measured, whatever --max-failure-rate allows")
+    undecided: list[str] = []
     for key, cfg in _index(run).items():
         ref = base.get(key)
         label = f"{key[0]}@batch {key[1]}"
-        if ref is None or cfg["status"] != "ok" or ref["status"] != "ok":
+        if cfg["status"] != "ok":
             continue
-        new_m, old_m = cfg["metrics"], ref["metrics"]
-        new_q, old_q = main_quality(new_m), main_quality(old_m)
-        if new_q and old_q and new_q[0] == old_q[0] and math.isfinite(old_q[1]):
-            drop = (old_q[1] - new_q[1]) / abs(old_q[1]) if old_q[1] else 0.0
-            if drop > thresholds.max_quality_drop:
-                violations.append(f"{label}: quality {new_q[0]} {new_q[1]:.2f} vs {old_q[1]:.2f} (drop {drop:.1%} > {thresholds.max_quality_drop:.1%})")
-        new_t, old_t = new_m.get("latency_median"), old_m.get("latency_median")
-        if new_t and old_t:
-            regression = new_t / old_t - 1
-            if regression > thresholds.max_latency_regression:
-                violations.append(f"{label}: latency {new_t:.4f} s vs {old_t:.4f} s (+{regression:.1%} > {thresholds.max_latency_regression:.1%})")
-        for metric in ("peak_mem_bytes", "weight_bytes"):
-            new_b, old_b = new_m.get(metric), old_m.get(metric)
-            if new_b is not None and old_b:
-                increase = new_b / old_b - 1
-                if increase > thresholds.max_memory_increase:
-                    violations.append(f"{label}: {metric} {new_b / 2**20:.1f} MiB vs {old_b / 2**20:.1f} MiB "
-                                      f"(+{increase:.1%} > {thresholds.max_memory_increase:.1%})")
-    return violations
+        violations += _floor(label, cfg, thresholds)
+        if ref is None or ref["status"] != "ok":
+            continue
+        violations += _quality(label, cfg, ref, thresholds)
+        slow, unsure = _latency(label, run, cfg, baseline, ref, thresholds)
+        violations += slow
+        undecided += unsure
+        violations += _memory(label, cfg, ref, thresholds)
+    if thresholds.fail_undecided:
+        violations += [f"{u} (--fail-undecided)" for u in undecided]
+    return GateResult(violations, undecided)
+
+
+def gate(run: dict[str, Any], baseline: dict[str, Any], thresholds: Thresholds, *,
+         allow_different_machine: bool = False) -> list[str]:
+    """Every violation of ``thresholds`` by ``run`` against ``baseline`` (empty: pass); see :func:`check`."""
+    return check(run, baseline, thresholds, allow_different_machine=allow_different_machine).violations
 
 
 def compare(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per configuration: latency, quality and memory of run ``b`` relative to run ``a``.
+    """Per configuration: latency, speed-up, quality and memory of run ``b`` against run ``a``.
 
-    ``latency_significant`` is true when the two medians' confidence intervals do not
-    overlap: the change exceeds the measurement noise.
+    Each change carries what the intervals support (:func:`mixprec.bench.evidence.change`):
+    ``latency_verdict`` compares the two runs' median-latency intervals ("slower",
+    "faster", "within noise" or "undecided on this machine"), and ``speedup_verdict``
+    compares the configuration's speed-up against its own run's fp32, from paired rounds
+    ("faster", "slower", "within noise", "undecided on this machine", or "reference" for
+    fp32 itself). Absolute latencies taken at different times include the machine's load;
+    the speed-up does not, so it alone decides ``beyond_noise``.
+    ``latency_significant`` is true where the latency intervals do not overlap.
     """
     problems = comparable(b, a, allow_different_machine=True)
     if any("pipeline" in p or "size" in p for p in problems):
@@ -163,12 +422,30 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         ma, mb = cfg_a["metrics"], cfg_b["metrics"]
         row: dict[str, Any] = {"config": key[0], "batch": key[1], "status_a": cfg_a["status"], "status_b": cfg_b["status"]}
-        if ma.get("latency_median") and mb.get("latency_median"):
-            row["latency_a"], row["latency_b"] = ma["latency_median"], mb["latency_median"]
-            row["latency_change"] = mb["latency_median"] / ma["latency_median"] - 1
-            cis = [{"ci_low": m.get("latency_ci_low"), "ci_high": m.get("latency_ci_high")} for m in (ma, mb)]
-            if all(c["ci_low"] is not None and c["ci_high"] is not None for c in cis):
-                row["latency_significant"] = not intervals_overlap(*cis)
+        la, lb = evidence.latency(cfg_a), evidence.latency(cfg_b)
+        if la is not None and lb is not None:
+            row["latency_a"], row["latency_b"] = la.value, lb.value
+            row["latency_change"] = lb.value / la.value - 1 if la.value else math.inf
+            row["latency_ci_a"], row["latency_ci_b"] = [la.low, la.high], [lb.low, lb.high]
+            row["latency_verdict"] = evidence.change(la, lb, more=evidence.SLOWER, less=evidence.FASTER)
+            row["latency_significant"] = row["latency_verdict"] in (evidence.SLOWER, evidence.FASTER)
+        refs = [evidence.reference(run, key[1]) for run in (a, b)]
+        if all(r is not None and r["name"] == key[0] for r in refs):
+            row["speedup_verdict"] = "reference"
+        else:
+            sa, sb = evidence.speedup(a, cfg_a), evidence.speedup(b, cfg_b)
+            if sa is not None:
+                row["speedup_a"] = sa.to_dict()
+            if sb is not None:
+                row["speedup_b"] = sb.to_dict()
+            if sa is not None and sb is not None:
+                row["speedup_change"] = sb.value / sa.value - 1 if sa.value else math.inf
+                row["speedup_verdict"] = evidence.change(sa, sb, more=evidence.FASTER, less=evidence.SLOWER)
+        row["beyond_noise"] = row.get("speedup_verdict") in (evidence.FASTER, evidence.SLOWER)
+        for side, metrics in (("a", ma), ("b", mb)):
+            unstable = _number(metrics, "unstable")
+            if unstable is not None:
+                row[f"unstable_{side}"] = unstable > 0  # the runner's flag: spread (CV) or drift beyond its limits
         qa, qb = main_quality(ma), main_quality(mb)
         if qa and qb and qa[0] == qb[0]:
             row["quality_metric"], row["quality_a"], row["quality_b"] = qa[0], qa[1], qb[1]

@@ -288,11 +288,14 @@ class Store:
 
     def finish_config(self, config_id: int, *, status: str, metrics: dict[str, Any], error: str | None = None,
                       policy: dict[str, Any] | None = None) -> None:
+        """Store a configuration's status and metrics. A ``None`` metric (not measured) is
+        not stored; a NaN is stored as NULL (SQLite keeps no NaN), so a metric row without
+        a value was measured as NaN."""
         with self._tx() as db:
             db.execute("UPDATE configs SET status=?, error=?, policy_json=COALESCE(?, policy_json) WHERE id=?",
                        (status, error, json.dumps(policy) if policy is not None else None, config_id))
             db.executemany("INSERT OR REPLACE INTO metrics(config_id, name, value) VALUES (?, ?, ?)",
-                           [(config_id, k, _num(v)) for k, v in metrics.items() if isinstance(v, (int, float)) or v is None])
+                           [(config_id, k, _num(v)) for k, v in metrics.items() if isinstance(v, (int, float))])
 
     def finish_run(self, run_id: int, *, status: str = "complete", notes: list[str] | None = None,
                    size: str | None = None) -> None:
@@ -361,7 +364,12 @@ class Store:
         return [dict(r) for r in rows]
 
     def load_run(self, run_id: int) -> dict[str, Any]:
-        """The run as a plain dict (the shape :mod:`mixprec.bench.report` renders)."""
+        """The run as a plain dict (the shape :mod:`mixprec.bench.report` renders).
+
+        Each configuration has its ``samples`` (seconds) and their ``rounds`` (the timed
+        round of each, for pairing with the reference's), and its ``metrics``, where a
+        metric measured as NaN reads ``None`` (see :meth:`finish_config`).
+        """
         _check_id(run_id, "run")
         row = self._conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
         if row is None:
@@ -369,12 +377,13 @@ class Store:
             raise StoreError(f"no run {run_id} in {self.path}; recent runs: {', '.join(map(str, known)) or 'none'}")
         configs = []
         for c in self._conn.execute("SELECT * FROM configs WHERE run_id=? ORDER BY batch, position", (run_id,)):
-            samples = [r[0] for r in self._conn.execute("SELECT seconds FROM samples WHERE config_id=? ORDER BY idx", (c["id"],))]
+            timed = self._conn.execute("SELECT idx, seconds FROM samples WHERE config_id=? ORDER BY idx", (c["id"],)).fetchall()
+            samples, rounds = [r[1] for r in timed], [r[0] for r in timed]
             metrics = {r[0]: (r[1] if r[1] is not None else None) for r in
                        self._conn.execute("SELECT name, value FROM metrics WHERE config_id=?", (c["id"],))}
             configs.append({"name": c["name"], "batch": c["batch"], "status": c["status"], "error": c["error"],
                             "policy": json.loads(c["policy_json"]) if c["policy_json"] else None,
-                            "samples": samples, "metrics": metrics})
+                            "samples": samples, "rounds": rounds, "metrics": metrics})
         return {"id": row["id"], "started": row["started"], "finished": row["finished"], "status": row["status"],
                 "pipeline": row["pipeline"], "size": row["size"], "command": row["command"],
                 "machine": json.loads(row["machine_json"]), "machine_fingerprint": row["machine_fingerprint"],
