@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import warnings
 
 import torch
 from torch import nn
@@ -108,3 +109,47 @@ def _arrived(holds, key, timeout=5.0):
             return False
         time.sleep(0.001)
     return holds[key][0].wait(timeout)
+
+
+class PausedScale(nn.Module):
+    """Owns a weight and has no functional fp32 path: fp32 compute swaps fp32 copies into it."""
+
+    def __init__(self):
+        super().__init__()
+        self.pause = Pause()
+        self.weight = nn.Parameter(torch.eye(4) * 0.5)
+
+    def forward(self, x):
+        x = self.pause(x)
+        return torch.nn.functional.linear(x, self.weight)  # needs x and the weight in one dtype
+
+
+def test_fp32_compute_swapping_copies_in_is_one_call_at_a_time():
+    import time
+
+    net = PausedScale().eval()
+    weight = net.weight
+    holds: dict[str, tuple[threading.Event, threading.Event]] = {}
+    results: dict[str, object] = {}
+
+    def call(key):
+        holds[key] = net.pause.hold_this_thread()
+        return net(torch.ones(2, 4))
+
+    with torch.no_grad(), mixprec.apply(net, Policy((Rule("*", storage="bf16", compute="fp32"),))), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = _start(lambda: call("first"), results, "first")
+        assert _arrived(holds, "first")
+        second = _start(lambda: call("second"), results, "second")
+        time.sleep(0.05)  # the second call starts while the first has fp32 copies swapped in
+        holds["first"][1].set()
+        first.join(10)
+        assert _arrived(holds, "second")
+        holds["second"][1].set()
+        second.join(10)
+        assert net.weight is weight and weight.dtype == torch.bfloat16
+    assert [str(w.message) for w in caught] == []  # no call saw another call's weights come and go
+    assert net.weight is weight and weight.dtype == torch.float32
+    for key in ("first", "second"):
+        assert torch.equal(results[key], torch.full((2, 4), 0.5)), results[key]

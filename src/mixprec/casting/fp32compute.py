@@ -24,6 +24,7 @@ to fp32 weights, which many kernels refuse.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any, Callable
 
 import torch
@@ -128,13 +129,24 @@ class Fp32Compute(ForwardWrapper):
         def upcast_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
             return cast_floats(args, torch.float32), (cast_floats(kwargs, torch.float32) if kwargs else kwargs)
 
-        def generic(*args: Any, **kwargs: Any) -> Any:
-            args, kwargs = upcast_inputs(args, kwargs)
+        # Swapping fp32 copies into the module changes it for every thread: eager calls of
+        # this module on other threads wait until the copies are swapped back (traced code
+        # takes no lock, which Dynamo cannot trace).
+        swapping = threading.RLock()
+
+        def swapped(args: tuple, kwargs: dict) -> Any:
             copies = {key[2:]: t.float() for key, t in own_tensors(module) if t.dtype in _HALF}  # "p:weight" -> "weight"
             if not copies:
                 return forward(*args, **kwargs)
             with stateless._reparametrize_module(module, copies):
                 return forward(*args, **kwargs)
+
+        def generic(*args: Any, **kwargs: Any) -> Any:
+            args, kwargs = upcast_inputs(args, kwargs)
+            if torch.compiler.is_compiling():
+                return swapped(args, kwargs)
+            with swapping:
+                return swapped(args, kwargs)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not self.active:
