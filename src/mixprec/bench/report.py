@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from mixprec.bench import rundata
+from mixprec.bench.matrix import matrix_html
 from mixprec.bench.plots import QUALITY_LABELS, latency_samples_png, main_quality_key, memory_png, scatter_png
 from mixprec.bench.table import COLUMNS, render_table_rows
 
@@ -186,7 +187,8 @@ def _run_html(run: Mapping[str, Any], index: int) -> str:
 def render_html(runs: Sequence[Mapping[str, Any]], *, title: str = "mixprec benchmark") -> str:
     """One self-contained HTML page for one or more runs.
 
-    Per run: machine and versions; per batch size a latency-vs-quality scatter
+    Runs on more than one machine start with their hardware matrix
+    (:func:`mixprec.bench.matrix.matrix_html`). Per run: machine and versions; per batch size a latency-vs-quality scatter
     with its Pareto front, memory bars, latency box plots and the configuration
     table; the policies; the notes. CSS is inline and the plots are embedded as
     base64 PNG, so the page loads nothing from elsewhere. All text from the runs
@@ -203,6 +205,7 @@ def render_html(runs: Sequence[Mapping[str, Any]], *, title: str = "mixprec benc
                         for i, r in enumerate(runs))
         nav = f"<nav><ul>{links}</ul></nav>"
     body = "\n".join(_run_html(run, i) for i, run in enumerate(runs)) or '<p class="muted">no runs</p>'
+    body = "\n".join(p for p in (matrix_html(runs), body) if p)  # runs on several machines: their matrix first
     return (
         "<!DOCTYPE html>\n"
         f'<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{_e(title)}</title>\n'

@@ -12,6 +12,14 @@ import typer
 
 import mixprec
 from mixprec.cli._app import app
+from mixprec.cli._cluster import (
+    ExecutorFlag,
+    HardwareFlag,
+    RayAddressFlag,
+    bench_on_cluster,
+    check_executor_flags,
+    compare_matrix,
+)
 from mixprec.cli._common import (
     MAX_BATCH,
     MAX_REPEAT,
@@ -75,8 +83,16 @@ def bench(
     budget: Annotated[Optional[str], typer.Option("--budget", help="Fit the whole benchmark into this time (e.g. 6m, 360s): the fp32 reference's first run calibrates, then warm-up and timed runs (at most --warmup and --repeat) and, if needed, the pipeline's steps are chosen to fit; the choice is printed.")] = None,
     force_batch: Annotated[bool, typer.Option("--force-batch", help="Skip the check that every --batch fits in free memory.")] = False,
     compiled: Annotated[bool, typer.Option("--compile", help="Add a compiled twin (torch.compile, inductor) of every configuration; or name them: fast+compile.")] = False,
+    executor: ExecutorFlag = "local",
+    ray_address: RayAddressFlag = None,
+    hardware_spec: HardwareFlag = None,
 ) -> None:
-    """Measure speed, memory and quality per precision configuration, side by side."""
+    """Measure speed, memory and quality per precision configuration, side by side.
+
+    With --executor ray each configuration runs in a fresh actor process on a Ray
+    cluster; --hardware all runs the same configurations on every hardware type of
+    the cluster (one run each, in one store) and prints the hardware matrix.
+    """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from mixprec.device import hardware
@@ -85,6 +101,7 @@ def bench(
     from mixprec.bench.runner import BenchOptions, run_bench
     from mixprec.bench.store import StoreError
 
+    check_executor_flags(executor, ray_address, hardware_spec)
     try:
         batches = int_list(batch, "--batch", high=MAX_BATCH)
         n_repeat, n_warmup = as_int(repeat, "--repeat", high=MAX_REPEAT), as_int(warmup, "--warmup", high=MAX_REPEAT)
@@ -99,16 +116,23 @@ def bench(
         if not any(p.strip() for p in pipeline.split(",")):
             raise ValueError(f"--pipeline {pipeline!r}: give at least one pipeline (see mixprec pipelines)")
         names = [checked_pipeline(p.strip(), size, run_seed, batches[0], device) for p in pipeline.split(",") if p.strip()]
-        hw = hardware.probe(device)
-        specs, notes = parse_configs(configs, hw, compiled_twins=compiled)
+        hw = hardware.probe(device) if executor == "local" else None  # on a cluster: probed on each node
+        specs, notes = parse_configs(configs, hw, compiled_twins=compiled) if hw is not None else ([], [])
         if any(s.compile for s in specs):
             from mixprec.casting.compile import check_compiler
 
             check_compiler(mixprec.CompileSettings(), device == "cpu")
     except (ValueError, NotImplementedError, mixprec.ApplyError) as exc:
         fail(exc)
-    store = open_store(db)
     command = "mixprec bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "mixprec bench"
+    if executor == "ray":
+        bench_on_cluster(address=ray_address, hardware_spec=hardware_spec, names=names, configs=configs, compiled=compiled,
+                         device=device, db=db, budget_s=budget_s, html=html, json_out=json_out, csv_out=csv_out,
+                         make_options=lambda name, specs, notes, share: BenchOptions(
+                             pipeline=name, configs=specs, batches=batches, repeat=n_repeat, warmup=n_warmup, timeout=timeout,
+                             size=size, seed=run_seed, device=device, notes=notes, command=command, budget=share))
+        return
+    store = open_store(db)
     if max(batches) > 1 and not force_batch:
         for name in names:
             _check_batches(BenchOptions(pipeline=name, configs=specs, size=size, seed=run_seed, device=device,
@@ -225,12 +249,21 @@ def runs_show(run_id: Annotated[int, typer.Argument(help="Run id.")], db: DbFlag
 
 @app.command()
 def compare(run_a: Annotated[int, typer.Argument(help="Earlier run id.")], run_b: Annotated[int, typer.Argument(help="Later run id.")],
-            db: DbFlag = None, as_json: JsonFlag = False) -> None:
-    """Per-configuration changes from run A to run B, and which exceed the noise."""
+            more: Annotated[Optional[list[int]], typer.Argument(help="More runs: the hardware matrix of all of them.")] = None,
+            db: DbFlag = None, as_json: JsonFlag = False,
+            matrix: Annotated[bool, typer.Option("--matrix", help="Show the hardware x configuration matrix of the runs (each machine against its own fp32).")] = False) -> None:
+    """Per-configuration changes from run A to run B, and which exceed the noise.
+
+    Runs measured on different machines (a --hardware run on a cluster) are also shown
+    as a hardware x configuration matrix; three or more runs, or --matrix, show only that.
+    """
     from mixprec.bench.gate import compare as compare_runs
     from mixprec.bench.store import StoreError
 
     store = open_store(db)
+    if more or matrix:
+        compare_matrix(store, [run_a, run_b, *(more or [])], as_json)
+        return
     try:
         rows = compare_runs(store.load_run(run_a), store.load_run(run_b))
     except (StoreError, ValueError) as exc:
@@ -243,6 +276,7 @@ def compare(run_a: Annotated[int, typer.Argument(help="Earlier run id.")], run_b
          f"{r['latency_change']:+.1%}" if "latency_change" in r else None,
          ("yes" if r["latency_significant"] else "no") if "latency_significant" in r else None,
          _quality(r.get("quality_a")), _quality(r.get("quality_b"))] for r in rows]))
+    compare_matrix(store, [run_a, run_b], False, only_across_machines=True)
 
 
 def _seconds(value: float | None) -> str | None:

@@ -1,0 +1,142 @@
+"""What ``bench`` and ``tune`` share to run on a Ray cluster: the flags, connecting, and the
+hardware matrix printed for the terminal. The work itself is in
+:mod:`mixprec.bench.distributed` and :mod:`mixprec.tuning.pool`.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Annotated, Any, Iterator, Optional
+
+import typer
+
+from mixprec.cli._common import console, err_console, fail, open_store, table
+
+__all__ = ["ExecutorFlag", "RayAddressFlag", "HardwareFlag", "check_executor_flags", "cluster", "bench_on_cluster",
+           "print_matrix"]
+
+EXECUTORS = ("local", "ray")
+
+ExecutorFlag = Annotated[str, typer.Option("--executor", help="Where the workers run: local (fresh processes on this machine) or ray (fresh actor processes on a Ray cluster; needs pip install 'mixprec\\[ray]').")]
+RayAddressFlag = Annotated[Optional[str], typer.Option("--ray-address", help="With --executor ray: auto (the cluster this machine joined), or HOST:PORT of the head node; default: a private Ray on this machine.")]
+HardwareFlag = Annotated[Optional[str], typer.Option("--hardware", help="With --executor ray: all (one run per hardware type in the cluster) or LABEL[,LABEL] (nodes started with --resources '{\"mixprec-hw:LABEL\": 1}').")]
+
+
+def check_executor_flags(executor: str, ray_address: str | None, hardware: str | None) -> None:
+    """Refuse an unknown ``--executor`` and cluster flags without ``--executor ray`` (exit 2)."""
+    if executor not in EXECUTORS:
+        fail(f"--executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
+    if executor == "local":
+        given = [flag for flag, value in (("--ray-address", ray_address), ("--hardware", hardware)) if value is not None]
+        if given:
+            fail(f"{' and '.join(given)} need --executor ray (the local executor runs on this machine only)")
+
+
+@contextmanager
+def cluster(address: str | None) -> Iterator[Any]:
+    """The connected ``ray`` module; Ray missing or an address nothing answers on exit 2."""
+    from mixprec.measure.cluster import ClusterError, connect
+    from mixprec.measure.ray_executor import RayUnavailable
+
+    with ExitStack() as stack:
+        try:
+            ray = stack.enter_context(connect(address))
+        except (RayUnavailable, ClusterError) as exc:
+            fail(exc)
+        yield ray
+
+
+def print_matrix(runs: list[dict]) -> None:
+    """The hardware × configuration table of ``runs``, and who wins where."""
+    from mixprec.bench.matrix import hardware_matrix, matrix_text_rows
+
+    for matrix in hardware_matrix(runs):
+        header, rows = matrix_text_rows(matrix)
+        title = f"hardware matrix: {matrix.pipeline} ({matrix.size}), batch {matrix.batch}: speed-up vs each machine's own fp32"
+        console.print(table(title, header, rows))
+        for line in matrix.summary():
+            console.print(f"  {line}", highlight=False, markup=False)
+    console.print("  * the fastest configuration on that machine that ran to its end with finite outputs", highlight=False,
+                  markup=False)
+
+
+def bench_on_cluster(*, address: str | None, hardware_spec: str | None, names: list[str], configs: str | None,
+                     compiled: bool, device: str, db: str | None, make_options: Any, budget_s: float | None,
+                     html: str | None, json_out: str | None, csv_out: str | None) -> list[int]:
+    """``mixprec bench --executor ray``: probe the chosen hardware types, then one run per type and pipeline.
+
+    ``make_options(name, specs, notes, budget)`` builds the :class:`~mixprec.bench.runner.BenchOptions`
+    of one pipeline. Everything the cluster cannot do as asked exits 2 before any run is stored.
+    """
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mixprec.bench import export, report
+    from mixprec.bench.configs import parse_configs
+    from mixprec.bench.distributed import probe_groups, run_matrix
+    from mixprec.measure.cluster import ClusterError, node_groups, select_groups
+
+    with cluster(address) as ray:
+        try:
+            groups = select_groups(node_groups(ray), hardware_spec)
+            err_console.print(f"probing {len(groups)} hardware type(s) on the cluster: "
+                              + ", ".join(g.describe() for g in groups), highlight=False, markup=False)
+            parts = probe_groups(ray, groups, device)
+            # one configuration set for every machine: chosen for the first hardware type
+            specs, notes = parse_configs(configs, parts[0].hardware, compiled_twins=compiled)
+        except (ClusterError, ValueError) as exc:
+            fail(exc)
+        store = open_store(db)
+        run_ids: list[int] = []
+        deadline = time.monotonic() + budget_s if budget_s is not None else None
+        with Progress(TextColumn("{task.description}", markup=False), BarColumn(), TextColumn("{task.completed}"),
+                      TimeElapsedColumn(), console=err_console, transient=False) as bar:
+            for index, name in enumerate(names):
+                tasks = {p.group.label: bar.add_task(f"{name} on {p.group.label}: starting", total=None) for p in parts}
+
+                def step(label: str, description: str, n: int, tasks=tasks, name=name) -> None:
+                    bar.update(tasks[label], advance=n, description=f"{name} on {label}: {description}")
+
+                share = None if deadline is None else (deadline - time.monotonic()) / (len(names) - index)
+                options = make_options(name, specs, notes, share)
+                run_ids += run_matrix(options, parts, store.path, ray, progress=step)
+    runs = [store.load_run(i) for i in run_ids]
+    print_matrix(runs)
+    if html:
+        report.save_html(runs, html)
+        console.print(f"report written to {html}", highlight=False, markup=False)
+    if json_out:
+        Path(json_out).write_text(export.to_json(runs))
+    if csv_out:
+        Path(csv_out).write_text(export.to_csv(runs))
+    console.print(f"stored as run(s) {', '.join(map(str, run_ids))} in {store.path}", highlight=False, markup=False)
+    return run_ids
+
+
+def compare_matrix(store: Any, run_ids: list[int], as_json: bool, *, only_across_machines: bool = False) -> None:
+    """``mixprec compare A B C ... --matrix``: the hardware matrix of the runs (a missing run exits 2).
+
+    With ``only_across_machines`` nothing is printed when the runs share one machine.
+    """
+    from dataclasses import asdict
+
+    from mixprec.bench.matrix import hardware_matrix, spans_machines
+    from mixprec.bench.store import StoreError
+
+    try:
+        runs = [store.load_run(i) for i in run_ids]
+    except StoreError as exc:
+        fail(exc)
+    if only_across_machines and not spans_machines(runs):
+        return
+    if as_json:
+        import json
+
+        out = [{"pipeline": m.pipeline, "size": m.size, "batch": m.batch, "machines": m.machines, "run_ids": m.run_ids,
+                "configs": m.configs, "winners": m.winners,
+                "cells": [{"config": c, "machine": h, **asdict(cell)} for (c, h), cell in m.cells.items()]}
+               for m in hardware_matrix(runs)]
+        console.print_json(json.dumps(out, default=str))
+        return
+    print_matrix(runs)

@@ -1,0 +1,91 @@
+"""The benchmark on a real local Ray cluster with two hardware types: one run per type in one
+store, the hardware matrix in compare and the report, and a node lost mid-run."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from ray_cluster import ray_or_skip, two_types
+
+ray_or_skip()
+
+from mixprec.bench.configs import parse_configs  # noqa: E402
+from mixprec.bench.distributed import probe_groups, run_matrix  # noqa: E402
+from mixprec.bench.matrix import hardware_matrix  # noqa: E402
+from mixprec.bench.runner import BenchOptions  # noqa: E402
+from mixprec.bench.store import Store  # noqa: E402
+from mixprec.cli import app  # noqa: E402
+from mixprec.measure.cluster import node_groups, select_groups  # noqa: E402
+
+
+def test_bench_on_every_hardware_type_stores_one_run_each_and_the_matrix(tmp_path):
+    ray, _ = two_types()
+    db, html = tmp_path / "b.sqlite", tmp_path / "r.html"
+    runner = CliRunner()
+    result = runner.invoke(app, ["bench", "--executor", "ray", "--hardware", "all", "--pipeline", "minilm", "--size", "test",
+                                 "--configs", "fp32,memory", "--repeat", "2", "--warmup", "0", "--db", str(db), "--html", str(html)])
+    assert result.exit_code == 0, result.output
+    store = Store(db)
+    runs = [store.load_run(i) for i in (1, 2)]
+    assert [r["machine"]["node"]["label"] for r in runs] == ["alpha", "beta"]
+    groups = {g.label: g for g in node_groups(ray)}
+    for run in runs:
+        label = run["machine"]["node"]["label"]
+        assert run["status"] == "complete" and run["machine_fingerprint"] and run["versions"]["torch"]
+        assert run["machine"]["node"]["node_id"] in groups[label].node_ids  # probed on its own node
+        assert {c["name"]: c["status"] for c in run["configs"]} == {"fp32": "ok", "memory": "ok"}
+        fp32 = next(c for c in run["configs"] if c["name"] == "fp32")
+        assert fp32["metrics"]["speedup"] == pytest.approx(1.0)  # each run against its own fp32
+        assert any(f"Ray hardware {label!r}" in note for note in run["notes"])
+    (matrix,) = hardware_matrix(runs)
+    assert [m.split()[0] for m in matrix.machines] == ["alpha", "beta"]
+    assert all(matrix.winners[m] in ("fp32", "memory") for m in matrix.machines)
+    assert "hardware matrix: minilm (test), batch 1" in result.output and "wins" in result.output
+    page = html.read_text()
+    assert "<h2>Hardware matrix</h2>" in page and "alpha" in page and "beta" in page
+    shown = runner.invoke(app, ["compare", "1", "2", "--db", str(db)])
+    assert shown.exit_code == 0 and "hardware matrix" in shown.output and "memory" in shown.output
+    # a label no node has: exit 2 before any work, naming what was asked and what is there
+    bad = runner.invoke(app, ["bench", "--executor", "ray", "--hardware", "alpha,tpu", "--pipeline", "minilm", "--size", "test",
+                              "--db", str(db)])
+    assert bad.exit_code == 2 and "'tpu'" in bad.output and "alpha" in bad.output and "beta" in bad.output
+    assert len(Store(db).runs()) == 2
+
+
+@pytest.mark.skipif(os.environ.get("MIXPREC_HEAVY") != "1", reason="starts and kills a third node: set MIXPREC_HEAVY=1")
+def test_a_node_lost_mid_run_fails_its_configurations_and_names_it(tmp_path):
+    ray, cluster = two_types()
+    doomed = cluster.add_node(num_cpus=2, resources={"mixprec-hw:doomed": 1})
+    cluster.wait_for_nodes()
+    try:
+        parts = probe_groups(ray, select_groups(node_groups(ray), "alpha,doomed"), "cpu")
+        specs, _ = parse_configs("fp32,memory", parts[0].hardware)
+        options = BenchOptions(pipeline="minilm", configs=specs, repeat=40, warmup=0, size="test")
+        seen: list[tuple[str, str]] = []
+        killed = threading.Event()
+
+        def progress(label: str, description: str, n: int) -> None:
+            seen.append((label, description))
+            if label == "doomed" and description.startswith("batch 1: run") and not killed.is_set():
+                killed.set()
+                threading.Thread(target=cluster.remove_node, args=(doomed,), daemon=True).start()
+
+        start = time.monotonic()
+        run_ids = run_matrix(options, parts, tmp_path / "b.sqlite", ray, progress=progress)
+        assert killed.is_set() and time.monotonic() - start < 300
+        store = Store(tmp_path / "b.sqlite")
+        alpha, lost = (store.load_run(i) for i in run_ids)
+        assert {c["status"] for c in alpha["configs"]} == {"ok"}  # nothing from the other node is lost
+        assert all(len(c["samples"]) == 40 for c in alpha["configs"])
+        assert {c["status"] for c in lost["configs"]} == {"failed"}
+        for config in lost["configs"]:
+            assert "hardware 'doomed'" in config["error"] and "lost" in config["error"]
+            assert parts[1].probe["node"]["node_id"][:12] in config["error"]
+    finally:
+        if doomed in cluster.worker_nodes:
+            cluster.remove_node(doomed)

@@ -1,0 +1,96 @@
+"""The Ray executor on a real local cluster: a fresh process per job, on the asked hardware,
+errors that name the node; and what happens without Ray or without a cluster."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from ray_cluster import ray_or_skip, serve_state, two_types
+
+ray_or_skip()
+
+from mixprec.measure.cluster import ClusterError, node_groups, select_groups  # noqa: E402
+from mixprec.measure.executor import WorkerError, WorkerTimeout  # noqa: E402
+from mixprec.measure.ray_executor import RayExecutor  # noqa: E402
+
+
+def test_each_job_runs_in_a_fresh_process_on_its_hardware():
+    ray, _ = two_types()
+    beta = RayExecutor(ray, label="beta", num_cpus=1)
+    first = beta.start(serve_state, {"name": "first", "dirty": True})
+    ready = first.wait_ready(120)
+    assert ready["matmul_at_start"] == "highest" and ready["threads"] == 1  # num_cpus=1: one torch thread
+    assert first.request("echo", [1, 2], timeout=30) == {"echo": [1, 2]}
+    assert "hardware 'beta'" in first.node and first.where["node_id"] in node_groups(ray)[1].node_ids
+    first.close()
+    # the next job gets a new process: the global torch setting the first one changed is gone
+    second = beta.start(serve_state, {"name": "second"})
+    again = second.wait_ready(120)
+    assert again["pid"] != ready["pid"] and again["matmul_at_start"] == "highest"
+    # a worker's own error comes back with where it happened; a slow answer times out
+    with pytest.raises(WorkerTimeout, match="no answer within 1 s from node .*hardware 'beta'"):
+        second.request("sleep", 5, timeout=1)
+    second.close()
+    third = beta.start(serve_state, {"name": "third"})
+    third.wait_ready(120)
+    with pytest.raises(WorkerError, match="ValueError: asked to fail: now(.|\n)*on node .*hardware 'beta'"):
+        third.request("raise", "now", timeout=30)
+    third.close()
+    with pytest.raises(WorkerError, match="closed"):
+        third.request("echo", 1, timeout=5)
+
+
+def test_a_label_no_node_has_fails_instead_of_waiting():
+    ray, _ = two_types()
+    worker = RayExecutor(ray, label="gamma").start(serve_state, {"name": "nowhere"})
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match="no alive node has hardware 'gamma' \\(resource mixprec-hw:gamma\\)"):
+        worker.wait_ready(60)
+    assert time.monotonic() - start < 30
+    worker.close()
+
+
+def test_hardware_selection_names_what_was_asked_and_what_is_there():
+    ray, _ = two_types()
+    groups = node_groups(ray)
+    assert [g.label for g in groups] == ["alpha", "beta"] and all(g.cpus == 2 for g in groups)
+    assert [g.label for g in select_groups(groups, "all")] == ["alpha", "beta"]
+    assert [g.label for g in select_groups(groups, "beta, alpha")] == ["beta", "alpha"]
+    with pytest.raises(ClusterError, match="--hardware 'alpha,h100': no alive node has hardware 'h100'.*the cluster has: alpha .*; beta"):
+        select_groups(groups, "alpha,h100")
+    with pytest.raises(ClusterError, match="the cluster has 2 hardware types: alpha .*choose with --hardware"):
+        select_groups(groups, None)
+
+
+def _cli(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
+
+
+def test_without_ray_the_error_names_the_extra(tmp_path):
+    db = tmp_path / "b.sqlite"
+    result = _cli(f"""
+        import sys
+        sys.modules["ray"] = None  # as if Ray were not installed
+        from mixprec.cli import main
+        main(["bench", "--executor", "ray", "--pipeline", "minilm", "--size", "test", "--db", {str(db)!r}])
+    """)
+    assert result.returncode == 2, result.stderr
+    assert "pip install 'mixprec[ray]'" in result.stderr
+    assert not db.exists()  # nothing was started or stored
+
+
+def test_an_unreachable_address_exits_2_before_any_work(tmp_path):
+    db = tmp_path / "b.sqlite"
+    result = _cli(f"""
+        from mixprec.cli import main
+        main(["bench", "--executor", "ray", "--ray-address", "127.0.0.1:9", "--pipeline", "minilm", "--size", "test",
+              "--db", {str(db)!r}])
+    """)
+    assert result.returncode == 2, result.stderr
+    assert "--ray-address '127.0.0.1:9': cannot reach a Ray cluster there" in " ".join(result.stderr.split())
+    assert not db.exists()

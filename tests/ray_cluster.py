@@ -1,0 +1,73 @@
+"""A real Ray cluster on this machine for the cluster tests, and serve functions its workers run.
+
+:func:`two_types` starts (once per test process) a head node of hardware ``alpha`` and
+a second node of hardware ``beta`` on loopback (``ray.cluster_utils.Cluster``), and
+connects this process to it. The workers find this module (``PYTHONPATH`` is set to
+the tests folder before the nodes start), so the serve functions below run there.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_STATE: dict[str, Any] = {}
+
+
+def ray_or_skip() -> Any:
+    return pytest.importorskip("ray", reason="Ray is not installed (pip install 'mixprec[ray]')")
+
+
+def two_types() -> tuple[Any, Any]:
+    """``(ray, cluster)``: connected to a cluster with hardware types alpha (head) and beta."""
+    ray = ray_or_skip()
+    if "cluster" not in _STATE:
+        from ray.cluster_utils import Cluster
+
+        tests = str(Path(__file__).resolve().parent)
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p)
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        # quick node-death detection: a removed node is declared dead within seconds
+        system = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500, "health_check_failure_threshold": 3}
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 2, "resources": {"mixprec-hw:alpha": 1}, "include_dashboard": False, "_system_config": system})
+        cluster.add_node(num_cpus=2, resources={"mixprec-hw:beta": 1})
+        ray.init(address=cluster.address, log_to_driver=False)
+        _STATE["cluster"] = cluster
+
+        def stop() -> None:
+            ray.shutdown()
+            cluster.shutdown()
+
+        atexit.register(stop)
+    return ray, _STATE["cluster"]
+
+
+def serve_state(conn: Any, job: dict[str, Any]) -> None:
+    """Report this process and its torch state; ``dirty`` changes a global torch setting first."""
+    import torch
+
+    if job.get("threads"):
+        torch.set_num_threads(int(job["threads"]))
+    before = torch.get_float32_matmul_precision()
+    if job.get("dirty"):
+        torch.set_float32_matmul_precision("medium")
+    conn.send(("ready", {"pid": os.getpid(), "matmul_at_start": before, "threads": torch.get_num_threads()}))
+    while True:
+        command, payload = conn.recv()
+        if command == "sleep":
+            import time
+
+            time.sleep(float(payload))
+            conn.send(("ok", "slept"))
+        elif command == "raise":
+            raise ValueError(f"asked to fail: {payload}")
+        elif command == "finish":
+            conn.send(("done", {}))
+            return
+        else:
+            conn.send(("ok", {"echo": payload}))
