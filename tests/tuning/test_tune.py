@@ -17,6 +17,7 @@ from mixprec.tuning.bounds import METRICS, Bound, parse_bound, worst_case
 from mixprec.tuning.evaluators import InProcessEvaluator, WorkerEvaluator
 from mixprec.tuning.group_testing import minimal_sufficient
 from mixprec.tuning.report import render_tune_html
+from mixprec.measure.stats import paired_ratio
 from mixprec.tuning.retiming import pick_final
 from mixprec.tuning.tuner import tune
 
@@ -224,10 +225,9 @@ def test_final_check_retimes_finalists_side_by_side(evaluator):
     presets = [i for i in result.final if i == 0 or result.path[i].step.startswith("preset ")]
     assert result.chosen.index == pick_final(result.final, presets, margin=0.03)[0]
     assert any(note.startswith("final check:") for note in result.notes)
-    assert any(" kept: " in note or " chosen: faster than " in note for note in result.notes)
+    assert any(" kept: " in note or " chosen: " in note for note in result.notes)
     assert 0 in result.final  # the fp32 baseline is re-timed with the finalists
-    medians = {i: statistics.median(v) for i, v in result.final.items()}
-    assert result.speedup == pytest.approx(medians[0] / medians[result.chosen.index])
+    assert result.speedup == pytest.approx(paired_ratio(result.final[0], result.final[result.chosen.index]).value)
     page = render_tune_html(result)
     assert "Final check: the finalists re-timed side by side" in page and "<th>round 2 ms</th>" in page
     assert page.count("<tr class=chosen>") == 2  # in the re-timing table and on the path
@@ -238,11 +238,22 @@ def test_final_check_retimes_finalists_side_by_side(evaluator):
     ({1: [1.0, 1.0, 1.0], 2: [0.9, 1.1, 0.9]}, [1], 1),       # faster median, not every round: the preset stays
     ({1: [1.0, 1.0, 1.0], 2: [0.9, 0.95, 0.99]}, [1], 2),     # faster in every round
     ({1: [1.0, 1.0, 1.0], 2: [0.9, 0.9, 0.9], 3: [0.8, 0.8, 0.95]}, [1], 3),  # the faster of two clear winners
-    ({1: [1.0, 1.0], 4: [1.2, 1.2], 2: [0.99, 0.99]}, [1, 4], 2),  # incumbent: the faster preset
+    ({1: [1.0, 1.0], 4: [1.2, 1.2], 2: [0.99, 0.99]}, [1, 4], 1),  # incumbent: the faster preset; 2 rounds decide nothing
     ({2: [0.5, 0.6, 0.7], 3: [0.6, 0.5, 0.55]}, [], 3),        # no preset: the smallest median
 ])
 def test_pick_final_prefers_the_preset_unless_beaten_in_every_round(final, presets, winner):
     assert pick_final(final, presets)[0] == winner
+
+
+def test_pick_final_on_a_noisy_machine_is_undecided_and_keeps_the_safer():
+    """Rounds in which load came and went: the challenger's median is lower, its paired
+    interval holds 1, so the fp32 baseline stays and the note says why."""
+    final = {0: [1.0, 0.4, 2.0, 0.5, 1.5, 0.8, 1.2], 5: [0.6, 0.9, 1.0, 0.7, 2.1, 0.5, 1.3]}
+    index, why = pick_final(final, [0])
+    assert index == 0 and "undecided on this machine: #5 vs #0" in why
+    steady = {0: [1.0, 0.4, 2.0, 0.5, 1.5, 0.8, 1.2], 5: [0.5, 0.2, 1.0, 0.25, 0.75, 0.4, 0.6]}
+    index, why = pick_final(steady, [0])  # the same load, always half the time: decided
+    assert index == 5 and "#5 chosen: 2.00x" in why
 
 
 def test_pick_final_margin():

@@ -5,10 +5,10 @@ and :func:`jsonable` for standard JSON.
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from mixprec.measure.stats import Ratio, paired_ratio
 from mixprec.policy import Policy
 from mixprec.tuning.bounds import Bound
 from mixprec.tuning.candidates import Candidate
@@ -75,15 +75,37 @@ class TuneResult:
     seed_summary: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
+    def speed(self) -> Ratio | None:
+        """The chosen policy's speed relative to fp32 from the side-by-side re-timing's
+        paired rounds, with its interval; None where the two were not re-timed together."""
+        chosen = self.chosen.index
+        if 0 in self.final and chosen in self.final and self.final[0] and self.final[chosen]:
+            return paired_ratio(self.final[0], self.final[chosen])
+        return None
+
+    @property
     def speedup(self) -> float:
         """The chosen policy's speed relative to fp32 (the baseline, path[0]).
 
-        From the side-by-side re-timing when both were re-timed, else from the search's medians.
+        From the side-by-side re-timing's paired rounds when both were re-timed, else
+        from the search's medians (taken at different moments: less reliable).
         """
-        chosen = self.chosen.index
-        if 0 in self.final and chosen in self.final:
-            return statistics.median(self.final[0]) / max(statistics.median(self.final[chosen]), 1e-12)
+        speed = self.speed
+        if speed is not None:
+            return speed.value
         return self.path[0].evaluation.latency_s / max(self.chosen.evaluation.latency_s, 1e-12)
+
+    def speed_text(self) -> str:
+        """``1.42x (1.31-1.55) the speed of fp32 (final check, paired rounds)``, or what could be said."""
+        speed = self.speed
+        if speed is None:
+            return f"{self.speedup:.2f}x the speed of fp32 (search timings, not re-timed side by side)"
+        if self.chosen.index == 0:
+            return "fp32 itself"
+        verdict = speed.verdict()
+        tail = {"above": "faster than fp32", "below": "slower than fp32",
+                "undecided": "undecided against fp32 on this machine"}[verdict]
+        return f"{speed.text()} the speed of fp32 over {speed.n} paired rounds: {tail}"
 
     @property
     def keep_fp32(self) -> list[str]:

@@ -1,6 +1,6 @@
 """The final check of a latency search: the :func:`finalists` re-timed side by side
 (:func:`retime`), and :func:`pick_final`, which replaces a known answer only with a finalist
-faster in every round.
+whose paired interval says it is faster.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import json
 import statistics
 from typing import Any, Sequence
 
+from mixprec.measure.stats import paired_ratio
 from mixprec.tuning.candidates import Candidate
 from mixprec.tuning.search import Search
 
@@ -58,33 +59,50 @@ def retime(evaluator: Any, candidates: Sequence[Candidate], rounds: int) -> dict
 def pick_final(final: dict[int, list[float]], known: Sequence[int] = (), *, margin: float = 0.0) -> tuple[int, str]:
     """The winner of the side-by-side re-timing, and why.
 
-    The incumbent is the fastest (by median) of the ``known`` answers among the
-    finalists (the presets and the fp32 baseline), else the fastest finalist. Another
-    finalist replaces it only when it was faster in every interleaved round (a paired
-    comparison under the same load) and its median is lower by more than ``margin``
-    (a fraction), so a difference within the machine's noise never replaces a known
-    setting with another policy.
+    Every comparison is paired: round ``r`` of two finalists ran under the same load, so
+    each round gives one speed ratio, and a difference counts only where the interval
+    of those ratios (:func:`mixprec.measure.stats.paired_ratio`) lies beyond ``margin``
+    (a fraction). The incumbent is the fp32 baseline (index 0) when it is a finalist,
+    replaced by a known answer (a preset) only where that one is supported faster; then
+    any other finalist replaces the incumbent only where it is supported faster. A
+    comparison the rounds cannot decide keeps the safer configuration and says
+    "undecided on this machine".
 
     Args:
         final: candidate index -> seconds per round (same rounds, same order).
         known: the indices in ``final`` that are presets or the fp32 baseline.
-        margin: the relative median gain a challenger must show.
+        margin: the relative gain a challenger's whole interval must show.
 
     Example:
-        >>> pick_final({1: [1.0, 1.0, 1.0], 2: [0.9, 1.1, 0.9]}, known=[1])
-        (1, '#1 kept: no finalist was faster in every round')
+        >>> pick_final({1: [1.0, 1.0, 1.0], 2: [0.9, 1.1, 0.9]}, known=[1])[0]
+        1
     """
     if not final:
         raise ValueError("no finalists to choose from")
     median = {i: statistics.median(v) for i, v in final.items()}
+    undecided: list[str] = []
+
+    def beats(challenger: int, incumbent: int) -> bool:
+        ratio = paired_ratio(final[incumbent], final[challenger])
+        verdict = ratio.verdict(1.0, margin)
+        if verdict == "undecided" and median[challenger] < median[incumbent]:
+            undecided.append(f"#{challenger} vs #{incumbent} {ratio.text()}")
+        return verdict == "above"
+
     pool = [i for i in final if i in known] or list(final)
-    incumbent = min(pool, key=median.get)
-    rounds = final[incumbent]
-    clearly = [i for i in final if i != incumbent and len(final[i]) == len(rounds) and rounds
-               and all(a < b for a, b in zip(final[i], rounds)) and median[i] < median[incumbent] * (1 - margin)]
-    if not clearly:
-        return incumbent, (f"#{incumbent} kept: no finalist was faster in every round"
-                           + (f" and by more than {margin:.0%}" if margin else ""))
-    winner = min(clearly, key=median.get)
-    return winner, (f"#{winner} chosen: faster than #{incumbent} in all {len(rounds)} rounds "
-                    f"({median[winner] * 1e3:.1f} vs {median[incumbent] * 1e3:.1f} ms median)")
+    incumbent = 0 if 0 in pool else min(pool, key=median.get)
+    for challenger in sorted((i for i in pool if i != incumbent), key=median.get):
+        if beats(challenger, incumbent):
+            incumbent = challenger
+            break
+    winner = incumbent
+    for challenger in sorted((i for i in final if i not in pool), key=median.get):
+        if median[challenger] < median[winner] and beats(challenger, winner):
+            winner = challenger
+            break
+    doubt = f"; undecided on this machine: {', '.join(undecided)} (interval holds 1), the safer kept" if undecided else ""
+    if winner == incumbent:
+        return winner, f"#{winner} kept: no finalist was supported faster" + (f" by more than {margin:.0%}" if margin else "") + doubt
+    ratio = paired_ratio(final[incumbent], final[winner])
+    return winner, (f"#{winner} chosen: {ratio.text()} the speed of #{incumbent} over {ratio.n} paired rounds "
+                    f"({median[winner] * 1e3:.1f} vs {median[incumbent] * 1e3:.1f} ms median){doubt}")

@@ -171,6 +171,13 @@ def tune(
                 medians = ", ".join(f"#{i} {statistics.median(v) * 1e3:.1f} ms" for i, v in final.items())
                 notes.append(f"final check: {len(contenders)} finalists re-timed side by side over {final_rounds} "
                              f"interleaved rounds (median): {medians}")
+                drift = [f"#{c.index} {c.evaluation.latency_s * 1e3:.1f} ms in the search vs "
+                         f"{statistics.median(final[c.index]) * 1e3:.1f} ms in the final check" for c in contenders
+                         if not 0.5 <= c.evaluation.latency_s / max(statistics.median(final[c.index]), 1e-12) <= 2.0]
+                if drift:
+                    notes.append("the machine's load changed during the search: " + "; ".join(drift)
+                                 + "; the choice uses only the side-by-side final check (re-run on a quiet machine "
+                                 "for search timings that agree)")
         if not search.path:
             raise ValueError("the search was stopped before its first evaluation; nothing was measured")
         best = _pick(search, final, improvement, notes)
