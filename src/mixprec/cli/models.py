@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Iterator, Optional
 
 import typer
 
@@ -26,7 +27,7 @@ from mixprec.cli._common import (
     writable_path,
 )
 from mixprec.cli._files import Outputs
-from mixprec.cli._text import line, say
+from mixprec.cli._text import clean, line, say
 
 
 def _policy_for(pipe: Any, preset_name: str | None, policy_file: str | None, device: str | None) -> Any:
@@ -102,6 +103,17 @@ def _owners(pipe: Any):
             yield name, module
 
 
+@contextlib.contextmanager
+def working(what: str) -> Iterator[None]:
+    """A spinner with the elapsed time on stderr while long work runs (gone when it ends)."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), TimeElapsedColumn(),
+                  console=err_console, transient=True) as bar:
+        bar.add_task(clean(what), total=None)
+        yield
+
+
 @app.command()
 def diagnose(
     pipeline: PipelineFlag,
@@ -124,13 +136,16 @@ def diagnose(
         run_seed = as_int(seed, "--seed", low=0, high=MAX_SEED)
         if top < 0:
             raise ValueError(f"--top {top}: expected a number of rows >= 0 (0: all)")
-        pipe = pipelines.get(pipeline, size=size, seed=run_seed)
-        pol = _policy_for(pipe, preset, policy, device)
-        inputs = example_inputs(pipe, pipeline, 1, run_seed)
+        with working(f"{pipeline}: building the pipeline"):
+            pipe = pipelines.get(pipeline, size=size, seed=run_seed)
+            pol = _policy_for(pipe, preset, policy, device)
+            inputs = example_inputs(pipe, pipeline, 1, run_seed)
     except (ValueError, NotImplementedError) as exc:
         fail(exc)
     try:
-        prof = mixprec.profile(pipe, inputs, pol)
+        with working(f"{pipeline}: profiling every module under {pol.name} (an fp32 pass, the policy's pass, then "
+                     "each module's own error)"):
+            prof = mixprec.profile(pipe, inputs, pol)
     except (ValueError, NotImplementedError, mixprec.PrecisionDtypeError) as exc:
         fail(exc)
     except Exception as exc:  # the model's code raised: say whose error it is, as the guard and bench do
@@ -238,7 +253,8 @@ def run(
     try:
         writable_path(out, "--out")
         run_seed, run_batch = as_int(seed, "--seed", low=0, high=MAX_SEED), as_int(batch, "--batch", high=MAX_BATCH)
-        outputs.write(out, "--out", produce, again=f"mixprec run --pipeline {pipeline} --out {out}")
+        with working(f"{pipeline}: building and running the pipeline once"):
+            outputs.write(out, "--out", produce, again=f"mixprec run --pipeline {pipeline} --out {out}")
     except (ValueError, NotImplementedError, pipelines.PipelineRunError) as exc:
         fail(exc)
     if result:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -52,7 +53,7 @@ def tune(
     seeds: Sequence[int] = (0, 1),
     evaluator: Evaluator | None = None,
     store: Any = None,
-    progress: Callable[[TuneProgress], None] | None = None,
+    progress: Callable[[TuneProgress], None] | bool | None = None,
     should_stop: Callable[[], bool] | None = None,
     presets: Sequence[str] | None = None,
     size: str = "default",
@@ -79,7 +80,8 @@ def tune(
         seeds: quality seeds (worst case over them) for the default evaluator.
         evaluator: how to measure; default ``WorkerEvaluator(pipeline, size, seeds, repeat)``.
         store: a :class:`mixprec.bench.store.Store` to reuse and keep measurements.
-        progress: called with a :class:`TuneProgress` after each candidate.
+        progress: called with a :class:`TuneProgress` after each candidate. By default
+            one line per candidate goes to stderr (``progress=False``: silent).
         should_stop: checked before each measurement; when it returns true the
             search stops and the result holds what was measured (a note says so).
         presets: presets measured as candidates too, so the result is never worse
@@ -157,6 +159,10 @@ def tune(
         if budget is not None and budget < needed:
             raise ValueError(f"budget={budget} is too small for one pass over {len(units)} modules: it needs at least "
                              f"{needed} evaluations (baseline + all-16-bit + {len(preset_policies)} presets + a bisection pass)")
+        if progress is None:
+            progress = _stderr_progress
+        elif progress is False:
+            progress = None
         search = Search(evaluator, search_bound, objective, budget, store, progress, machine_fingerprint(hw), should_stop)
         try:
             run_search(search, evaluator, fast, notes, local_search, improvement, preset_policies, try_compile=try_compile)
@@ -199,6 +205,16 @@ def tune(
                            evaluations=result.evaluations, cached=result.cached, wall_s=result.wall_s,
                            policy_toml=result.to_toml(), result=jsonable(result.to_dict()))
     return result
+
+
+def _stderr_progress(event: TuneProgress) -> None:
+    """The default progress of :func:`tune`: one line per candidate on stderr, so a long
+    search called from a script or a notebook is never silent."""
+    best = event.best
+    done = f"{event.evaluations}/{event.budget}" if event.budget is not None else f"{event.evaluations}"
+    best_text = (f"best #{best.index} {best.evaluation.latency_s:.3f} s" if best is not None else "none meets the bound yet")
+    print(f"mixprec tune: {done} evaluations; #{event.latest.index} {event.latest.step[:50]}: "
+          f"{event.latest.evaluation.latency_s:.3f} s; {best_text}", file=sys.stderr, flush=True)
 
 
 def _pick(search: Search, final: dict[int, list[float]], margin: float, notes: list[str]) -> Candidate | None:
