@@ -272,7 +272,7 @@ def _floor(label: str, cfg: dict[str, Any], t: Thresholds) -> list[str]:
 
 
 def _latency(label: str, run: dict[str, Any], cfg: dict[str, Any], baseline: dict[str, Any], ref: dict[str, Any],
-             t: Thresholds) -> tuple[list[str], list[str]]:
+             t: Thresholds, *, same_machine: bool) -> tuple[list[str], list[str]]:
     """(violations, undecided) of the latency check of one configuration."""
     allowed = t.max_latency_regression
     old_l, new_l = evidence.latency(ref), evidence.latency(cfg)
@@ -282,10 +282,18 @@ def _latency(label: str, run: dict[str, Any], cfg: dict[str, Any], baseline: dic
     old_s, new_s = (None, None) if is_reference else (evidence.speedup(baseline, ref), evidence.speedup(run, cfg))
     if old_l is None and old_s is None:
         return [], []  # the baseline timed nothing to hold the run to
+    if not same_machine and old_l is not None and new_l is not None:
+        # Seconds on another machine say little about the code: where the speed-ups
+        # against each run's own fp32 can compare, only they do.
+        if is_reference:
+            return [], [f"{label}: latency not compared: the run and the baseline were measured on different machines "
+                        "(only each configuration's speed-up against its own run's fp32 is)"]
+        if old_s is not None and new_s is not None:
+            old_l = new_l = None
     by_speed = evidence.regression(old_s, new_s, allowed, higher_is_slower=False)
     by_latency = evidence.regression(old_l, new_l, allowed, higher_is_slower=True)
     if by_speed is None and by_latency is None:
-        return [f"{label}: could not check latency: the baseline was timed, the run has no timing to compare"], []
+        return [f"{label}: could not check latency: the baseline was timed, the run has no timing that compares with it"], []
     speed_text = (f"speed-up vs its fp32 {new_s.text()} vs {old_s.text()} in the baseline"
                   if old_s is not None and new_s is not None else "")
     latency_text = ""
@@ -348,7 +356,8 @@ def check(run: dict[str, Any], baseline: dict[str, Any], thresholds: Thresholds,
     configuration. Latency: a regression beyond ``max_latency_regression`` fails where
     the intervals support it (the speed-up against the run's own fp32 from paired rounds,
     or the median latency's interval); where they can neither support nor exclude it the
-    check is ``undecided`` (a violation only with ``fail_undecided``). Memory: an
+    check is ``undecided`` (a violation only with ``fail_undecided``); against a baseline
+    from another machine (``allow_different_machine``) only the speed-ups compare. Memory: an
     increase beyond ``max_memory_increase`` and, for peak memory, beyond
     ``memory_floor_bytes``.
     """
@@ -375,6 +384,8 @@ def check(run: dict[str, Any], baseline: dict[str, Any], thresholds: Thresholds,
         violations.append(f"every configuration of run {run.get('id', '?')} failed, {evidence.REFERENCE} included: "
                           "nothing was measured, whatever --max-failure-rate allows")
     undecided: list[str] = []
+    fingerprints = run.get("machine_fingerprint"), baseline.get("machine_fingerprint")
+    same_machine = not all(fingerprints) or fingerprints[0] == fingerprints[1]
     for key, cfg in _index(run).items():
         ref = base.get(key)
         label = f"{key[0]}@batch {key[1]}"
@@ -384,7 +395,7 @@ def check(run: dict[str, Any], baseline: dict[str, Any], thresholds: Thresholds,
         if ref is None or ref["status"] != "ok":
             continue
         violations += _quality(label, cfg, ref, thresholds)
-        slow, unsure = _latency(label, run, cfg, baseline, ref, thresholds)
+        slow, unsure = _latency(label, run, cfg, baseline, ref, thresholds, same_machine=same_machine)
         violations += slow
         undecided += unsure
         violations += _memory(label, cfg, ref, thresholds)

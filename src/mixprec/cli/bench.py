@@ -40,6 +40,7 @@ from mixprec.cli._common import (
 )
 from mixprec.cli._files import Outputs, write_run_exports
 from mixprec.cli._text import clean, json_text, say
+from mixprec.cli._verdicts import print_compare, print_gate
 
 _TERMINAL_COLUMNS = ("config", "batch", "status", "latency", "ci", "speedup", "throughput", "tokens_per_s", "rtf",
                      "peak_mem", "weights", "compile", "snr", "psnr", "sqnr", "token_agreement", "nonfinite", "fallbacks", "error")
@@ -271,22 +272,8 @@ def compare(run_a: Annotated[int, typer.Argument(help="Earlier run id.")], run_b
     if as_json:
         console.print_json(json.dumps(rows, default=str))
         return
-    console.print(table(f"run {run_a} -> run {run_b}", ["config", "batch", "latency A", "latency B", "change", "beyond noise", "quality A", "quality B"], [
-        [r["config"], r["batch"], _seconds(r.get("latency_a")), _seconds(r.get("latency_b")),
-         f"{r['latency_change']:+.1%}" if "latency_change" in r else None,
-         ("yes" if r["latency_significant"] else "no") if "latency_significant" in r else None,
-         _quality(r.get("quality_a")), _quality(r.get("quality_b"))] for r in rows]))
+    print_compare(console, run_a, run_b, rows)
     compare_matrix(store, [run_a, run_b], False, only_across_machines=True)
-
-
-def _seconds(value: float | None) -> str | None:
-    return None if value is None else f"{value:.4f} s"
-
-
-def _quality(value: float | None) -> str | None:
-    if value is None:
-        return None
-    return "exact" if value == float("inf") else f"{value:.1f} dB"
 
 
 @app.command("gate")
@@ -296,29 +283,36 @@ def gate_cmd(
     max_quality_drop: Annotated[str, typer.Option("--max-quality-drop")] = "5%",
     max_latency_regression: Annotated[str, typer.Option("--max-latency-regression")] = "10%",
     max_memory_increase: Annotated[str, typer.Option("--max-memory-increase")] = "0%",
-    max_failure_rate: Annotated[str, typer.Option("--max-failure-rate")] = "1%",
+    max_failure_rate: Annotated[str, typer.Option("--max-failure-rate", help="Fraction of configurations that may fail; a run in which every one failed always fails.")] = "1%",
+    min_quality: Annotated[Optional[str], typer.Option("--min-quality", help="Absolute quality floor, e.g. 40dB: every configuration must reach it, and against an exact baseline (fp32 vs itself) it is what lets a finite quality pass.")] = None,
+    memory_noise_floor: Annotated[str, typer.Option("--memory-noise-floor", help="Peak memory must also grow by more than this to fail (readings move by a few MiB between identical runs), e.g. 8MiB.")] = "8MiB",
+    fail_undecided: Annotated[bool, typer.Option("--fail-undecided", help="Fail where the timings can neither support nor exclude a latency regression (by default: a warning).")] = False,
     allow_different_machine: Annotated[bool, typer.Option("--allow-different-machine",
                                                           help="Gate against a baseline measured on another machine.")] = False,
     db: DbFlag = None,
 ) -> None:
-    """Exit 1 and list every violation when a run regresses against a baseline (for CI)."""
-    from mixprec.bench.gate import gate, thresholds_from_flags
+    """Exit 1 and list every violation when a run regresses against a baseline (for CI).
+
+    Latency is judged on intervals: a regression fails where the timings support it;
+    where they cannot tell, the check is reported as undecided and passes, unless
+    --fail-undecided.
+    """
+    from mixprec.bench.gate import check, thresholds_from_flags
     from mixprec.bench.store import StoreError
 
     try:
         thresholds = thresholds_from_flags(max_quality_drop=max_quality_drop, max_latency_regression=max_latency_regression,
-                                           max_memory_increase=max_memory_increase, max_failure_rate=max_failure_rate)
+                                           max_memory_increase=max_memory_increase, max_failure_rate=max_failure_rate,
+                                           min_quality=min_quality, memory_noise_floor=memory_noise_floor,
+                                           fail_undecided=fail_undecided)
     except ValueError as exc:
         fail(exc)
     store = open_store(db)
     try:
-        violations = gate(store.load_run(run_id), store.load_run(baseline), thresholds,
-                          allow_different_machine=allow_different_machine)
+        result = check(store.load_run(run_id), store.load_run(baseline), thresholds,
+                       allow_different_machine=allow_different_machine)
     except StoreError as exc:
         fail(exc)
-    if violations:
-        say(console, f"gate FAILED: run {run_id} vs baseline {baseline}")
-        for violation in violations:
-            say(console, "  - ", violation)
+    print_gate(console, run_id, baseline, result, fail_undecided=fail_undecided)
+    if not result.passed:
         raise typer.Exit(code=1)
-    say(console, f"gate passed: run {run_id} vs baseline {baseline}")

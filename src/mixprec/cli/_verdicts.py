@@ -1,0 +1,90 @@
+"""How ``mixprec compare`` and ``mixprec gate`` print what the intervals support.
+
+Every figure printed here comes from the same row as the verdict beside it, so a
+ratio never says more than its interval: a change is called only where the intervals
+do not overlap, and where they cannot tell the table says "undecided on this machine".
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.console import Console
+
+from mixprec.cli._common import table
+from mixprec.cli._text import say
+
+__all__ = ["print_compare", "print_gate"]
+
+_COLUMNS = ["config", "batch", "latency A", "latency B", "change", "latency", "speed-up vs fp32 A",
+            "speed-up vs fp32 B", "beyond noise", "quality A", "quality B"]
+
+
+def _seconds(value: float | None) -> str | None:
+    return None if value is None else f"{value:.4f} s"
+
+
+def _quality(value: float | None) -> str | None:
+    if value is None:
+        return None
+    if math.isnan(value):
+        return "nan"
+    return "exact" if value == math.inf else f"{value:.1f} dB"
+
+
+def _speedup(value: dict[str, Any] | None) -> str | None:
+    from mixprec.bench.evidence import ratio_text  # numpy and torch load with the benchmark, not the CLI
+
+    if value is None:
+        return None
+    if value.get("n") == 0:
+        return f"{ratio_text(value['value'])}x (no interval)"
+    range_note = "" if value.get("exact") else ", range"
+    return f"{ratio_text(value['value'])}x ({ratio_text(value['low'])}-{ratio_text(value['high'])}{range_note})"
+
+
+def _change(row: dict[str, Any]) -> str | None:
+    change = row.get("latency_change")
+    return None if change is None else f"{change:+.1%}"
+
+
+def _beyond(row: dict[str, Any]) -> str | None:
+    verdict = row.get("speedup_verdict")
+    if verdict in ("faster", "slower"):
+        return f"yes: {verdict} ({row['speedup_change']:+.1%})"
+    return verdict
+
+
+def print_compare(console: Console, run_a: int, run_b: int, rows: list[dict[str, Any]]) -> None:
+    """The table of :func:`mixprec.bench.gate.compare`, with what its verdicts rest on."""
+    console.print(table(f"run {run_a} -> run {run_b}", _COLUMNS, [
+        [r["config"], r["batch"], _seconds(r.get("latency_a")), _seconds(r.get("latency_b")), _change(r),
+         r.get("latency_verdict"), _speedup(r.get("speedup_a")), _speedup(r.get("speedup_b")), _beyond(r),
+         _quality(r.get("quality_a")), _quality(r.get("quality_b"))] for r in rows]))
+    say(console, "  beyond noise: each configuration's speed-up against its own run's fp32 (paired rounds, 95% "
+                 "intervals) differs between the runs only where the intervals do not overlap. Latencies are "
+                 "absolute times taken at different moments: the machine's load moves them, fp32's included.")
+    for side, run in (("a", run_a), ("b", run_b)):
+        unstable = [f"{r['config']}@{r['batch']}" for r in rows if r.get(f"unstable_{side}")]
+        if unstable:
+            say(console, f"  unstable timings in run {run} (see its notes): ", ", ".join(unstable))
+    undecided = [f"{r['config']}@{r['batch']}" for r in rows
+                 if "undecided on this machine" in (r.get("speedup_verdict"), r.get("latency_verdict"))]
+    if undecided:
+        say(console, "  undecided on this machine: ", ", ".join(undecided),
+            ": the intervals are too wide to tell; re-run both with more --repeat, or on a quieter machine")
+
+
+def print_gate(console: Console, run_id: int, baseline: int, result: Any, *, fail_undecided: bool) -> None:
+    """The gate's verdict, its violations, and the checks the measurements could not decide."""
+    if result.violations:
+        say(console, f"gate FAILED: run {run_id} vs baseline {baseline}")
+        for violation in result.violations:
+            say(console, "  - ", violation)
+    else:
+        say(console, f"gate passed: run {run_id} vs baseline {baseline}")
+    if result.undecided and not fail_undecided:
+        say(console, "  undecided on this machine (these pass; --fail-undecided makes them fail):")
+        for item in result.undecided:
+            say(console, "  ? ", item)
