@@ -103,3 +103,16 @@ def test_cli_names_timings_the_runner_flagged_unstable(tmp_path):
     assert out.exit_code == 0, out.output
     assert f"unstable timings in run {b} (see its notes): fast@1" in out.output
     assert f"unstable timings in run {a}" not in out.output
+
+
+def test_cli_json_is_strict(tmp_path):
+    import json
+
+    db = str(tmp_path / "c.sqlite")
+    with Store(db) as store:
+        a, b = _run(store, {"fast": 1.4}), _run(store, {"fast": 1.4}, seed=5)
+    out = CliRunner().invoke(app, ["compare", str(a), str(b), "--db", db, "--json"])
+    assert out.exit_code == 0 and "Infinity" not in out.output, out.output
+    rows = {r["config"]: r for r in json.loads(out.output)}
+    assert rows["fp32"]["quality_a"] == "inf" and rows["fp32"]["speedup_verdict"] == "reference"
+    assert rows["fast"]["speedup_verdict"] == "within noise" and rows["fast"]["speedup_b"]["n"] == ROUNDS

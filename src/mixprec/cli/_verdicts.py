@@ -7,6 +7,7 @@ do not overlap, and where they cannot tell the table says "undecided on this mac
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -15,7 +16,7 @@ from rich.console import Console
 from mixprec.cli._common import table
 from mixprec.cli._text import say
 
-__all__ = ["print_compare", "print_gate"]
+__all__ = ["print_compare", "print_gate", "rows_json"]
 
 _COLUMNS = ["config", "batch", "latency A", "latency B", "change", "latency", "speed-up vs fp32 A",
             "speed-up vs fp32 B", "beyond noise", "quality A", "quality B"]
@@ -54,6 +55,21 @@ def _beyond(row: dict[str, Any]) -> str | None:
     if verdict in ("faster", "slower"):
         return f"yes: {verdict} ({row['speedup_change']:+.1%})"
     return verdict
+
+
+def _strict(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
+
+
+def rows_json(rows: list[dict[str, Any]]) -> str:
+    """``compare``'s rows as strict JSON: infinities and NaN as ``"inf"``, ``"-inf"``, ``"nan"``, as the exports write them."""
+    return json.dumps(_strict(rows), allow_nan=False, default=str)
 
 
 def print_compare(console: Console, run_a: int, run_b: int, rows: list[dict[str, Any]]) -> None:

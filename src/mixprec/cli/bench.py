@@ -40,7 +40,7 @@ from mixprec.cli._common import (
 )
 from mixprec.cli._files import Outputs, write_run_exports
 from mixprec.cli._text import clean, json_text, say
-from mixprec.cli._verdicts import print_compare, print_gate
+from mixprec.cli._verdicts import print_compare, print_gate, rows_json
 
 _TERMINAL_COLUMNS = ("config", "batch", "status", "latency", "ci", "speedup", "throughput", "tokens_per_s", "rtf",
                      "peak_mem", "weights", "compile", "snr", "psnr", "sqnr", "token_agreement", "nonfinite", "fallbacks", "error")
@@ -270,7 +270,7 @@ def compare(run_a: Annotated[int, typer.Argument(help="Earlier run id.")], run_b
     except (StoreError, ValueError) as exc:
         fail(exc)
     if as_json:
-        console.print_json(json.dumps(rows, default=str))
+        console.print_json(rows_json(rows))
         return
     print_compare(console, run_a, run_b, rows)
     compare_matrix(store, [run_a, run_b], False, only_across_machines=True)
