@@ -162,9 +162,11 @@ def test_a_noisy_run_is_undecided_rather_than_passed_or_failed(store, tmp_path):
     # which the intervals do not support, nor exclude.
     fp32 = jitter([1.0] * ROUNDS, 0.02, seed=5)
     ratios = [2.9, 1.1, 2.6, 1.2, 2.8, 1.15, 2.5, 1.25, 2.7, 1.3, 2.0, 1.4]
-    run = store_run(store, _pair(fp32, [t / r for t, r in zip(fp32, ratios)], quality=48.7))
+    run = store_run(store, _pair(fp32, [t / r for t, r in zip(fp32, ratios)], quality=48.7,
+                                 other_extra={"unstable": 1.0}))
     result = _check(store, run, baseline)
     assert result.passed
+    assert "its timings in the run were flagged unstable" in result.undecided[0]
     assert len(result.undecided) == 1 and result.undecided[0].startswith(
         "fast@batch 1: latency regression beyond 10.0% undecided on this machine"), result.undecided
     assert "re-run with more --repeat" in result.undecided[0]

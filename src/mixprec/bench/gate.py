@@ -314,8 +314,10 @@ def _latency(label: str, run: dict[str, Any], cfg: dict[str, Any], baseline: dic
     if "ok" in (by_speed, by_latency):
         return [], []
     shown = ", ".join(p for p in (latency_text, speed_text) if p)
+    flagged = [which for which, c in (("run", cfg), ("baseline", ref)) if (_number(c["metrics"], "unstable") or 0) > 0]
+    unstable = f"; its timings in the {' and the '.join(flagged)} were flagged unstable" if flagged else ""
     return [], [f"{label}: latency regression beyond {allowed:.1%} undecided on this machine ({shown}): the intervals "
-                "neither exclude nor support it; re-run with more --repeat, or on a quieter machine"]
+                f"neither exclude nor support it{unstable}; re-run with more --repeat, or on a quieter machine"]
 
 
 def _memory(label: str, cfg: dict[str, Any], ref: dict[str, Any], t: Thresholds) -> list[str]:

@@ -293,9 +293,8 @@ def gate_cmd(
 ) -> None:
     """Exit 1 and list every violation when a run regresses against a baseline (for CI).
 
-    Latency is judged on intervals: a regression fails where the timings support it;
-    where they cannot tell, the check is reported as undecided and passes, unless
-    --fail-undecided.
+    Latency is judged on intervals. Where they cannot tell,
+    the check is listed as undecided and passes (--fail-undecided to fail it).
     """
     from mixprec.bench.gate import check, thresholds_from_flags
     from mixprec.bench.store import StoreError
