@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
 
@@ -15,14 +16,19 @@ def ui_cmd(
     host: Annotated[str, typer.Option("--host", help="Interface to bind; anything but loopback exposes the UI to the network (warned).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port.")] = 7860,
     lang: Annotated[str, typer.Option("--lang", help="Initial language: en, zh, ja or he.")] = "en",
+    store_dir: Annotated[Optional[str], typer.Option("--store-dir", help="Folder the UI may create and open benchmark stores in (default: the user data folder of the default store); paths outside it are refused.")] = None,
 ) -> None:
     """Serve the web UI: run, benchmark, diagnose and tune in the browser (needs pip install 'mixprec\\[ui]')."""
 
     if not 1 <= port <= 65535:
         fail(ValueError(f"--port {port}: expected a TCP port from 1 to 65535"))
 
+    if store_dir is not None:
+        folder = Path(store_dir).expanduser()
+        if not str(store_dir).strip() or (folder.exists() and not folder.is_dir()):
+            fail(ValueError(f"--store-dir {store_dir!r}: not a folder"))
     try:
-        from mixprec.ui.app import launch
+        from mixprec.ui.app import PortInUseError, launch
         from mixprec.ui.i18n import check_language
     except ImportError as exc:
         fail(exc)
@@ -30,4 +36,9 @@ def ui_cmd(
         check_language(lang)
     except ValueError as exc:
         fail(ValueError(f"--lang: {exc}"))
-    launch(host=host, port=port, lang=lang)
+    try:
+        launch(host=host, port=port, lang=lang, store_dir=store_dir)
+    except PortInUseError as exc:
+        fail(ValueError(f"--port {port}: {exc.strerror}; choose another with --port"))
+    except OSError as exc:  # the store folder cannot be created, the address cannot be bound...
+        fail(ValueError(f"cannot serve the UI on {host}:{port}: {exc}"))

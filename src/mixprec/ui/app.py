@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import html
 import ipaddress
 import json
@@ -20,6 +21,7 @@ import math
 import os
 import time
 import warnings
+from contextlib import ExitStack
 from typing import Any, Callable, Sequence
 
 import gradio as gr
@@ -27,12 +29,14 @@ import gradio as gr
 import mixprec
 from mixprec import pipelines
 from mixprec.ui.bench_tab import build_bench_tab, list_runs, show_run
-from mixprec.ui.controls import DTYPES, NO_PRESET, build_policy, defaults_message, matmul_info, precision_controls, preset_choices
+from mixprec.ui.controls import (DTYPES, NO_PRESET, build_policy, defaults_message, dtype_selector_update, matmul_info,
+                                 precision_controls, preset_choices)
 from mixprec.ui.forms import SIZES, error_text, markdown_table
 from mixprec.ui.i18n import DEFAULT_LANGUAGE, LANGUAGES, check_language, direction, t
 from mixprec.ui.tune_tab import build_tune_tab
 
-__all__ = ["MAX_COMPONENTS", "SIZES", "build_app", "diagnose", "launch", "list_runs", "run_comparison", "show_run"]
+__all__ = ["MAX_COMPONENTS", "SIZES", "PortInUseError", "build_app", "diagnose", "launch", "list_runs", "run_comparison",
+           "show_run"]
 
 #: Storage-type selectors reserved for a pipeline's components.
 MAX_COMPONENTS = 8
@@ -260,28 +264,35 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
             with reg(gr.Tab(t("tab.tune", lang), id="tune", elem_id="tab-tune"), label="tab.tune"):
                 build_tune_tab(lang, reg, language)
 
-        def slot_updates(name: str, size: str, lg: str, state: Cache) -> tuple[list[Any], Cache]:
+        def slot_updates(name: str, size: str, lg: str, state: Cache, preset: str = NO_PRESET) -> tuple[list[Any], Cache]:
             try:
                 pipe, state = _pipeline(state, name, size)
                 comps = list(pipe.components)[:MAX_COMPONENTS]
             except (ValueError, RuntimeError, OSError, ImportError):
                 comps = []
-            ups = [gr.update(visible=i < len(comps), value="fp32",
-                             label=t("controls.dtype_label", lg, component=comps[i]) if i < len(comps) else None,
-                             info=t("controls.dtype_info", lg)) for i in range(MAX_COMPONENTS)]
+            # A preset decides the weight types: the selectors are locked and say so (not "fp32" under "fast").
+            ups = [{**dtype_selector_update(preset, lg), "visible": i < len(comps), "value": "fp32",
+                    "label": t("controls.dtype_label", lg, component=comps[i]) if i < len(comps) else None}
+                   for i in range(MAX_COMPONENTS)]
             return ups, state
 
-        def on_pipeline(name: str, size: str, lg: str, state: Cache) -> list[Any]:
-            ups, state = slot_updates(name, size, lg, state)
+        def on_pipeline(name: str, size: str, lg: str, state: Cache, preset: str = NO_PRESET) -> list[Any]:
+            ups, state = slot_updates(name, size, lg, state, preset)
             return [*ups, state]
 
-        def on_language(lg: str, name: str, size: str, state: Cache, status: str, *slot_values: str) -> list[Any]:
+        def on_preset(preset: str, lg: str) -> list[Any]:
+            return [dtype_selector_update(preset, lg) for _ in range(MAX_COMPONENTS)]
+
+        def on_language(lg: str, name: str, size: str, state: Cache, status: str, shown: str, preset: str,
+                        *slot_values: str) -> list[Any]:
             # The status keeps what was applied; only the untouched defaults line is translated.
             untouched = status in {defaults_message(app, code) for code in LANGUAGES}
-            out = [_header(lg), defaults_message(app, lg) if untouched else gr.update()]
+            empty = shown in {t("run.figures_empty", code) for code in LANGUAGES}
+            out = [_header(lg), defaults_message(app, lg) if untouched else gr.update(),
+                   t("run.figures_empty", lg) if empty else gr.update()]
             for _component, spec in texts:
                 out.append(gr.update(**{prop: (key(lg) if callable(key) else t(key, lg)) for prop, key in spec.items()}))
-            ups, state = slot_updates(name, size, lg, state)
+            ups, state = slot_updates(name, size, lg, state, preset)
             for up, value in zip(ups, slot_values):
                 up["value"] = value
             return [*out, *ups, state]
@@ -309,11 +320,13 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
         dir_js = _DIR_JS.format(rtl=json.dumps([code for code in LANGUAGES if direction(code) == "rtl"]))
         language.change(None, inputs=language, js=dir_js)
         demo.load(None, inputs=language, js=dir_js)
-        language.change(on_language, inputs=[language, run_pipe, run_size, cache, controls.status, *slots],
-                        outputs=[header, controls.status, *(c for c, _ in texts), *slots, cache])
+        language.change(on_language, inputs=[language, run_pipe, run_size, cache, controls.status, figures, controls.preset,
+                                             *slots],
+                        outputs=[header, controls.status, figures, *(c for c, _ in texts), *slots, cache])
         for trigger in (run_pipe.change, run_size.change):
-            trigger(on_pipeline, inputs=[run_pipe, run_size, language, cache], outputs=[*slots, cache])
-        demo.load(on_pipeline, inputs=[run_pipe, run_size, language, cache], outputs=[*slots, cache])
+            trigger(on_pipeline, inputs=[run_pipe, run_size, language, cache, controls.preset], outputs=[*slots, cache])
+        demo.load(on_pipeline, inputs=[run_pipe, run_size, language, cache, controls.preset], outputs=[*slots, cache])
+        controls.preset.change(on_preset, inputs=[controls.preset, language], outputs=slots)
         run_button.click(on_run, inputs=[language, run_pipe, run_size, controls.preset, controls.upcast_attention, *slots, cache],
                          outputs=[fp32_audio, mixed_audio, fp32_image, mixed_image, figures, cache])
         diag_button.click(on_diagnose, inputs=[language, diag_pipe, diag_size, diag_preset, cache],
@@ -330,16 +343,48 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def launch(host: str = "127.0.0.1", port: int = 7860, lang: str = DEFAULT_LANGUAGE, **kwargs: Any) -> Any:
+class PortInUseError(OSError):
+    """The UI's port cannot be listened on: another program holds it."""
+
+
+def launch(host: str = "127.0.0.1", port: int = 7860, lang: str = DEFAULT_LANGUAGE, *,
+           store_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> Any:
     """Serve the UI (blocks until stopped unless ``prevent_thread_lock=True`` is passed).
+
+    While it serves, the store boxes open files only inside one folder (see
+    :mod:`mixprec.ui.stores`): ``store_dir``, or the user data folder of the default store.
+    With ``prevent_thread_lock=True`` that limit stays on for the rest of the process.
 
     Args:
         host: interface to bind; a non-loopback address exposes the UI to the network (warned).
         port: TCP port.
         lang: initial language.
+        store_dir: the folder benchmark stores may be created in (default: the user data folder).
         **kwargs: passed on to ``gr.Blocks.launch``.
+
+    Raises:
+        PortInUseError: ``port`` is taken on ``host``.
     """
+    from mixprec.bench.store import default_db_path
+    from mixprec.ui.stores import stores_confined_to
+
     if not _is_loopback(host):
         warnings.warn(f"mixprec UI bound to {host}: anyone who can reach this address can run models "
                       "and change this process's precision settings", stacklevel=2)
-    return build_app(lang).launch(server_name=host, server_port=port, **kwargs)
+    confinement = ExitStack()
+    confinement.enter_context(stores_confined_to(store_dir if store_dir is not None else default_db_path().parent))
+    try:
+        demo = build_app(lang)
+        try:
+            result = demo.launch(server_name=host, server_port=port, **kwargs)
+        except OSError as exc:
+            # Gradio's own text names its server_port argument and an environment variable.
+            if "port" in str(exc).lower() or exc.errno == errno.EADDRINUSE:
+                raise PortInUseError(errno.EADDRINUSE, f"port {port} on {host} is in use by another program") from None
+            raise
+    except BaseException:
+        confinement.close()
+        raise
+    if not kwargs.get("prevent_thread_lock"):
+        confinement.close()  # the server has stopped
+    return result

@@ -89,8 +89,8 @@ def list_runs(path: str | None, *, lang: str = DEFAULT_LANGUAGE) -> tuple[str, l
     """
     from mixprec.bench.store import Store, StoreError
 
-    where = store_location(path)
     try:
+        where = store_location(path)
         if not Path(where).is_file():
             return t("bench.none", lang, path=_short(where)), []
         with Store(where) as store:
@@ -118,8 +118,8 @@ def show_run(path: str | None, run_id: int | None, *, lang: str = DEFAULT_LANGUA
 
     if run_id is None:
         return html.escape(t("bench.pick_first", lang))
-    where = store_location(path)
     try:
+        where = store_location(path)
         if not Path(where).is_file():  # showing never creates a store
             return html.escape(t("bench.none", lang, path=_short(where)))
         with Store(where) as store:
@@ -177,8 +177,8 @@ def bench_run(lang: str, pipeline: str, size: str, configs: Sequence[str] | None
     if job.running:
         yield out(status_html(t("job.busy", lang)))
         return
-    where = store_location(path)
     try:
+        where = store_location(path)  # before any work: a store the server does not allow starts nothing
         hw = hardware.probe(device)
         specs, notes = parse_configs(",".join(configs or ()), hw)
     except (ValueError, RuntimeError) as exc:

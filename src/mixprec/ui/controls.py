@@ -34,6 +34,8 @@ __all__ = [
     "matmul_info",
     "preset_choices",
     "precision_controls",
+    "policy_line",
+    "dtype_selector_update",
 ]
 
 #: Weight storage types a component can be given.
@@ -170,11 +172,32 @@ def initialize_service(
     state = mixprec.describe()
     backends = ", ".join(f"`{name}`: {value}" for name, value in state["backends"].items())
     lines = [t("controls.status_applied", lang), ""]
-    lines += [f"- {line}" for line in resolved.log_lines()]
+    # The model policy is the one these controls chose, not the preset/policy settings of the
+    # config sources ("precision preset = not set" while a preset was applied).
+    lines += [f"- {line}" for key, line in zip(resolved.settings, resolved.log_lines()) if key not in ("preset", "policy")]
+    lines += [f"- {policy_line(preset, upcast_attention, dtypes, lang)}"]
     lines += ["", t("controls.status_backends", lang, backends=backends)]
     if isinstance(loaded, str) and loaded:
         lines += ["", loaded]
     return "\n".join(lines)
+
+
+def policy_line(preset: str | None, upcast_attention: bool, dtypes: Mapping[str, str] | None, lang: str) -> str:
+    """What the controls apply to the model, for the status: the preset, or each component's type."""
+    upcast = t("controls.status_upcast", lang) if upcast_attention else ""
+    if preset and preset != NO_PRESET:
+        return t("controls.status_policy_preset", lang, preset=preset, upcast=upcast)
+    types = ", ".join(f"{name} {dtype}" for name, dtype in (dtypes or {}).items()) or "fp32"
+    return t("controls.status_policy_types", lang, types=types, upcast=upcast)
+
+
+def dtype_selector_update(preset: str | None, lang: str) -> dict[str, Any]:
+    """A per-component type selector under ``preset``: a preset decides the types, so the selector is
+    locked and says so; with "none" it is the user's choice again."""
+    if preset and preset != NO_PRESET:
+        return gr.update(interactive=False, info=t("controls.dtype_info_preset", lang, preset=preset,
+                                                   none=t("controls.preset_none", lang)))
+    return gr.update(interactive=True, info=t("controls.dtype_info", lang))
 
 
 @dataclass
@@ -267,4 +290,9 @@ def precision_controls(
         button.click(controls.initialize, inputs=controls.inputs, outputs=status)
     else:
         button.click(controls.initialize_in, inputs=[language, *controls.inputs], outputs=status)
+    if dtypes:
+        def lock(chosen: str, lg: str = lang) -> list[dict[str, Any]]:
+            return [dtype_selector_update(chosen, lg)] * len(dtypes)
+
+        preset.change(lock, inputs=[preset] if language is None else [preset, language], outputs=list(dtypes.values()))
     return controls

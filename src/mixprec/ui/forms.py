@@ -61,10 +61,17 @@ def check_choice(value: Any, choices: Sequence[str], field: str, lang: str) -> s
 
 
 def store_location(path: str | None) -> str:
-    """The benchmark store typed into a tab, or the default store when the box is empty."""
-    from mixprec.bench.store import default_db_path
+    """The benchmark store typed into a tab, or the default store when the box is empty.
 
-    return (path or "").strip() or str(default_db_path())
+    While the server runs, only files in its store folder are allowed (see :mod:`mixprec.ui.stores`).
+
+    Raises:
+        ValueError: (a :class:`~mixprec.ui.stores.StoreLocationError`) for a path the server does not allow.
+    """
+    from mixprec.bench.store import default_db_path
+    from mixprec.ui.stores import resolve_store
+
+    return resolve_store(path, default_db_path())
 
 
 def cancel_job(lang: str, job: Any) -> str:

@@ -156,7 +156,11 @@ def tune_run(lang: str, pipeline: str, size: str, bound: str, objective: str, bu
     if job.running:
         yield [status_html(t("job.busy", lang)), keep, keep, keep]
         return
-    where = store_location(path)
+    try:
+        where = store_location(path)
+    except ValueError as exc:  # a store the server does not allow: nothing starts
+        yield [status_html(error_text("tune.failed", lang, exc)), keep, keep, keep]
+        return
 
     def target(report: Callable[[Any], None]) -> mixprec.TuneResult:
         def progress(event: Any) -> None:
