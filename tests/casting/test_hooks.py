@@ -153,3 +153,23 @@ def test_fp32_compute_swapping_copies_in_is_one_call_at_a_time():
     assert net.weight is weight and weight.dtype == torch.float32
     for key in ("first", "second"):
         assert torch.equal(results[key], torch.full((2, 4), 0.5)), results[key]
+
+
+def test_per_thread_hook_state_copies_as_empty():
+    """Deep-copying an applied model copies its hooks: their per-thread state comes out fresh."""
+    import copy
+
+    from mixprec.casting.hooks import Boundary, CallStack, EntryBoundary, EntryGate, UpcastScope
+
+    gate = EntryGate()
+    gate.depth = 2
+    lin = nn.Linear(2, 2)
+    boundary = Boundary(lin, lambda: torch.bfloat16, lambda: None, gate=gate)
+    boundary.caller_dtypes.append((torch.float32, True))
+    entry, scope = EntryBoundary(lin, lambda: torch.bfloat16, gate), UpcastScope()
+    entry.active.append(True)
+    clone = copy.deepcopy({"gate": gate, "boundary": boundary, "entry": entry, "scope": scope, "stack": CallStack()})
+    assert clone["gate"].depth == 0 and clone["gate"] is not gate
+    assert clone["boundary"].caller_dtypes == [] and clone["boundary"].gate is clone["gate"]
+    assert clone["entry"].active == [] and clone["scope"].modes == [] and clone["stack"].items == []
+    assert gate.depth == 2 and boundary.caller_dtypes == [(torch.float32, True)]  # the originals keep theirs

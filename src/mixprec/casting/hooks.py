@@ -95,6 +95,9 @@ class CallStack(threading.local):
     def __init__(self) -> None:
         self.items: list[Any] = []
 
+    def __reduce__(self) -> tuple[Any, tuple]:
+        return type(self), ()  # a copy of a model has no calls in progress
+
 
 def first_float_dtype(obj: Any) -> torch.dtype | None:
     if isinstance(obj, torch.Tensor):
@@ -256,6 +259,9 @@ class EntryGate(threading.local):
 
     def __init__(self) -> None:
         self.depth = 0
+
+    def __reduce__(self) -> tuple[Any, tuple]:
+        return type(self), ()  # a copy of a model has no calls in progress
 
     def enter(self, module, args):
         self.depth += 1
