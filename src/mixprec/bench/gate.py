@@ -241,7 +241,7 @@ def _quality(label: str, cfg: dict[str, Any], ref: dict[str, Any], t: Thresholds
     if math.isnan(old_v):
         return [f"{label}: could not check quality: the baseline's {name} is nan"]
     if new_v is None or math.isnan(new_v):
-        got = "none" if new_v is None else "nan"
+        got = "none (not measured, or NaN)" if new_v is None else "nan"
         return [f"{label}: could not check quality: the baseline has {name} {_db(old_v)}, the run {got} "
                 "(an output that could not be compared with fp32's, such as one of another shape, fails)"]
     if old_v == math.inf:
