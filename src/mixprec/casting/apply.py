@@ -336,7 +336,7 @@ def _materialize(applied: Applied) -> None:
 
     try:
         if policy.numerics is not None:
-            applied._numerics = backends.apply_settings(policy.numerics)
+            applied._numerics = backends.apply_settings(policy.numerics, owner=f"the numerics of policy {policy.name!r}")
         install_wrappers(comps, by_module, policy, applied._entry_dtypes, applied._handles, applied._pinned)
         if keep_original != "none":
             applied._changes = WeightChanges({key: t for key, (t, _) in new_data.items()}, applied._locations, applied._follow)

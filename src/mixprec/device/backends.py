@@ -222,15 +222,17 @@ def _restore(snap: Snapshot, torch_module: Any | None = None) -> None:
                     node.fp32_precision = snap.tree[key]
 
 
-def apply_settings(settings: NumericSettings, torch_module: Any | None = None) -> Snapshot:
+def apply_settings(settings: NumericSettings, torch_module: Any | None = None, *, owner: str | None = None) -> Snapshot:
     """Write ``settings`` to torch and return the snapshot taken just before.
 
     All values are validated (``NumericSettings`` is already validated) before
     the first write. If torch rejects a write, or a getter stops reading
     afterwards, the previous state is restored and the error re-raised, so a
-    setting is never left half-applied.
+    setting is never left half-applied. ``restore`` of the returned snapshot ends
+    this change; ``owner`` names it in the warning about owners ending out of order.
     """
-    return _acquire(settings, _FIELDS, f"apply_settings({settings})", torch_module)
+    label = owner or "apply_settings(" + ", ".join(f"{k}={getattr(settings, k)!r}" for k in _LEGACY_OF) + ")"
+    return _acquire(settings, _FIELDS, label, torch_module)
 
 
 def _write(settings: NumericSettings, torch_module: Any | None = None) -> Snapshot:
@@ -318,7 +320,8 @@ def _release(owners: list[_Owner], index: int, torch_module: Any | None) -> None
             _write_fields(owner.corrections, torch_module)
         return
     # Ended while later owners hold settings: withdraw only this owner's own choices.
-    withdrawn = {f: owner.corrections.get(f, owner.before[f]) for f in owner.chosen if f in owner.corrections or f in owner.before}
+    withdrawn = {f: owner.corrections.get(f, owner.before.get(f)) for f in _LEGACY_OF
+                 if f in owner.chosen and (f in owner.corrections or f in owner.before)}
     shadowed: dict[str, str] = {}
     for later in owners[index:]:
         for name, value in withdrawn.items():
@@ -327,14 +330,18 @@ def _release(owners: list[_Owner], index: int, torch_module: Any | None) -> None
         for name in later.chosen & withdrawn.keys():
             shadowed.setdefault(name, later.label)
     now = {name: value for name, value in withdrawn.items() if name not in shadowed}
+    current = _values(snapshot(torch_module))
     if now:
         _write_fields(now, torch_module)
     later = ", ".join(o.label for o in owners[index:])
-    kept = ", ".join(f"{name} (held by {label})" for name, label in sorted(shadowed.items()))
-    put_back = ", ".join(f"{name}={value!r}" for name, value in sorted(now.items()))
+    holders: dict[str, list[str]] = {}
+    for name, label in shadowed.items():
+        holders.setdefault(label, []).append(name)
+    kept = "; ".join(f"kept {', '.join(names)} (held by {label})" for label, names in holders.items())
+    put_back = ", ".join(f"{name}={value!r}" for name, value in now.items() if current.get(name) != value)
     warnings.warn(f"mixprec numerics: {owner.label} ended while {later}, started after it, still holds numeric settings; "
                   + (f"put back {put_back}" if put_back else "nothing to put back now")
-                  + (f"; kept {kept}" if kept else "")
+                  + (f"; {kept}" if kept else "")
                   + ". End numeric settings in the reverse order they started (nested with blocks, revert the last "
                     "applied policy first) to avoid this", stacklevel=4)
 
