@@ -50,7 +50,7 @@ def bf16_cpu(tmp_path, monkeypatch):
 
     cache = tmp_path / "bf16-cpu-cache"
     monkeypatch.setenv("MIXPREC_CACHE_DIR", str(cache))
-    real = decided(hardware.probe("cpu", use_cache=False))
+    real = decided(hardware.probe("cpu", use_cache=False, layers=False))
     path = hardware.cache_path(real)
     path.parent.mkdir(parents=True, exist_ok=True)
     fp32 = real.dtypes["fp32"].gflops or 100.0

@@ -68,10 +68,10 @@ def _scripted_timings(monkeypatch, seconds):
 def test_probe_is_cached_per_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
     _scripted_timings(monkeypatch, lambda dtype, level, n: {torch.bfloat16: 0.0004, torch.float16: 0.1}.get(dtype, 0.001))
-    first = hardware.probe("cpu")
+    first = hardware.probe("cpu", layers=False)
     assert not first.cached and first.dtypes["bf16"].klass == "fast" and first.dtypes["fp16"].klass == "emulated"
     assert len(list(tmp_path.glob("probe-*.json"))) == 1
-    second = hardware.probe("cpu")
+    second = hardware.probe("cpu", layers=False)
     assert second.cached
     assert second.dtypes == first.dtypes
 
@@ -86,7 +86,7 @@ def test_a_probe_on_a_busy_machine_says_undecided_and_caches_nothing(tmp_path, m
         return 0.001
 
     _scripted_timings(monkeypatch, busy)
-    hw = hardware.probe("cpu")
+    hw = hardware.probe("cpu", layers=False)
     assert hw.dtypes["bf16"].klass == hardware.UNDECIDED
     assert not list(tmp_path.glob("probe-*.json"))
     policy, reasons = presets.resolve("fast", hw)
@@ -95,13 +95,13 @@ def test_a_probe_on_a_busy_machine_says_undecided_and_caches_nothing(tmp_path, m
     monkeypatch.undo()
     monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
     _scripted_timings(monkeypatch, lambda dtype, level, n: 0.0004 if dtype == torch.bfloat16 else 0.001)
-    assert hardware.probe("cpu").dtypes["bf16"].klass == "fast"  # measured again, now quiet
+    assert hardware.probe("cpu", layers=False).dtypes["bf16"].klass == "fast"  # measured again, now quiet
 
 
 def test_a_later_measurement_that_contradicts_the_cached_probe_drops_it(tmp_path, monkeypatch):
     monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
     _scripted_timings(monkeypatch, lambda dtype, level, n: 0.005 if dtype == torch.bfloat16 else 0.001)
-    hw = hardware.probe("cpu")  # a noisy moment classed bf16 emulated (0.2x) in every round
+    hw = hardware.probe("cpu", layers=False)  # a noisy moment classed bf16 emulated (0.2x) in every round
     assert hw.dtypes["bf16"].klass == "emulated" and hardware.cache_path(hw).exists()
     assert hardware.contradiction(hw, "bf16", 0.9, 1.1) is None  # a model is not a matmul: no contradiction
     why = hardware.contradiction(hw, "bf16", 1.6, 1.9)

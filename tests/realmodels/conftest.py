@@ -72,7 +72,7 @@ def _probe_measurement(tmp_path_factory):
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("MIXPREC_CACHE_DIR", str(cache))
-            real = decided(hardware.probe("cpu", use_cache=False))
+            real = decided(hardware.probe("cpu", use_cache=False, layers=False))
             path = hardware.cache_path(real)
     finally:
         torch.set_num_threads(threads)

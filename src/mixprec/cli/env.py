@@ -88,6 +88,11 @@ def env(
         [d.name, "yes" if d.supported else "no", d.gflops, f"{d.ratio:.2f}x" if d.ratio else None, d.klass]
         for d in hw.dtypes.values()
     ]))
+    if hw.layers:
+        console.print(table("Layer kinds: the 16-bit layer's time over an fp32 island's, casts included", [
+            "dtype", "layer", "fp32 island gain", "presets keep it fp32"], [
+            [dtype, kind, f"{info['gain']:.2f}x", "yes" if info.get("island") else "no"]
+            for dtype, kinds in hw.layers.items() for kind, info in kinds.items()]))
     console.print(table("Effective numerics (read back from torch)", ["flag", "value"], [
         ["float32 matmul precision", state["float32_matmul_precision"]],
         *[[f"{k.replace('_', ' ')}", f"{v} ({state['backend_meaning'][k]})"] for k, v in state["backends"].items()],

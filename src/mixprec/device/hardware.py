@@ -41,7 +41,7 @@ EMULATED_RATIO = 0.5
 #: it were not fast, said as such, and never cached.
 UNDECIDED = "undecided"
 
-_PROBE_VERSION = 2
+_PROBE_VERSION = 3
 
 
 def classify(ratio: float | None, supported: bool) -> str:
@@ -113,6 +113,9 @@ class Hardware:
     matmul_size: int = 0
     seconds: float = 0.0
     cached: bool = False
+    #: Per fast 16-bit dtype, per layer kind: how much faster the layer is kept in fp32
+    #: (casts included) and whether it is clearly so (:func:`mixprec.device.layers.island_gains`).
+    layers: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     def is_fast(self, dtype: str) -> bool:
         """Whether ``dtype`` (``bf16``, ``fp16``, ``tf32``) was measured fast here."""
@@ -345,7 +348,8 @@ def _load_cached(path: Path) -> Hardware | None:
         return None
 
 
-def probe(device: str | torch.device | None = None, *, use_cache: bool = True, budget_s: float = 0.05) -> Hardware:
+def probe(device: str | torch.device | None = None, *, use_cache: bool = True, budget_s: float = 0.05,
+          layers: bool = True) -> Hardware:
     """Describe and measure a device.
 
     Args:
@@ -355,6 +359,8 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
             version, and store a new one.
         budget_s: time spent timing each precision (the whole probe stays well
             under a second on a CPU; an emulated type stops after one call).
+        layers: also time, for each fast 16-bit type, the layer kinds that may be
+            faster kept in fp32 (:mod:`mixprec.device.layers`; about 2 s on a CPU).
 
     Returns:
         A :class:`Hardware`.
@@ -417,6 +423,11 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
         matmul_size=n,
         seconds=round(seconds, 3),
     )
+    if layers:
+        from mixprec.device.layers import island_gains
+
+        fast = {d: island_gains(DTYPES[d], dev, sync=_sync(dev)) for d in ("bf16", "fp16") if dtypes[d].klass == "fast"}
+        hw = dataclasses.replace(hw, layers=fast, seconds=round(time.perf_counter() - start, 3))
     # A verdict the rounds disagreed on is not kept: the next process measures again.
     if use_cache and not undecided:
         try:

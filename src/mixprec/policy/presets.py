@@ -11,6 +11,11 @@ capability decisions live in the small table below, not in if-ladders on GPU nam
 | fast       | medium   | fastest 16-bit type measured fast        | none; upcast attention if fp16 |
 | memory     | high     | 16-bit everywhere (bf16 if supported)    | norms and heads compute in fp32; upcast attention if fp16 |
 
+Where the probe measured a layer kind faster kept in fp32 than in the chosen 16-bit type,
+casts included (bf16 ``GRU`` on a CPU with AVX512-BF16: several times slower than fp32),
+``balanced`` and ``fast`` keep that kind fp32 and ``memory`` computes it in fp32 from
+16-bit weights, each rule giving the measured figure as its reason (shown by ``explain``).
+
 A dtype the probe classed as emulated is never chosen for native compute (fp16 on a
 CPU without AVX512-FP16 runs about 140x slower than fp32). On CUDA GPUs without bf16
 (compute capability < 8.0) fp16 is used with upcast attention.
@@ -57,6 +62,20 @@ def _storage16(hw: Hardware) -> str:
 
 def _hint_rules(hints: tuple[str, ...], **fields: Any) -> list[Rule]:
     return [Rule(h, optional=True, reason="marked precision-sensitive by the pipeline", **fields) for h in hints]
+
+
+def _island_rules(hardware: Hardware, dtype: str, *, memory: bool) -> tuple[list[Rule], list[str]]:
+    """Layer kinds the probe measured faster kept in fp32 than in ``dtype`` (casts
+    included): kept fp32 (``memory``: 16-bit weights, fp32 compute), with the figure."""
+    rules, reasons = [], []
+    for kind, info in sorted(hardware.layers.get(dtype, {}).items()):
+        if not info.get("island"):
+            continue
+        why = f"{kind} measured {info['gain']:.2f}x faster in fp32 than in {dtype} on {hardware.name} (casts included)"
+        fields = {"compute": "fp32"} if memory else {"keep_fp32": True}
+        rules.append(Rule(f"type:{kind}", optional=True, reason=why, **fields))
+        reasons.append(f"{kind} layers {'compute' if memory else 'kept'} in fp32: {why}")
+    return rules, reasons
 
 
 def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = ()) -> tuple[Policy, list[str]]:
@@ -106,6 +125,9 @@ def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = 
         ratio = hardware.dtypes[fast16].ratio
         rules.append(Rule("*", storage=fast16, optional=True, reason=f"{fast16} measured {ratio}x fp32 matmul speed"))
         reasons.append(f"weights in {fast16}: measured {ratio}x the fp32 matmul rate")
+        islands, why = _island_rules(hardware, fast16, memory=False)
+        rules.extend(islands)
+        reasons.extend(why)
         upcast = key == "balanced" or fast16 == "fp16"
         if upcast:
             rules.append(Rule("*", upcast_attention=True, optional=True,
@@ -132,6 +154,10 @@ def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = 
     rules.append(Rule("*", storage=storage, compute=compute, optional=True, reason="memory: 16-bit weights everywhere"))
     reasons.append(f"all weights stored in {storage} (half the fp32 bytes)"
                    + ("" if native else f"; {storage} is emulated here, so compute upcasts to fp32 at each forward"))
+    if native:
+        islands, why = _island_rules(hardware, storage, memory=True)
+        rules.extend(islands)
+        reasons.extend(why)
     rules.append(Rule(_NORMS, compute="fp32", optional=True, reason="norm statistics computed in fp32"))
     rules.extend(_hint_rules(hints, compute="fp32"))
     reasons.append("norm layers" + (" and the pipeline's sensitive modules" if hints else "") + " compute in fp32 from 16-bit weights")

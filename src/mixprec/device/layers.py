@@ -1,0 +1,112 @@
+"""Which layer kinds are faster kept in fp32, measured on the device, casts included.
+
+A 16-bit dtype that multiplies matrices fast can still be slow for other layers: a
+CPU with AVX512-BF16 runs bf16 ``LayerNorm`` at about 0.8x its fp32 speed and a
+transposed convolution barely faster; recurrent layers and convolutions differ by
+kernel library. A preset that stores such a layer in 16 bits may then be slower than
+fp32. The honest comparison is not "layer in bf16 vs layer in fp32" but what a preset
+can choose between: the layer in 16 bits on a 16-bit input, or the layer kept in fp32
+as an island, its input cast up and its output cast back (what the casts cost is in
+the measurement).
+
+:func:`island_gains` times both for each kind in :data:`KINDS` on shapes typical of the
+models mixprec serves, in interleaved rounds (each round's fastest call kept). A kind
+counts as faster in fp32 only where every round says so by more than
+:data:`MARGIN`: noise never adds an island.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+__all__ = ["KINDS", "MARGIN", "island_gains"]
+
+#: A layer kind and what it typically meets: a module and an input, built in fp32.
+KINDS: dict[str, Callable[[], tuple[nn.Module, torch.Tensor]]] = {
+    "Conv1d": lambda: (nn.Conv1d(128, 128, 7, padding=3), torch.randn(1, 128, 256)),
+    "ConvTranspose1d": lambda: (nn.ConvTranspose1d(128, 64, 16, stride=8, padding=4), torch.randn(1, 128, 64)),
+    "Conv2d": lambda: (nn.Conv2d(32, 32, 3, padding=1), torch.randn(1, 32, 48, 48)),
+    "LSTM": lambda: (nn.LSTM(128, 128, batch_first=True), torch.randn(1, 32, 128)),
+    "GRU": lambda: (nn.GRU(128, 128, batch_first=True), torch.randn(1, 32, 128)),
+    "LayerNorm": lambda: (nn.LayerNorm(512), torch.randn(1, 128, 512)),
+    "GroupNorm": lambda: (nn.GroupNorm(32, 128), torch.randn(1, 128, 24, 24)),
+}
+
+#: The island must be faster than the 16-bit layer by this fraction in every round.
+MARGIN = 0.10
+
+
+def _first(out: Any) -> torch.Tensor:
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _best(call: Callable[[], Any], sync: Callable[[], None], budget_s: float) -> float:
+    best, spent, calls = float("inf"), 0.0, 0
+    while spent < budget_s and calls < 10:
+        start = time.perf_counter()
+        call()
+        sync()
+        elapsed = time.perf_counter() - start
+        spent += elapsed
+        calls += 1
+        best = min(best, elapsed)
+    return best
+
+
+def island_gains(dtype: torch.dtype, device: torch.device, *, rounds: int = 5, budget_s: float = 0.5,
+                 sync: Callable[[], None] = lambda: None) -> dict[str, dict[str, Any]]:
+    """Per layer kind: ``gain`` (median over rounds of the 16-bit layer's time over the
+    fp32 island's: above 1, the island is faster) and ``island`` (whether every round
+    found it faster by more than :data:`MARGIN`). ``budget_s`` bounds the whole
+    measurement; kinds the device cannot run in ``dtype`` are left out.
+    """
+    cases = {}
+    gen_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(0)
+        for kind, build in KINDS.items():
+            module, x = build()
+            module = module.to(device).eval()
+            low = nn.Module()
+            low.inner = _copy(module).to(dtype)
+            x16 = x.to(device=device, dtype=dtype)
+
+            def native(m=low.inner, x16=x16):
+                return _first(m(x16))
+
+            def island(m=module, x16=x16):
+                return _first(m(x16.float())).to(dtype)
+
+            try:
+                with torch.no_grad():
+                    native()
+                    island()
+            except (RuntimeError, TypeError, NotImplementedError):
+                continue  # no kernel for this kind in this dtype here
+            cases[kind] = (native, island)
+    finally:
+        torch.random.set_rng_state(gen_state)
+    per_call = budget_s / max(1, rounds * 2 * len(cases))
+    ratios: dict[str, list[float]] = {kind: [] for kind in cases}
+    with torch.no_grad():
+        for _ in range(rounds):
+            for kind, (native, island) in cases.items():
+                t16 = _best(native, sync, per_call)
+                t32 = _best(island, sync, per_call)
+                ratios[kind].append(t16 / t32)
+    result = {}
+    for kind, values in ratios.items():
+        ordered = sorted(values)
+        result[kind] = {"gain": round(ordered[len(ordered) // 2], 3),
+                        "island": bool(values) and all(v > 1 + MARGIN for v in values)}
+    return result
+
+
+def _copy(module: nn.Module) -> nn.Module:
+    import copy
+
+    return copy.deepcopy(module)
