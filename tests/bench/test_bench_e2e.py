@@ -86,6 +86,8 @@ def test_config_names():
         parse_configs("fp32,fsat", hw)
     specs, notes = parse_configs("fast", hw)
     assert [s.name for s in specs] == ["fp32", "fast"] and "fp32 added" in notes[0]
+    specs, notes = parse_configs("fast,fp32,memory", hw)  # the reference runs first, whatever the order asked
+    assert [s.name for s in specs] == ["fp32", "fast", "memory"] and "fp32 moved first" in notes[0]
     defaults, notes = default_configs(hw)
     names = [s.name for s in defaults]
     assert names[0] == "fp32" and "fast" in names

@@ -134,6 +134,10 @@ def _parse_names(text: str) -> tuple[list[ConfigSpec], list[str]]:
     if "fp32" not in names:
         specs.insert(0, _spec("fp32"))
         notes.append("fp32 added: it is the reference for quality and speed-up")
+    elif names[0] != "fp32":
+        # The reference runs first in every round and every ratio is taken against it.
+        specs.sort(key=lambda spec: spec.name != "fp32")
+        notes.append("fp32 moved first: it is the reference for quality and speed-up")
     return specs, notes
 
 
