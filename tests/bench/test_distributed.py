@@ -48,6 +48,10 @@ def test_bench_on_every_hardware_type_stores_one_run_each_and_the_matrix(tmp_pat
     assert "hardware matrix: minilm (test), batch 1" in result.output and "wins" in result.output
     page = html.read_text()
     assert "<h2>Hardware matrix</h2>" in page and "alpha" in page and "beta" in page
+    from mixprec.ui.bench_tab import show_run
+
+    frame = show_run(str(db), 2)  # the UI shows a run of a matrix with the others, under their table
+    assert "Hardware matrix" in frame and "alpha" in frame and "Run 1" in frame
     shown = runner.invoke(app, ["compare", "1", "2", "--db", str(db)])
     assert shown.exit_code == 0 and "hardware matrix" in shown.output and "memory" in shown.output
     # a label no node has: exit 2 before any work, naming what was asked and what is there

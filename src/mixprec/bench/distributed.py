@@ -16,10 +16,12 @@ measured (``cancelled``) and then raises ``KeyboardInterrupt``.
 from __future__ import annotations
 
 import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
+from mixprec.bench.matrix import MATRIX_NOTE
 from mixprec.bench.runner import BenchOptions, run_bench
 from mixprec.bench.store import Store
 from mixprec.device.hardware import Hardware
@@ -80,6 +82,8 @@ def run_matrix(
         BaseException: the first error of a run's own code (its run is stored as failed).
     """
     stop = threading.Event()
+    # one tag in every run's notes ties the runs of this matrix together (see matrix.matrix_runs)
+    tag = f"{MATRIX_NOTE} {uuid.uuid4().hex[:12]} over {', '.join(p.group.label for p in parts)}"
     executors = [part.group.executor(ray, **(executor_options or {})) for part in parts]
 
     def stopped() -> bool:
@@ -89,7 +93,7 @@ def run_matrix(
         label = part.group.label
         note = (f"measured on Ray hardware {label!r}: node {part.probe['node'].get('host')} "
                 f"({part.probe['node'].get('ip')}); speed-ups are against this run's own fp32")
-        mine = replace(options, notes=[*options.notes, note], on_plan=None)
+        mine = replace(options, notes=[*options.notes, note, tag], on_plan=None)
 
         def step(description: str, n: int) -> None:
             if progress is not None:
@@ -99,6 +103,9 @@ def run_matrix(
             with Store(store_path) as store:
                 part.run_id = run_bench(mine, part.hardware, store, executor=executor, progress=step,
                                         should_stop=stopped, node={"node": part.probe["node"], "versions": part.probe["versions"]})
+                if stop.is_set():
+                    # its workers were stopped under it: what it stored is what it had measured
+                    store.finish_run(part.run_id, status="cancelled")
         except BaseException as exc:  # kept for the caller: this thread must not die silently
             part.error = exc
 

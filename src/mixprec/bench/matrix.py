@@ -20,7 +20,11 @@ from typing import Any, Mapping, Sequence
 from mixprec.bench import rundata
 from mixprec.bench.gate import main_quality
 
-__all__ = ["Cell", "Matrix", "hardware_matrix", "machine_label", "matrix_html", "matrix_text_rows", "spans_machines"]
+__all__ = ["MATRIX_NOTE", "Cell", "Matrix", "hardware_matrix", "machine_label", "matrix_html", "matrix_runs",
+           "matrix_text_rows", "spans_machines"]
+
+#: The note that starts the tag every run of one hardware matrix carries (one tag per matrix).
+MATRIX_NOTE = "hardware matrix"
 
 _QUALITY_NAMES = {"snr_db": "SNR", "psnr_db": "PSNR", "sqnr_db": "SQNR"}
 
@@ -38,6 +42,19 @@ def machine_label(run: Mapping[str, Any]) -> str:
 def spans_machines(runs: Sequence[Mapping[str, Any]]) -> bool:
     """Whether ``runs`` were measured on more than one machine (fingerprint or hardware label)."""
     return len({(r.get("machine_fingerprint"), ((r.get("machine") or {}).get("node") or {}).get("label")) for r in runs}) > 1
+
+
+def _tag(run: Mapping[str, Any]) -> str | None:
+    return next((n for n in run.get("notes") or [] if isinstance(n, str) and n.startswith(MATRIX_NOTE + " ")), None)
+
+
+def matrix_runs(store: Any, run: Mapping[str, Any], *, recent: int = 200) -> list[Mapping[str, Any]]:
+    """``run`` and the other runs of its hardware matrix (same tag in their notes), by id; just ``run`` if it has none."""
+    tag = _tag(run)
+    if tag is None:
+        return [run]
+    others = [store.load_run(r["id"]) for r in store.runs(recent) if r["id"] != run.get("id")]
+    return sorted([run, *(o for o in others if _tag(o) == tag)], key=lambda r: r.get("id") or 0)
 
 
 @dataclass(frozen=True)

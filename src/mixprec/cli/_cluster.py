@@ -6,6 +6,7 @@ hardware matrix printed for the terminal. The work itself is in
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Optional
@@ -140,3 +141,43 @@ def compare_matrix(store: Any, run_ids: list[int], as_json: bool, *, only_across
         console.print_json(json.dumps(out, default=str))
         return
     print_matrix(runs)
+
+
+def tune_on_cluster(ctx: Any, *, executor: str, address: str | None, hardware_spec: str | None, workers: int, worker_cpus: float,
+                    pipeline: str, size: str, seeds: list[int], repeat: int) -> dict[str, Any]:
+    """The arguments ``mixprec.tune`` gets for ``--executor ray``: a
+    :class:`~mixprec.tuning.pool.PoolEvaluator` of ``workers`` actors on one hardware type,
+    the hardware probed there, and every preset (as the local tuner measures them).
+    Empty for ``--executor local``. The cluster and the workers are let go when the command ends.
+    """
+    if executor == "local":
+        return {}
+    from mixprec.device.hardware import Hardware
+    from mixprec.measure.cluster import ClusterError, node_groups, probe_group, select_groups
+    from mixprec.measure.executor import WorkerError, WorkerTimeout
+    from mixprec.policy.presets import PRESETS
+    from mixprec.tuning.pool import PoolEvaluator
+
+    stack = ExitStack()
+    ctx.call_on_close(stack.close)
+    ray = stack.enter_context(cluster(address))
+    try:
+        groups = select_groups(node_groups(ray), hardware_spec)
+        if len(groups) > 1:
+            raise ClusterError(f"--hardware {hardware_spec!r}: a tune run measures on one hardware type, got "
+                               f"{', '.join(g.label for g in groups)}; run one tune per type")
+        (group,) = groups
+        err_console.print(f"tuning on {group.describe()} with {workers} workers of {worker_cpus:g} CPU(s) each",
+                          highlight=False, markup=False)
+        with ThreadPoolExecutor(max_workers=1) as probing:  # the probe runs while the workers load
+            probe = probing.submit(probe_group, ray, group, "cpu")
+            try:
+                pool = PoolEvaluator(pipeline, group.executor(ray, num_cpus=worker_cpus), workers=workers, size=size,
+                                     seeds=seeds, repeat=repeat)
+            finally:
+                probed = probe.result()
+    except (ClusterError, WorkerError, WorkerTimeout, ValueError) as exc:
+        stack.close()
+        fail(exc)
+    stack.callback(pool.close)
+    return {"evaluator": pool, "hardware": Hardware.from_dict(probed["hardware"]), "presets": list(PRESETS)}

@@ -10,6 +10,7 @@ import typer
 
 import mixprec
 from mixprec.cli._app import app
+from mixprec.cli._cluster import ExecutorFlag, HardwareFlag, RayAddressFlag, check_executor_flags, tune_on_cluster
 from mixprec.cli._common import (
     MAX_REPEAT,
     MAX_SEED,
@@ -33,6 +34,7 @@ from mixprec.cli._text import clean, say
 
 @app.command("tune")
 def tune_cmd(
+    ctx: typer.Context,
     pipeline: Annotated[str, typer.Option("--pipeline", help="Pipeline to tune: a registered name, or your factory module.path:factory / path/to/file.py:factory.")] = "tts",
     bound: Annotated[str, typer.Option("--bound", help="Quality bound 'metric op number', e.g. 'snr>=30' or 'cosine>=0.999'.")] = "sqnr>=30",
     objective: Annotated[str, typer.Option("--objective", help="latency (fastest) or memory (smallest weights).")] = "latency",
@@ -46,6 +48,11 @@ def tune_cmd(
     as_json: JsonFlag = False,
     try_compile: Annotated[bool, typer.Option("--try-compile", help="The local search also tries compiling the components (torch.compile), kept where it measures faster.")] = False,
     validation_seeds: Annotated[str, typer.Option("--validation-seeds", help="Held-out seeds the chosen policy must also meet the bound on: a count (3: the three seeds after the search seeds), or seeds such as 7,8,9 or 10-19; 0 disables validation.")] = "3",
+    executor: ExecutorFlag = "local",
+    ray_address: RayAddressFlag = None,
+    hardware_spec: HardwareFlag = None,
+    workers: Annotated[str, typer.Option("--workers", help="With --executor ray: evaluations measured at the same time, each candidate timed against fp32 in its own worker.")] = "2",
+    worker_cpus: Annotated[str, typer.Option("--worker-cpus", help="With --executor ray: CPUs (and torch threads) each worker holds.")] = "1",
     margin: Annotated[str, typer.Option("--margin", help="dB of error the search keeps below the bound, so the answer is not tuned to its edge (sqnr>=40 searches for 41 with 1); 0: none.")] = "1",
 ) -> None:
     """Find the fastest (or smallest) policy that meets a quality bound, by measurement.
@@ -91,7 +98,16 @@ def tune_cmd(
             check_compiler(mixprec.CompileSettings(), True)
     except (ValueError, NotImplementedError) as exc:
         fail(exc)
+    check_executor_flags(executor, ray_address, hardware_spec)
+    try:
+        n_workers, n_cpus = as_int(workers, "--workers"), as_float(worker_cpus, "--worker-cpus")
+        if n_workers < 1 or not (math.isfinite(n_cpus) and n_cpus > 0):
+            raise ValueError(f"--workers {workers!r} / --worker-cpus {worker_cpus!r}: expected at least 1 worker and a positive number of CPUs")
+    except ValueError as exc:
+        fail(exc)
     store = open_store(db)
+    on_cluster = tune_on_cluster(ctx, executor=executor, address=ray_address, hardware_spec=hardware_spec, workers=n_workers,
+                                 worker_cpus=n_cpus, pipeline=pipeline, size=size, seeds=seed_list, repeat=n_repeat)
     with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=False) as bar:
         task = bar.add_task(clean(f"{pipeline}: measuring the fp32 reference"), total=n_budget)
@@ -106,7 +122,7 @@ def tune_cmd(
         try:
             result = mixprec.tune(pipeline, parsed, objective=objective, budget=n_budget, seeds=seed_list, store=store,
                                   progress=progress, size=size, repeat=n_repeat, try_compile=try_compile,
-                                  validation_seeds=held_out, margin=margin_db)
+                                  validation_seeds=held_out, margin=margin_db, **on_cluster)
         except ValueError as exc:
             fail(exc)
     outputs = Outputs(err_console)

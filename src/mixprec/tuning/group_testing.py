@@ -15,7 +15,8 @@ __all__ = ["COMBINED_GAP_DB", "ModuleTree", "hierarchical_keep", "minimal_suffic
 
 
 def minimal_sufficient(units: Sequence[str], suffices: Callable[[frozenset[str]], bool], *,
-                       max_prefix: int | None = None, empty_fails: bool = False) -> list[str] | None:
+                       max_prefix: int | None = None, empty_fails: bool = False,
+                       ahead: Callable[[list[frozenset[str]]], None] | None = None) -> list[str] | None:
     """A minimal subset ``K`` of ``units`` with ``suffices(K)``, assuming ``suffices(units)``.
 
     ``suffices`` should be monotone (a superset of a sufficient set suffices). First a
@@ -31,6 +32,10 @@ def minimal_sufficient(units: Sequence[str], suffices: Callable[[frozenset[str]]
             longer than this: the needed set is then too large to be worth pruning.
         empty_fails: the caller already knows the empty set does not suffice (skip
             testing it).
+        ahead: told the sets the search may test next, before each test of a prefix
+            (the galloping's next prefixes; the binary search's midpoint and the two
+            midpoints after it), so a parallel evaluator can measure them meanwhile.
+            The tests made, and so the result, are the same with or without it.
 
     Returns:
         The needed units, in ``units`` order (``None`` when ``max_prefix`` is exceeded).
@@ -44,8 +49,13 @@ def minimal_sufficient(units: Sequence[str], suffices: Callable[[frozenset[str]]
         if not suffices(frozenset(units[:max_prefix])):
             return None
         high = max_prefix
+    def prefixes(lengths: Sequence[int]) -> None:
+        if ahead is not None:
+            ahead([frozenset(units[:n]) for n in dict.fromkeys(lengths) if 0 < n < len(units)])
+
     size = 1
     while size < high:
+        prefixes([s for s in (size << k for k in range(high.bit_length() + 1)) if s < high])
         if suffices(frozenset(units[:size])):
             high = size
             break
@@ -53,6 +63,7 @@ def minimal_sufficient(units: Sequence[str], suffices: Callable[[frozenset[str]]
         size *= 2
     while high - low > 1:
         mid = (low + high) // 2
+        prefixes([mid, (low + mid) // 2, (mid + high) // 2])
         if suffices(frozenset(units[:mid])):
             high = mid
         else:
@@ -160,7 +171,8 @@ class ModuleTree:
 
 
 def hierarchical_keep(tree: ModuleTree, top: Sequence[str], suffices: Callable[[frozenset[str]], bool], *,
-                      max_prefix: int | None = None, notes: list[str] | None = None) -> list[str] | None:
+                      max_prefix: int | None = None, notes: list[str] | None = None,
+                      ahead: Callable[[list[frozenset[str]]], None] | None = None) -> list[str] | None:
     """A small set of modules to keep fp32, found top down through the module tree.
 
     At each level the nodes are group-tested riskiest first (:func:`minimal_sufficient`).
@@ -178,6 +190,7 @@ def hierarchical_keep(tree: ModuleTree, top: Sequence[str], suffices: Callable[[
         suffices: whether keeping exactly this set of nodes fp32 meets the bound.
         max_prefix: passed to the first level (``None``: no limit).
         notes: remarks are appended here.
+        ahead: passed to :func:`minimal_sufficient` (sets to measure ahead).
 
     Returns:
         The nodes to keep (blocks or layers), or ``None`` when the first level needs more
@@ -188,7 +201,8 @@ def hierarchical_keep(tree: ModuleTree, top: Sequence[str], suffices: Callable[[
 
     def level(nodes: Sequence[str], fixed: frozenset[str], limit: int | None, empty_fails: bool) -> list[str] | None:
         needed = minimal_sufficient(tree.ranked(nodes), lambda keep: suffices(fixed | keep), max_prefix=limit,
-                                    empty_fails=empty_fails)
+                                    empty_fails=empty_fails,
+                                    ahead=None if ahead is None else lambda keeps: ahead([fixed | k for k in keeps]))
         return None if needed is None else refine(list(needed), fixed)
 
     def refine(kept: list[str], fixed: frozenset[str]) -> list[str]:

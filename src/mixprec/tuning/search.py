@@ -69,6 +69,43 @@ class Search:
         self.path: list[Candidate] = []
         self.measured = self.cached = 0
         self.cancelled = False
+        #: evaluations started ahead (canonical policy -> future), see :meth:`prefetch`
+        self.ahead: dict[str, Any] = {}
+
+    def _canonical(self, policy: Policy) -> str:
+        return json.dumps(dataclasses.replace(policy, name="candidate").to_dict(), sort_keys=True)
+
+    def prefetch(self, policies: Sequence[Policy]) -> None:
+        """Start measuring ``policies`` (in order) on the evaluator's idle workers.
+
+        Only an evaluator with ``submit`` and ``idle`` (a
+        :class:`~mixprec.tuning.pool.PoolEvaluator`) measures ahead; others ignore this.
+        Policies already measured, stored or started are skipped, and no more are
+        started than the budget has left. A measurement made ahead counts as an
+        evaluation only when the search asks for that policy (:meth:`evaluate_policy`),
+        so the count, the path and the result are those of the sequential search; the
+        rest are dropped, and :meth:`settle` says how many.
+        """
+        if not hasattr(self.evaluator, "submit") or self.cancelled:
+            return
+        for policy in policies:
+            if self.evaluator.idle() <= 0:
+                return
+            if self.budget is not None and self.measured + len(self.ahead) >= self.budget:
+                return
+            canonical = self._canonical(policy)
+            if canonical in self.ahead or self._lookup(canonical) is not None:
+                continue
+            self.ahead[canonical] = self.evaluator.submit(policy)
+
+    def settle(self, notes: list[str]) -> None:
+        """Drop the measurements made ahead that the search never asked for, and say how many."""
+        unused = list(self.ahead.values())
+        self.ahead.clear()
+        for future in unused:
+            future.cancel()
+        if unused:
+            notes.append(f"{len(unused)} evaluation(s) measured ahead on idle workers were not needed (not counted)")
 
     def _key(self, canonical: str) -> str:
         raw = f"{self.evaluator.cache_key}|{self.hw_key}|{canonical}"
@@ -97,7 +134,7 @@ class Search:
 
     def evaluate_policy(self, policy: Policy, step: str) -> Candidate:
         """Measure ``policy`` (or reuse an earlier measurement) and append it to the path."""
-        canonical = json.dumps(dataclasses.replace(policy, name="candidate").to_dict(), sort_keys=True)
+        canonical = self._canonical(policy)
         ev = self._lookup(canonical)
         cached = ev is not None
         if ev is None:
@@ -106,7 +143,8 @@ class Search:
                 raise BudgetExhausted("cancelled")
             if self.budget is not None and self.measured >= self.budget:
                 raise BudgetExhausted
-            ev = self.evaluator.evaluate(policy)
+            ahead = self.ahead.pop(canonical, None)
+            ev = ahead.result() if ahead is not None else self.evaluator.evaluate(policy)
             self.measured += 1
             self._save(canonical, policy, ev)
         else:
@@ -132,26 +170,46 @@ def run_search(search: Search, evaluator: Any, fast: list[str], notes: list[str]
     """Baseline, all-16-bit start(s), the presets, keep-fp32 bisection if needed, then local search.
 
     Every candidate lands on ``search.path``; remarks are appended to ``notes``.
-    Raises :class:`BudgetExhausted` when the budget runs out.
+    Raises :class:`BudgetExhausted` when the budget runs out. With a parallel evaluator
+    the evaluations the search will ask for next are measured ahead (:meth:`Search.prefetch`).
     """
+    try:
+        _run_search(search, evaluator, fast, notes, local_search, improvement, presets, try_compile=try_compile)
+    finally:
+        search.settle(notes)
+
+
+def _starts(objective: str, fast: list[str]) -> list[Config]:
+    """The all-16-bit starting points."""
+    if fast:
+        starts = [Config(fast[0])]
+        if objective == "memory":
+            starts = [Config(d) for d in fast] + [Config("fp16", compute="fp32")]
+        return starts
+    if objective == "memory":
+        return [Config(d, compute="fp32") for d in ("bf16", "fp16")]  # 16-bit storage only: compute stays fp32
+    return []  # 16-bit compute is emulated here: it cannot win on latency
+
+
+def _run_search(search: Search, evaluator: Any, fast: list[str], notes: list[str], local_search: bool,
+                improvement: float, presets: Sequence[tuple[str, Policy]], *, try_compile: bool) -> None:
+    starts = _starts(search.objective, fast)
+    # one round: none of these depends on another's result
+    first_round = [Config("fp32").policy(), *(cfg.policy() for cfg in starts), *(policy for _, policy in presets)]
+    search.prefetch(first_round)
     baseline = search.evaluate(Config("fp32"), "baseline fp32")
     if search.bound.key not in baseline.evaluation.quality:
         available = ", ".join(k for k, v in METRICS.items() if v in baseline.evaluation.quality)
         raise ValueError(f"bound {search.bound} reads {search.bound.key!r}, which this target does not produce; "
                          f"metrics available here: {available}")
-    if fast:
-        starts = [Config(fast[0])]
-        if search.objective == "memory":
-            starts = [Config(d) for d in fast] + [Config("fp16", compute="fp32")]
-    elif search.objective == "memory":
-        starts = [Config(d, compute="fp32") for d in ("bf16", "fp16")]  # 16-bit storage only: compute stays fp32
-    else:
-        starts = []  # 16-bit compute is emulated here: it cannot win on latency
-    start_cands = [(cfg, search.evaluate(cfg, f"all-{cfg.base}" + (f" compute {cfg.compute}" if cfg.compute else "")))
-                   for cfg in starts]
+    start_cands = []
+    for cfg in starts:
+        search.prefetch(first_round)
+        start_cands.append((cfg, search.evaluate(cfg, f"all-{cfg.base}" + (f" compute {cfg.compute}" if cfg.compute else ""))))
     config, cand = min(start_cands, key=lambda p: (not p[1].met, p[1].miss, search.cost(p[1])),
                        default=(Config("fp32"), baseline))
     for name, policy in presets:  # candidates too: the result is never worse than a measured preset
+        search.prefetch(first_round)
         search.evaluate_policy(policy, f"preset {name}")
     if not baseline.met:
         notes.append("the fp32 baseline itself misses the bound: nothing to keep fp32 can meet it")
@@ -177,8 +235,12 @@ def run_search(search: Search, evaluator: Any, fast: list[str], notes: list[str]
             trial = dataclasses.replace(base, keep=tuple(n for n in order if n in keep))
             return search.evaluate(trial, f"bisect keep {len(keep)}").met
 
+        def ahead(keeps: Sequence[frozenset[str]]) -> None:
+            search.prefetch([dataclasses.replace(base, keep=tuple(n for n in order if n in k)).policy() for k in keeps])
+
         # keeping more than half of what the needed components hold buys little over the whole components
-        keep = hierarchical_keep(tree, top, suffices, max_prefix=len(top) // 2 if whole else None, notes=notes)
+        keep = hierarchical_keep(tree, top, suffices, max_prefix=len(top) // 2 if whole else None, notes=notes,
+                                 ahead=ahead)
         if keep is None:
             notes.append(f"the bound needs more than half of the {len(top)} parts of "
                          f"{', '.join(whole)} in fp32: the whole component(s) stay fp32")
@@ -221,7 +283,8 @@ def _component_pass(search: Search, config: Config, cand: Candidate, tree: Modul
     def with_fp32(keep: frozenset[str]) -> Config:
         return dataclasses.replace(config, storage=tuple((g, "fp32") for g in ranked if g in keep))
 
-    needed = minimal_sufficient(ranked, lambda keep: search.evaluate(with_fp32(keep), f"bisect components {len(keep)}").met)
+    needed = minimal_sufficient(ranked, lambda keep: search.evaluate(with_fp32(keep), f"bisect components {len(keep)}").met,
+                                ahead=lambda keeps: search.prefetch([with_fp32(k).policy() for k in keeps]))
     trial_config = with_fp32(frozenset(needed))
     trial = search.evaluate(trial_config, f"verify components {', '.join(needed)}")
     if not trial.met:
@@ -277,10 +340,12 @@ def improve_locally(search: Search, evaluator: Any, config: Config, cand: Candid
     moves = _moves(evaluator.groups(), fast, try_compile)
     for _ in range(passes):
         improved = False
-        for step, move in moves:
+        for index, (step, move) in enumerate(moves):
             trial_cfg = move(config)
             if trial_cfg is None:
                 continue
+            # this move and the next ones from the current configuration: a round, unless one is accepted
+            search.prefetch([c.policy() for c in (m(config) for _, m in moves[index:]) if c is not None])
             trial = search.evaluate(trial_cfg, step)
             a, b = search.cost(trial), search.cost(cand)
             if search.objective == "latency":

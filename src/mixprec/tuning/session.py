@@ -22,6 +22,7 @@ from mixprec.diagnose.profile import profile
 from mixprec.measure import metrics as bench_metrics
 from mixprec.policy import Policy
 from mixprec.tuning.bounds import worst_case
+from mixprec.tuning.candidates import Config
 
 __all__ = ["Session", "weight_units", "risk_key", "serve_tune"]
 
@@ -96,8 +97,14 @@ class Session:
             quality["token_agreement"] = float(extras["token_agreement"])
         return {k: float(v) for k, v in quality.items() if v is not None}
 
-    def evaluate(self, policy: Policy, repeat: int) -> dict[str, Any]:
-        """Apply ``policy``, measure quality on every seed and ``repeat`` timed runs, revert."""
+    def evaluate(self, policy: Policy, repeat: int, *, paired: bool = False) -> dict[str, Any]:
+        """Apply ``policy``, measure quality on every seed and ``repeat`` timed runs, revert.
+
+        ``paired``: first time ``repeat`` fp32 runs in this process, right before, and
+        return their median as ``fp32_latency_s``: workers on different nodes, or sharing
+        one, each compare a candidate with fp32 timed beside it.
+        """
+        fp32 = self.time(Config("fp32").policy("fp32"), repeat) if paired else None
         with apply(self.target, policy) as applied, torch.inference_mode():
             per_seed = {seed: self._quality(seed) for seed in self.seeds}  # the first run warms up
             samples = []
@@ -106,8 +113,11 @@ class Session:
                 self.run(self.inputs[self.seeds[0]])
                 samples.append(time.perf_counter() - start)
             memory = applied.weight_bytes()
-        return {"latency_s": statistics.median(samples), "samples": samples, "memory_bytes": float(memory),
-                "quality": worst_case(list(per_seed.values())), "per_seed": per_seed}
+        out = {"latency_s": statistics.median(samples), "samples": samples, "memory_bytes": float(memory),
+               "quality": worst_case(list(per_seed.values())), "per_seed": per_seed}
+        if fp32 is not None:
+            out["fp32_latency_s"] = statistics.median(fp32)
+        return out
 
     def qualities(self, policy: Policy, seeds: Sequence[int]) -> dict[int, dict[str, float]]:
         """Quality of ``policy`` on each of ``seeds`` (fp32 references computed for new seeds first)."""
@@ -180,7 +190,8 @@ def serve_tune(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - ru
         elif command in ("tune_eval", "tune_profile", "tune_time", "tune_validate") and session is None:
             conn.send(("error", f"{command} before tune_reference"))
         elif command == "tune_eval":
-            conn.send(("ok", session.evaluate(Policy.from_dict(payload["policy"]), int(payload.get("repeat", 3)))))
+            conn.send(("ok", session.evaluate(Policy.from_dict(payload["policy"]), int(payload.get("repeat", 3)),
+                                              paired=bool(payload.get("paired")))))
         elif command == "tune_time":
             conn.send(("ok", session.time(Policy.from_dict(payload["policy"]), int(payload.get("repeat", 1)))))
         elif command == "tune_profile":

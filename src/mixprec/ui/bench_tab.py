@@ -112,7 +112,12 @@ def _short(text: str, limit: int = 300) -> str:
 
 
 def show_run(path: str | None, run_id: int | None, *, lang: str = DEFAULT_LANGUAGE) -> str:
-    """The HTML report of one stored run, embedded in an iframe."""
+    """The HTML report of one stored run, embedded in an iframe.
+
+    A run of a hardware matrix (``mixprec bench --executor ray --hardware ...``) is shown
+    with the other runs of its matrix, under their hardware x configuration table.
+    """
+    from mixprec.bench.matrix import matrix_runs
     from mixprec.bench.report import render_html
     from mixprec.bench.store import Store, StoreError
 
@@ -123,7 +128,7 @@ def show_run(path: str | None, run_id: int | None, *, lang: str = DEFAULT_LANGUA
         if not Path(where).is_file():  # showing never creates a store
             return html.escape(t("bench.none", lang, path=_short(where)))
         with Store(where) as store:
-            page = render_html([store.load_run(int(run_id))])
+            page = render_html(matrix_runs(store, store.load_run(int(run_id))))
     except (StoreError, OSError, ValueError) as exc:
         return html.escape(t("bench.error", lang, message=_short(str(exc))))
     return f'<iframe id="bench-report-frame" srcdoc="{html.escape(page, quote=True)}" style="width:100%;height:900px;border:0"></iframe>'
