@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import mixprec
-from mixprec.diagnose.calls import CallLock
+from mixprec.device.hardware import probe
 from mixprec.diagnose.fallbacks import FallbackStore
 from mixprec.policy import Policy, Rule
 
@@ -58,18 +58,20 @@ def _two_threads(model, guard, quiet, loud):
     return results
 
 
-def _sequential_pins(seed, loud, tmp_path):
-    """The pins the same overflow makes on one thread."""
+def _sequential_pins(seed, loud, tmp_path, hardware):
+    """The pins the same overflow makes on one thread (on the same probe: it decides the ladder)."""
     torch.manual_seed(seed)
     model = GatedOverflowingMLP().eval()
     with torch.no_grad(), mixprec.apply(model, FP16) as applied, pytest.warns(UserWarning, match="pinned"):
-        guard = mixprec.guard(applied, on_nonfinite="fallback", store=FallbackStore(tmp_path / "sequential.json"))
+        guard = mixprec.guard(applied, on_nonfinite="fallback", store=FallbackStore(tmp_path / "sequential.json"),
+                              hardware=hardware)
         model(loud)
     return {m: p.dtype for m, p in guard.pins.items()}
 
 
 @pytest.mark.parametrize("round_", range(ROUNDS))
 def test_fallback_on_one_thread_leaves_the_call_in_flight_alone(round_, tmp_path):
+    hardware = probe("cpu")
     torch.manual_seed(round_)
     model = GatedOverflowingMLP().eval()
     quiet, loud = torch.full((2, 4), 1e-3), torch.ones(2, 4)
@@ -77,14 +79,15 @@ def test_fallback_on_one_thread_leaves_the_call_in_flight_alone(round_, tmp_path
         loud_fp32 = model(loud)
         applied = mixprec.apply(model, FP16)
         quiet_fp16 = model(quiet)  # what the policy in force when it started gives, bit for bit
-        guard = mixprec.guard(applied, on_nonfinite="fallback", store=FallbackStore(tmp_path / "f.json"))
+        guard = mixprec.guard(applied, on_nonfinite="fallback", store=FallbackStore(tmp_path / "f.json"),
+                              hardware=hardware)
         with pytest.warns(UserWarning, match=r"pinned mlp\.up -> (bf16|fp32)"):
             results = _two_threads(model, guard, quiet, loud)
     assert not isinstance(results["quiet"], BaseException), results["quiet"]
     assert not isinstance(results["loud"], BaseException), results["loud"]
     assert torch.equal(results["quiet"], quiet_fp16)
     assert_fallback_output(results["loud"], loud_fp32, guard)
-    assert {m: p.dtype for m, p in guard.pins.items()} == _sequential_pins(round_, loud, tmp_path)
+    assert {m: p.dtype for m, p in guard.pins.items()} == _sequential_pins(round_, loud, tmp_path, hardware)
     assert guard._thread.depth[""] == 0 and not guard._thread.busy
     applied.revert()
 
