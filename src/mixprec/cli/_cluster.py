@@ -101,7 +101,10 @@ def bench_on_cluster(*, address: str | None, hardware_spec: str | None, names: l
 
                 share = None if deadline is None else (deadline - time.monotonic()) / (len(names) - index)
                 options = make_options(name, specs, notes, share)
-                run_ids += run_matrix(options, parts, store.path, ray, progress=step)
+                # Ray hides the GPUs from a worker that asks for none; a sliver of one lets a
+                # run's configurations share the node's GPU, loaded side by side as locally
+                gpus = {"num_gpus": 0.001} if device.startswith("cuda") else {}
+                run_ids += run_matrix(options, parts, store.path, ray, progress=step, executor_options=gpus)
     runs = [store.load_run(i) for i in run_ids]
     print_matrix(runs)
     if html:

@@ -181,6 +181,8 @@ def probe_group(ray: Any, group: NodeGroup, device: str = "cpu", *, timeout: flo
         ClusterError: the probe failed or timed out on the node.
     """
     options: dict[str, Any] = {"num_cpus": 0, "max_retries": 0}
+    if device.startswith("cuda"):
+        options["num_gpus"] = LABEL_SHARE  # Ray hides the GPUs from a task that asks for none
     if group.labelled:
         options["resources"] = {hardware_resource(group.label): LABEL_SHARE}
     else:
