@@ -20,7 +20,6 @@ import logging
 import threading
 import time
 import warnings
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
