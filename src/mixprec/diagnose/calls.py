@@ -121,11 +121,6 @@ class CallLock:
         """How many threads wait to re-apply (for a caller's progress report, and tests)."""
         return self._waiting
 
-    @property
-    def writing(self) -> bool:
-        """Whether this thread holds the write."""
-        return self._writer == threading.get_ident()
-
     @contextlib.contextmanager
     def read(self) -> Iterator[None]:
         """Hold a read for the block: no re-apply runs until it ends."""
