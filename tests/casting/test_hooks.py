@@ -49,7 +49,7 @@ def _start(fn, results, key):
             results[key] = fn()
         except BaseException as exc:  # the main thread asserts on it
             results[key] = exc
-    thread = threading.Thread(target=target)
+    thread = threading.Thread(target=target, daemon=True)
     thread.start()
     return thread
 

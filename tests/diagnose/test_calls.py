@@ -11,6 +11,7 @@ import torch
 
 import mixprec
 from mixprec.device.hardware import probe
+from mixprec.diagnose.calls import CallLock
 from mixprec.diagnose.fallbacks import FallbackStore
 from mixprec.policy import Policy, Rule
 
@@ -26,7 +27,7 @@ def _run(fn, results, key):
             results[key] = fn()
         except BaseException as exc:  # handed to the main thread, which asserts on it
             results[key] = exc
-    thread = threading.Thread(target=target)
+    thread = threading.Thread(target=target, daemon=True)  # a regression that hangs fails, never blocks the run
     thread.start()
     return thread
 
@@ -107,3 +108,51 @@ def test_raise_on_one_thread_names_the_module_not_the_other_threads_input(round_
     assert isinstance(error, mixprec.NonFiniteError) and not isinstance(error, mixprec.NonFiniteInputError), error
     assert error.report.module == "mlp.up"
     applied.revert()
+
+
+def test_call_lock_write_waits_for_other_threads_reads():
+    lock, events = CallLock(), []
+    inside, leave = threading.Event(), threading.Event()
+
+    def reader():
+        with lock.read():
+            inside.set()
+            leave.wait(5)
+            events.append("read ends")
+
+    def writer():
+        with lock.write():
+            events.append("write")
+
+    first = threading.Thread(target=reader, daemon=True)
+    first.start()
+    assert inside.wait(5)
+    second = threading.Thread(target=writer, daemon=True)
+    second.start()
+    assert _wait_until(lambda: lock.writers_waiting == 1)
+    leave.set()
+    first.join(5)
+    second.join(5)
+    assert events == ["read ends", "write"]
+
+
+def test_call_lock_two_threads_inside_calls_can_both_write():
+    """Two nested fallbacks at once (each thread holds a read) never wait for each other."""
+    lock, order = CallLock(), []
+    both_inside = threading.Barrier(2)
+
+    def worker(name):
+        with lock.read():
+            both_inside.wait(5)
+            with lock.write():
+                order.append(name)
+            with lock.read():  # the call goes on
+                order.append(name + " continues")
+
+    threads = [threading.Thread(target=worker, args=(name,), daemon=True) for name in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)
+    assert sorted(order) == ["a", "a continues", "b", "b continues"]
