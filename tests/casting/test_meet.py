@@ -275,3 +275,22 @@ def test_component_methods_meet_dtypes_the_same_way(policy):
         assert not [w for w in caught if "wider dtype" in str(w.message)]
     finally:
         applied.revert()
+
+
+def test_an_applied_model_with_a_widened_method_can_be_deep_copied():
+    import copy
+
+    torch.manual_seed(0)
+    model = Stack(AlignedBlock()).eval()
+    x = torch.randn(2, 4, 16)
+    applied = mixprec.apply({"net": model}, BF16)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            out = model(x)
+        twin = copy.deepcopy(model)
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("error")  # the copy widens as the original does, without failing first
+            assert _sqnr(twin(x), out.float()) > 30
+    finally:
+        applied.revert()

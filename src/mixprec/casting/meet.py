@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 import traceback
 import warnings
 from typing import Any, Callable
@@ -36,7 +35,7 @@ from typing import Any, Callable
 import torch
 from torch.overrides import TorchFunctionMode
 
-from mixprec.casting.hooks import cast_floats
+from mixprec.casting.hooks import CallStack, cast_floats
 
 __all__ = ["DtypeMeet", "WidenMode", "is_dtype_error", "float_dtypes", "widest", "DEFER", "DeferDtypeErrors"]
 
@@ -171,7 +170,7 @@ class DtypeMeet:
         self.root, self.component, self.method = root, component, method
         self.widen = False
         self.seen: list[tuple[str, tuple[str, ...], str, str]] = []
-        self._local = threading.local()
+        self._retrying = CallStack()  # per thread; a copy of the model has no re-run in progress
 
     def around(self, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         if getattr(self.root, DEFER, 0):
@@ -182,10 +181,10 @@ class DtypeMeet:
         try:
             return call(*args, **kwargs)
         except (RuntimeError, TypeError, NotImplementedError) as exc:
-            if not is_dtype_error(exc) or getattr(self._local, "retrying", False):
+            if not is_dtype_error(exc) or self._retrying.items:
                 raise
             original = exc
-        self._local.retrying = True
+        self._retrying.items.append(True)
         before = len(self.seen)
         try:
             with WidenMode(self.seen):
@@ -195,7 +194,7 @@ class DtypeMeet:
                 raise original from None
             raise  # past the dtypes, the model fails on its own: its error, as fp32 gives it
         finally:
-            self._local.retrying = False
+            self._retrying.items.pop()
         if len(self.seen) == before:
             # The re-run passed without widening anything: the failure was not a meeting of
             # dtypes this rule fixes (e.g. state the first call changed); say so, keep it off.
