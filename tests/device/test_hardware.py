@@ -92,6 +92,8 @@ def test_a_probe_on_a_busy_machine_says_undecided_and_caches_nothing(tmp_path, m
     policy, reasons = presets.resolve("fast", hw)
     assert all(r.storage in (None, "fp32") for r in policy.rules)  # the safe choice
     assert any("disagreed" in r for r in reasons)
+    assert hardware.probe("cpu", layers=False).dtypes == hw.dtypes  # this process keeps its answer
+    hardware._UNDECIDED_THIS_PROCESS.clear()  # as a new process starts
     monkeypatch.undo()
     monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
     _scripted_timings(monkeypatch, lambda dtype, level, n: 0.0004 if dtype == torch.bfloat16 else 0.001)

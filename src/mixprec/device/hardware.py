@@ -44,6 +44,10 @@ UNDECIDED = "undecided"
 _PROBE_VERSION = 3
 
 
+#: Undecided probes of this process, by cache path (never written to disk).
+_UNDECIDED_THIS_PROCESS: dict[str, Hardware] = {}
+
+
 def classify(ratio: float | None, supported: bool) -> str:
     """``fast`` / ``no_speedup`` / ``emulated`` / ``unsupported`` from a speed ratio vs fp32."""
     if not supported or ratio is None:
@@ -382,7 +386,7 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
 
     path = cache_dir() / f"probe-{_cache_key(dev, name, flags, threads)}.json"
     if use_cache:
-        cached = _load_cached(path)
+        cached = _load_cached(path) or _UNDECIDED_THIS_PROCESS.get(str(path))
         if cached is not None:
             return cached
 
@@ -428,7 +432,11 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
 
         fast = {d: island_gains(DTYPES[d], dev, sync=_sync(dev)) for d in ("bf16", "fp16") if dtypes[d].klass == "fast"}
         hw = dataclasses.replace(hw, layers=fast, seconds=round(time.perf_counter() - start, 3))
-    # A verdict the rounds disagreed on is not kept: the next process measures again.
+    # A verdict the rounds disagreed on is not kept on disk: the next process measures
+    # again. This process keeps it, so its decisions (presets, the guard's fallback
+    # ladder) do not change from one call to the next.
+    if use_cache and undecided:
+        _UNDECIDED_THIS_PROCESS[str(path)] = dataclasses.replace(hw, cached=True)
     if use_cache and not undecided:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
