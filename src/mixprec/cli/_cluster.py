@@ -129,7 +129,7 @@ def compare_matrix(store: Any, run_ids: list[int], as_json: bool, *, only_across
     from mixprec.bench.store import StoreError
 
     try:
-        runs = [store.load_run(i) for i in run_ids]
+        runs = [store.load_run(i) for i in dict.fromkeys(run_ids)]  # a run named twice is one column
     except StoreError as exc:
         fail(exc)
     if only_across_machines and not spans_machines(runs):
