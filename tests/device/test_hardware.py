@@ -29,11 +29,13 @@ def test_probe_tells_fast_from_emulated_on_this_cpu(hw):
     fp32 on an AMD EPYC with avx512_bf16); with AVX512-BF16 or AMX-BF16, bf16 is fast.
     """
     flags = set(hw.cpu_flags)
+    # On a loaded machine the rounds may disagree: "undecided" is then the honest answer,
+    # never the opposite class.
     if flags & {"avx512_bf16", "amx_bf16"}:
-        assert hw.dtypes["bf16"].klass == "fast", hw.dtypes
-        assert "bf16" in hw.fast_16bit()
+        assert hw.dtypes["bf16"].klass in ("fast", hardware.UNDECIDED), hw.dtypes
+        assert hw.dtypes["bf16"].klass == hardware.UNDECIDED or "bf16" in hw.fast_16bit()
     if not flags & {"avx512_fp16", "amx_fp16"}:
-        assert hw.dtypes["fp16"].klass == "emulated", hw.dtypes
+        assert hw.dtypes["fp16"].klass in ("emulated", hardware.UNDECIDED), hw.dtypes
         assert not hw.is_fast("fp16")
     else:
         assert hw.dtypes["fp16"].klass != "emulated", hw.dtypes

@@ -282,17 +282,17 @@ _MARGIN = 1.25
 
 
 def _verdict(ratios: list[float]) -> str | None:
-    """The class of the rounds' median ratio, or None where a round contradicts it
-    beyond the margin around the class boundaries (noise, not evidence)."""
+    """The class of the rounds' median ratio, or None where more than one round in five
+    contradicts it beyond the margin around the class boundaries (noise, not evidence)."""
     if not ratios:
         return None
     ordered = sorted(ratios)
     median = ordered[len(ordered) // 2] if len(ordered) % 2 else (ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
     klass = classify(median, True)
-    for ratio in ratios:
-        if classify(ratio, True) != klass and not any(b / _MARGIN <= ratio <= b * _MARGIN for b in (FAST_RATIO, EMULATED_RATIO)):
-            return None
-    return klass
+    against = sum(1 for ratio in ratios if classify(ratio, True) != klass
+                  and not any(b / _MARGIN <= ratio <= b * _MARGIN for b in (FAST_RATIO, EMULATED_RATIO)))
+    # One round in five may be an outlier (a burst of load hits one case of one round).
+    return klass if against <= len(ratios) // 5 else None
 
 
 def _measure(dev: torch.device, n: int, budget_s: float, rounds: int = ROUNDS) -> tuple[dict[str, Any], dict[str, float]]:
