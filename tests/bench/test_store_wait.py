@@ -80,3 +80,14 @@ def test_the_cli_waits_for_a_locked_store_with_a_message(tmp_path, clean_env):
     assert result.exit_code == 0, result.output
     assert "waiting: " in result.output and "in use by another process" in result.output
     assert "runs in" in result.output
+
+
+def test_names_that_are_not_utf8_are_kept_escaped(tmp_path):
+    """A file name decoded from bytes that are not UTF-8 holds lone surrogates, which SQLite cannot store."""
+    with Store(tmp_path / "b.sqlite") as store:
+        run_id = store.start_run(**{**RUN, "pipeline": "/data/caf\udce9.py:build"}, command="mixprec bench \udce9")
+        config_id = store.add_config(run_id, position=0, name="p\udcff.toml", batch=1)
+        store.finish_config(config_id, status="error", metrics={}, error="cannot open \udce9")
+        run = store.load_run(run_id)
+    assert run["pipeline"] == "/data/caf\\udce9.py:build" and run["command"] == "mixprec bench \\udce9"
+    assert run["configs"][0]["name"] == "p\\udcff.toml" and run["configs"][0]["error"] == "cannot open \\udce9"

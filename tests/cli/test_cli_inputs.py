@@ -147,3 +147,17 @@ def test_run_reports_a_pipeline_that_raises_without_writing(project):
     _clean_exit(result)
     assert "raised RuntimeError: weights file is corrupt" in result.output
     assert not (project / "x.npy").exists() and not [p for p in project.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("args", [["--preset", ""], ["--preset", "  "], ["--policy", ""]])
+def test_an_empty_preset_or_policy_is_named(project, args):
+    result = runner.invoke(app, ["explain", "--pipeline", "f.py:ok", *args])
+    _clean_exit(result)
+    assert f"{args[0]} {args[1]!r}: give a" in result.output
+
+
+def test_an_output_name_too_long_for_the_file_system(project):
+    result = runner.invoke(app, ["run", "--pipeline", "f.py:ok", "--out", "x" * 5000 + ".npy"])
+    _clean_exit(result)
+    assert "cannot be used as a file name (File name too long)" in result.output
+    assert len(result.output) < 500  # the 5000-character name is not echoed whole

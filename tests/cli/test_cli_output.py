@@ -235,3 +235,27 @@ def test_fallbacks_list_prints_stored_names_verbatim(tmp_path, monkeypatch):
     flat = result.output.replace("\n", "")
     assert "fp[/]\\x1b[31m" in flat and "enc[/].0\\x1b]0;t\\x07" in flat
     assert not RAW_CONTROL.search(result.output)
+
+
+def test_usage_errors_escape_what_was_typed():
+    for args, shown in ((["presets", "--device", "", "\u202a"], "\\u202a"), (["--bogus\x9b"], "--bogus\\x9b"),
+                        (["runs", "list", "--db", "x", "\x1b[2J"], "\\x1b[2J")):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and shown in result.output, result.output
+        assert not RAW_CONTROL.search(result.output)
+
+
+def test_json_output_escapes_what_a_terminal_would_act_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
+    (tmp_path / "fallbacks.json").write_text(json.dumps({"k\udcff\x85\u202e": {"pins": {"m\x9b": "fp32"}}}))
+    result = runner.invoke(app, ["fallbacks", "list", "--json"])
+    assert result.exit_code == 0 and not RAW_CONTROL.search(result.output) and "\udcff" not in result.output
+    assert json.loads(result.output)["fallbacks"] == {"k\udcff\x85\u202e": {"pins": {"m\x9b": "fp32"}}}
+
+
+def test_a_fallback_store_that_is_not_utf8_is_ignored_with_a_warning(tmp_path, monkeypatch):
+    monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
+    (tmp_path / "fallbacks.json").write_bytes(b"\xff{}")
+    with pytest.warns(UserWarning, match=r"not UTF-8 text \(byte 0 is 0xff\)"):
+        result = runner.invoke(app, ["fallbacks", "list"])
+    assert result.exit_code == 0 and "Remembered fallbacks" in result.output

@@ -140,6 +140,14 @@ def _warn(message: str) -> None:
     warnings.warn(message, stacklevel=4)
 
 
+def _text(value: Any) -> Any:
+    """Text SQLite can keep: a name decoded from bytes that are not UTF-8 (a file name's lone
+    surrogates) is kept with those characters as ``\\udcXX`` escapes instead of failing the write."""
+    if not isinstance(value, str):
+        return value
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S")
 
@@ -272,14 +280,16 @@ class Store:
             cur = db.execute(
                 "INSERT INTO runs(started, status, pipeline, size, machine_json, machine_fingerprint, versions_json, notes_json, command) "
                 "VALUES (?, 'incomplete', ?, ?, ?, ?, ?, ?, ?)",
-                (_now(), pipeline, size, json.dumps(machine), fingerprint, json.dumps(versions), json.dumps(notes), command))
+                (_now(), _text(pipeline), _text(size), json.dumps(machine), fingerprint, json.dumps(versions), json.dumps(notes),
+                 _text(command)))
             return int(cur.lastrowid)
 
     def add_config(self, run_id: int, *, position: int, name: str, batch: int, status: str = "running",
                    policy: dict[str, Any] | None = None, error: str | None = None) -> int:
         with self._tx() as db:
             cur = db.execute("INSERT INTO configs(run_id, position, name, batch, status, error, policy_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                             (run_id, position, name, batch, status, error, json.dumps(policy) if policy is not None else None))
+                             (run_id, position, _text(name), batch, status, _text(error),
+                              json.dumps(policy) if policy is not None else None))
             return int(cur.lastrowid)
 
     def add_sample(self, config_id: int, index: int, seconds: float) -> None:
@@ -293,7 +303,7 @@ class Store:
         a value was measured as NaN."""
         with self._tx() as db:
             db.execute("UPDATE configs SET status=?, error=?, policy_json=COALESCE(?, policy_json) WHERE id=?",
-                       (status, error, json.dumps(policy) if policy is not None else None, config_id))
+                       (status, _text(error), json.dumps(policy) if policy is not None else None, config_id))
             db.executemany("INSERT OR REPLACE INTO metrics(config_id, name, value) VALUES (?, ?, ?)",
                            [(config_id, k, _num(v)) for k, v in metrics.items() if isinstance(v, (int, float))])
 
@@ -302,14 +312,14 @@ class Store:
         with self._tx() as db:
             db.execute("UPDATE runs SET finished=?, status=? WHERE id=?", (_now(), status, run_id))
             if size is not None:
-                db.execute("UPDATE runs SET size=? WHERE id=?", (size, run_id))
+                db.execute("UPDATE runs SET size=? WHERE id=?", (_text(size), run_id))
             if notes is not None:
                 db.execute("UPDATE runs SET notes_json=? WHERE id=?", (json.dumps(notes), run_id))
 
     def add_profile_rows(self, run_id: int, config: str, rows: list[dict[str, Any]]) -> None:
         with self._tx() as db:
             db.executemany("INSERT INTO profile_rows(run_id, config, module, data_json) VALUES (?, ?, ?, ?)",
-                           [(run_id, config, r["module"], json.dumps(r)) for r in rows])
+                           [(run_id, _text(config), _text(r["module"]), json.dumps(r)) for r in rows])
 
     def put_tune_eval(self, key: str, *, target: str, policy: dict[str, Any], latency: float, memory: float,
                       quality: dict[str, float], per_seed: dict[int, dict[str, float]] | None = None) -> None:

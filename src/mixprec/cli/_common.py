@@ -11,17 +11,16 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from mixprec.cli._text import FitTable, header_min_width, safe, say
+from mixprec.cli._text import FitTable, SafeConsole, header_min_width, safe, say
 
 #: Width when stdout is a pipe or a file (logs, CI) and COLUMNS is unset: rich's 80 columns
 #: would wrap the benchmark tables cell by cell; a terminal keeps its own width.
 PIPE_WIDTH = 180
-console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else PIPE_WIDTH)
-err_console = Console(stderr=True)
+console = SafeConsole(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else PIPE_WIDTH)
+err_console = SafeConsole(stderr=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 SizeFlag = Annotated[str, typer.Option("--size", help="Pipeline size: default (benchmark-sized) or test (tiny).")]
@@ -105,18 +104,25 @@ def writable_path(path: str | None, flag: str) -> None:
         return
     if not path.strip():
         raise ValueError(f"{flag}: empty path")
-    target = Path(path).expanduser()
+    shown = _short(path)
+    try:
+        _check_writable(Path(path).expanduser(), flag, shown)
+    except OSError as exc:  # a name too long for the file system, a loop of links...
+        raise ValueError(f"{flag} {shown!r}: cannot be used as a file name ({exc.strerror or exc})") from None
+
+
+def _check_writable(target: Path, flag: str, shown: str) -> None:
     if target.is_dir():
-        raise ValueError(f"{flag} {path!r}: is a directory; give a file name")
+        raise ValueError(f"{flag} {shown!r}: is a directory; give a file name")
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.exists():
-        raise ValueError(f"{flag} {path!r}: directory {str(parent)!r} does not exist")
+        raise ValueError(f"{flag} {shown!r}: directory {_short(str(parent))!r} does not exist")
     if not parent.is_dir():
-        raise ValueError(f"{flag} {path!r}: {str(parent)!r} is a file, not a directory")
+        raise ValueError(f"{flag} {shown!r}: {_short(str(parent))!r} is a file, not a directory")
     if target.exists() and not os.access(target, os.W_OK):
-        raise ValueError(f"{flag} {path!r}: the file is not writable")
+        raise ValueError(f"{flag} {shown!r}: the file is not writable")
     if not target.exists() and not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {path!r}: cannot create files in {str(parent)!r}")
+        raise ValueError(f"{flag} {shown!r}: cannot create files in {_short(str(parent))!r}")
 
 
 def open_store(db: str | None):

@@ -17,12 +17,14 @@ from typing import Any, Iterable
 from rich.console import Console
 from rich.text import Text
 
-__all__ = ["clean", "safe", "say", "line", "cells", "header_min_width", "json_text"]
+__all__ = ["clean", "safe", "say", "line", "cells", "header_min_width", "json_text", "SafeConsole"]
 
 # C0 controls except tab, DEL, C1 controls, and the Unicode format characters that
 # reorder or hide text on a terminal (bidirectional overrides and isolates, line and
 # paragraph separators, zero-width joiners are left alone: they are part of scripts).
-_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
+# Lone surrogates (a file name with bytes that are not UTF-8, as Python decodes it) cannot be
+# written to a UTF-8 terminal at all: they are shown escaped too.
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff\ud800-\udfff]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\x1b": "\\x1b"}
 
 
@@ -126,3 +128,24 @@ class FitTable:
             for header, value in zip(self.columns, row):
                 card.add_row(safe(header), value)
             yield card
+
+
+class SafeConsole(Console):
+    """A Rich console whose :meth:`print_json` keeps control characters out of the terminal.
+
+    Rich re-serialises JSON with ``ensure_ascii=False``, which writes C1 controls,
+    bidirectional overrides and lone surrogates raw (a surrogate even fails to encode).
+    Here they are ``\\uXXXX`` escapes, so the output stays valid JSON a program can read.
+    """
+
+    def print_json(self, json: str | None = None, *, data: Any = None, indent: int | str | None = 2,
+                   default: Any = None, sort_keys: bool = False, **_: Any) -> None:
+        import json as json_module
+
+        from rich.highlighter import JSONHighlighter
+
+        value = json_module.loads(json) if json is not None else data
+        text = json_module.dumps(value, indent=indent, ensure_ascii=False, default=default, sort_keys=sort_keys)
+        shown = Text(json_text(text))
+        JSONHighlighter().highlight(shown)
+        self.print(shown, markup=False, highlight=False, emoji=False, soft_wrap=True)

@@ -34,11 +34,19 @@ def _policy_for(pipe: Any, preset_name: str | None, policy_file: str | None, dev
     from mixprec.device import hardware
     from mixprec.policy import Policy
 
-    if policy_file:
+    if policy_file is not None:
         return Policy.load(policy_file)
-    if preset_name:
-        return mixprec.preset(preset_name, hardware=hardware.probe(device), hints=tuple(pipe.sensitive))
-    return None
+    return mixprec.preset(preset_name, hardware=hardware.probe(device), hints=tuple(pipe.sensitive))
+
+
+def _one_policy(preset: str | None, policy: str | None) -> None:
+    """Exactly one of --preset and --policy, and not an empty one."""
+    if (preset is None) == (policy is None):
+        fail(ValueError("give exactly one of --preset or --policy"))
+    if preset is not None and not preset.strip():
+        fail(ValueError(f"--preset {preset!r}: give a preset name: {', '.join(mixprec.PRESETS)}"))
+    if policy is not None and not policy.strip():
+        fail(ValueError(f"--policy {policy!r}: give a policy file (.toml or .json)"))
 
 
 @app.command()
@@ -54,8 +62,7 @@ def explain(
     """Per module: storage and compute dtype and the rule that decided them."""
     from mixprec import pipelines
 
-    if (preset is None) == (policy is None):
-        fail(ValueError("give exactly one of --preset or --policy"))
+    _one_policy(preset, policy)
     try:
         pipe = pipelines.get(pipeline, size=size)
         pol = _policy_for(pipe, preset, policy, device)
@@ -130,8 +137,7 @@ def diagnose(
     """Profile every module under a policy: range, fp16 headroom, underflow, own and inherited error."""
     from mixprec import pipelines
 
-    if (preset is None) == (policy is None):
-        fail(ValueError("give exactly one of --preset or --policy"))
+    _one_policy(preset, policy)
     try:
         run_seed = as_int(seed, "--seed", low=0, high=MAX_SEED)
         if top < 0:

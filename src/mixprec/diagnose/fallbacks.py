@@ -69,9 +69,14 @@ class FallbackStore:
     def _read(self) -> tuple[dict[str, Any], bool]:
         """(valid entries, whether the file exists but is not a store at all)."""
         try:
-            text = self.path.read_text()
+            text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return {}, False
+        except UnicodeDecodeError as exc:
+            warnings.warn(f"ignoring fallback store {self.path}: not UTF-8 text (byte {exc.start} is "
+                          f"{exc.object[exc.start]:#04x}); delete it, or run 'mixprec fallbacks clear' to start "
+                          "an empty one", stacklevel=3)
+            return {}, True
         except OSError as exc:
             warnings.warn(f"ignoring unreadable fallback store {self.path}: {exc}", stacklevel=3)
             return {}, False
