@@ -91,3 +91,12 @@ def test_names_that_are_not_utf8_are_kept_escaped(tmp_path):
         run = store.load_run(run_id)
     assert run["pipeline"] == "/data/caf\\udce9.py:build" and run["command"] == "mixprec bench \\udce9"
     assert run["configs"][0]["name"] == "p\\udcff.toml" and run["configs"][0]["error"] == "cannot open \\udce9"
+
+
+def test_write_errors_say_what_the_disk_did():
+    from mixprec.bench.store import _write_problem
+
+    assert _write_problem(sqlite3.OperationalError("database or disk is full")) == "the disk is full"
+    assert _write_problem(sqlite3.OperationalError("disk I/O error")) == "the disk is full or failing"
+    assert _write_problem(sqlite3.OperationalError("attempt to write a readonly database")).endswith("read-only")
+    assert _write_problem(sqlite3.OperationalError("no such table: runs")) is None

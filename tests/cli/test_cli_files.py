@@ -181,3 +181,20 @@ def test_run_out_replaces_an_existing_file(project):
 
     assert np.load(project / "e.npy").shape == (1, 4)
     assert "e.npy" in result.output and ".part" not in result.output
+
+
+def _limit_store_size():
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (80_000, 80_000))  # the store fills up after a few samples
+
+
+def test_bench_when_the_store_fills_up(project):
+    result = subprocess.run([str(Path(sys.executable).parent / "mixprec"), "bench", "--pipeline", "f.py:build", "--size",
+                             "test", "--configs", "fp32", "--repeat", "300", "--warmup", "0", "--db", "full.sqlite"],
+                            cwd=project, preexec_fn=_limit_store_size, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "error: full.sqlite: cannot write" in result.stderr and "the disk is full" in result.stderr
+    assert "what was stored before is kept" in result.stderr
+    assert "Traceback" not in result.stderr
+    runs = Store(project / "full.sqlite").runs()
+    assert len(runs) == 1  # the run started before the disk filled is there (not complete)

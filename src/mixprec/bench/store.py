@@ -130,8 +130,20 @@ def _is_locked(exc: sqlite3.OperationalError) -> bool:
     return "locked" in text or "busy" in text
 
 
-def _is_full(exc: sqlite3.OperationalError) -> bool:
-    return "full" in str(exc).lower()
+def _write_problem(exc: sqlite3.OperationalError) -> str | None:
+    """What a failed write says about the disk, or ``None`` for other errors.
+
+    A full disk reads "database or disk is full", or in WAL mode often "disk I/O error";
+    a read-only file or file system reads "attempt to write a readonly database".
+    """
+    text = str(exc).lower()
+    if "full" in text:
+        return "the disk is full"
+    if "disk i/o error" in text:
+        return "the disk is full or failing"
+    if "readonly" in text or "read-only" in text:
+        return "the file or its file system is read-only"
+    return None
 
 
 def _warn(message: str) -> None:
@@ -187,6 +199,9 @@ class Store:
             if isinstance(exc, sqlite3.OperationalError) and _is_locked(exc):
                 raise StoreError(f"{self.path} is locked by another process ({exc}); it was left untouched. "
                                  "Run again when the other process has finished, or choose another --db") from None
+            if isinstance(exc, sqlite3.OperationalError) and (problem := _write_problem(exc)):
+                raise StoreError(f"{self.path}: cannot write ({exc}): {problem}. "
+                                 "Free some space or choose another --db, and run again") from None
             raise StoreError(f"{self.path} is not a usable SQLite database ({exc}); it was left untouched") from None
         except StoreError:
             self._conn.close()
@@ -209,9 +224,9 @@ class Store:
         except BaseException as exc:
             if self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.OperationalError) and _is_full(exc):
-                raise StoreError(f"{self.path}: the disk is full ({exc}); what was stored before is kept. "
-                                 "Free some space (or choose another --db) and run again") from None
+            if isinstance(exc, sqlite3.OperationalError) and (problem := _write_problem(exc)):
+                raise StoreError(f"{self.path}: cannot write ({exc}): {problem}; what was stored before is kept. "
+                                 "Free some space or choose another --db, and run again") from None
             raise
 
     def _begin(self) -> None:
@@ -223,9 +238,9 @@ class Store:
                 return
             except sqlite3.OperationalError as exc:
                 if not _is_locked(exc):
-                    if _is_full(exc):
-                        raise StoreError(f"{self.path}: the disk is full ({exc}); what was stored before is kept. "
-                                         "Free some space (or choose another --db) and run again") from None
+                    if problem := _write_problem(exc):
+                        raise StoreError(f"{self.path}: cannot write ({exc}): {problem}; what was stored before is "
+                                         "kept. Free some space or choose another --db, and run again") from None
                     raise
                 waited = time.monotonic() - started
                 if waited >= self.lock_wait_s:
