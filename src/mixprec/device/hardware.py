@@ -339,6 +339,24 @@ def _measure(dev: torch.device, n: int, budget_s: float, rounds: int = ROUNDS) -
     return result, levels
 
 
+def _single_thread_classes(dev: torch.device, n: int = 256) -> dict[str, str | None]:
+    """bf16 and fp16 classed from one-thread timings (None: the rounds disagreed)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cases = {key: _MatmulCase(n, dtype, "highest", dev) for key, dtype in
+                 (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16))}
+        for round_index in range(ROUNDS):
+            for case in cases.values():
+                case.run(0.01, first=round_index == 0)
+    except (RuntimeError, TypeError):
+        return {}
+    finally:
+        torch.set_num_threads(threads)
+    ref = cases["fp32"].rounds
+    return {key: _verdict([r / c for r, c in zip(ref, cases[key].rounds)]) for key in ("bf16", "fp16")}
+
+
 def _cache_key(dev: torch.device, name: str, flags: tuple[str, ...], threads: int) -> str:
     raw = json.dumps([_PROBE_VERSION, dev.type, name, flags, threads, torch.__version__, platform.machine()])
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
@@ -393,6 +411,10 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
     n = 2048 if dev.type == "cuda" else 512
     start = time.perf_counter()
     rates, levels = _measure(dev, n, budget_s)
+    # Under contention for cores a multi-threaded 16-bit kernel can lose far more than an
+    # fp32 one (bf16 measured at 0.2x fp32 on a loaded 2-core EPYC where it is 4x quiet),
+    # the same in every round. One thread needs one core: its classes are the cross-check.
+    single = _single_thread_classes(dev) if dev.type == "cpu" and torch.get_num_threads() > 1 else {}
     seconds = time.perf_counter() - start
 
     fp32 = rates["fp32"]["rate"] or None
@@ -412,6 +434,8 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
         klass = "fast" if dname == "fp32" else classify(ratio, supported)
         if dname != "fp32" and supported and per_round and _verdict(per_round) is None:
             klass, undecided = UNDECIDED, True
+        elif dname in single and supported and single[dname] not in (None, klass):
+            klass, undecided = UNDECIDED, True  # the threads' verdict and one thread's disagree
         dtypes[dname] = DtypeSpeed(dname, supported, round(rate, 2) if rate else None, round(ratio, 3) if ratio else None, klass)
 
     hw = Hardware(
