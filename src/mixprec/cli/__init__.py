@@ -8,6 +8,7 @@ module per group, which registers them on the root ``app`` when imported.
 from __future__ import annotations
 
 import sys
+import warnings
 
 # The order of these modules is the order of the commands in ``mixprec --help``.
 from mixprec.cli import env, models, bench, tune, ui
@@ -17,5 +18,18 @@ __all__ = ["app", "main", "env", "models", "bench", "tune", "ui"]
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point."""
-    app(args=argv if argv is not None else sys.argv[1:], prog_name="mixprec")
+    """Console-script entry point.
+
+    Warnings (an ignored fallback store, a plugin that failed to load) quote paths and
+    messages too: while the command runs they are printed like every other user text.
+    """
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        app(args=argv if argv is not None else sys.argv[1:], prog_name="mixprec")
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    from mixprec.cli._common import err_console
+    from mixprec.cli._text import say
+
+    say(err_console, ("warning:", "yellow"), f" {message}")
