@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -262,15 +266,11 @@ def test_a_fallback_store_that_is_not_utf8_is_ignored_with_a_warning(tmp_path, m
 
 
 def test_warnings_from_the_console_script_are_escaped(tmp_path):
-    import subprocess
-    import sys
-    from pathlib import Path
-
     cache = tmp_path / "c\x1b[31m"
     cache.mkdir()
     (cache / "fallbacks.json").write_bytes(b"\xff")
     script = Path(sys.executable).parent / "mixprec"
-    result = subprocess.run([str(script), "fallbacks", "list"], env={**__import__("os").environ, "MIXPREC_CACHE_DIR": str(cache)},
+    result = subprocess.run([str(script), "fallbacks", "list"], env={**os.environ, "MIXPREC_CACHE_DIR": str(cache)},
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "warning: ignoring fallback store" in result.stderr and "c\\x1b[31m" in result.stderr
