@@ -2,11 +2,11 @@
 
 :func:`run_matrix` runs :func:`mixprec.bench.runner.run_bench` once per
 :class:`~mixprec.measure.cluster.NodeGroup`, all at the same time, each with a
-:class:`~mixprec.measure.ray_executor.RayExecutor` whose workers only go to that
-group's nodes. Each run stores the hardware probe, fingerprint and versions measured
-on its node, so its speed-ups are against its own fp32. The workers send their
-results back to this process, the only one that writes the store (one SQLite
-connection per run, in this process).
+:class:`~mixprec.measure.ray_executor.RayExecutor` that puts every worker of the run on
+the node of that group its probe ran on. Each run stores the hardware probe,
+fingerprint and versions measured on that node, so its speed-ups are against its own
+fp32 and never mix two machines. The workers send their results back to this process,
+the only one that writes the store (one SQLite connection per run, in this process).
 
 A node lost mid-run fails the configurations it held, with the node named in their
 error; the other runs go on. Ctrl-C stops every worker on the cluster, stores what was
@@ -84,7 +84,10 @@ def run_matrix(
     stop = threading.Event()
     # one tag in every run's notes ties the runs of this matrix together (see matrix.matrix_runs)
     tag = f"{MATRIX_NOTE} {uuid.uuid4().hex[:12]} over {', '.join(p.group.label for p in parts)}"
-    executors = [part.group.executor(ray, **(executor_options or {})) for part in parts]
+    # every worker of a run on the node that was probed: its ratios never mix two machines,
+    # even where a hardware type has several nodes
+    executors = [RayExecutor(ray, label=part.group.label if part.group.labelled else None,
+                             node_id=part.probe["node"]["node_id"], **(executor_options or {})) for part in parts]
 
     def stopped() -> bool:
         return stop.is_set() or (should_stop is not None and should_stop())
