@@ -84,11 +84,11 @@ def _clean_exit(result, code=2):
 
 
 @pytest.mark.parametrize(("args", "needle"), [
-    (["bench", "--pipeline", "f.py:ok", "--batch", "99999999999999999999"], "--batch '99999999999999999999': expected an integer at most 65,536"),
-    (["bench", "--pipeline", "f.py:ok", "--batch", "1000000000000", "--force-batch"], "at most 65,536"),
+    (["bench", "--pipeline", "f.py:ok", "--batch", "99999999999999999999"], "--batch '99999999999999999999': expected an integer at most 2,147,483,647"),
+    (["bench", "--pipeline", "f.py:ok", "--batch", "1000000000000", "--force-batch"], "at most 2,147,483,647"),
     (["bench", "--pipeline", "f.py:ok", "--seed", "99999999999999999999"], "--seed '99999999999999999999': expected an integer from 0"),
     (["bench", "--pipeline", "f.py:ok", "--repeat", "10000000000"], "--repeat '10000000000': expected an integer at most 100,000"),
-    (["run", "--pipeline", "f.py:ok", "--out", "x.npy", "--batch", "99999999999999999999"], "at most 65,536"),
+    (["run", "--pipeline", "f.py:ok", "--out", "x.npy", "--batch", "99999999999999999999"], "at most 2,147,483,647"),
     (["run", "--pipeline", "f.py:ok", "--out", "x.npy", "--seed", "-1"], "--seed '-1': expected an integer from 0"),
     (["diagnose", "--pipeline", "f.py:ok", "--preset", "memory", "--top", "-3"], "--top -3: expected a number of rows >= 0"),
     (["diagnose", "--pipeline", "f.py:ok", "--preset", "memory", "--seed", "1e400"], "--seed '1e400': expected an integer"),

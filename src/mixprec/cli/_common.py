@@ -60,8 +60,9 @@ def gib(n: int | None) -> str | None:
 
 
 #: Upper bounds of counts given on the command line: past these a command would only
-#: exhaust memory or time (a batch of 10**20 items, 10**12 timed runs).
-MAX_BATCH = 65_536
+#: exhaust memory or time (a batch of 10**20 items, 10**12 timed runs). A batch is also
+#: checked against free memory (``bench`` without --force-batch); this bound holds even then.
+MAX_BATCH = 2**31 - 1
 MAX_REPEAT = 100_000
 MAX_SEED = 2**63 - 1
 MAX_SEEDS = 1_000
