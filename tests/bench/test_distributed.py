@@ -93,3 +93,32 @@ def test_a_node_lost_mid_run_fails_its_configurations_and_names_it(tmp_path):
     finally:
         if doomed in cluster.worker_nodes:
             cluster.remove_node(doomed)
+
+
+@pytest.mark.skipif(os.environ.get("MIXPREC_HEAVY") != "1", reason="a long run interrupted on the cluster: set MIXPREC_HEAVY=1")
+def test_ctrl_c_stops_the_remote_workers_and_keeps_what_was_measured(tmp_path):
+    import _thread
+
+    ray, _ = two_types()
+    parts = probe_groups(ray, select_groups(node_groups(ray), "alpha,beta"), "cpu")
+    specs, _ = parse_configs("fp32,memory", parts[0].hardware)
+    options = BenchOptions(pipeline="minilm", configs=specs, repeat=200, warmup=0, size="test")
+    interrupted, once = threading.Event(), threading.Lock()
+
+    def progress(label: str, description: str, n: int) -> None:
+        with once:  # one Ctrl-C (both runs report progress)
+            if description.startswith("batch 1: run") and not interrupted.is_set():
+                interrupted.set()
+                _thread.interrupt_main()  # what Ctrl-C does to the command's main thread
+
+    with pytest.raises(KeyboardInterrupt):
+        run_matrix(options, parts, tmp_path / "b.sqlite", ray, progress=progress)
+    store = Store(tmp_path / "b.sqlite")
+    runs = [store.load_run(r["id"]) for r in store.runs()]
+    assert len(runs) == 2 and {r["status"] for r in runs} == {"cancelled"}
+    for run in runs:
+        assert all(c["status"] in ("partial", "failed") and len(c["samples"]) < 200 for c in run["configs"])
+    # no worker of these runs is left on the cluster
+    time.sleep(2)
+    alive = [a for a in ray._private.state.actors().values() if a["ActorClassName"] == "_Host" and a["State"] == "ALIVE"]
+    assert alive == []

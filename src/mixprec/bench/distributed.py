@@ -111,21 +111,26 @@ def run_matrix(
                     store.finish_run(part.run_id, status="cancelled")
         except BaseException as exc:  # kept for the caller: this thread must not die silently
             part.error = exc
+        finally:
+            done[label].set()
 
+    # waiting on events, not Thread.join: a join that Ctrl-C interrupts can leave a live
+    # thread marked as finished (CPython), and its run would then be read half written
+    done = {part.group.label: threading.Event() for part in parts}
     threads = [threading.Thread(target=bench_one, args=(part, executor), name=f"mixprec-bench-{part.group.label}", daemon=True)
                for part, executor in zip(parts, executors)]
     for thread in threads:
         thread.start()
     try:
-        for thread in threads:
-            while thread.is_alive():
-                thread.join(0.5)
+        for event in done.values():
+            while not event.wait(0.5):
+                pass
     except KeyboardInterrupt:
         stop.set()
         for executor in executors:
             executor.cancel()
-        for thread in threads:
-            thread.join()
+        for event in done.values():
+            event.wait()
         raise
     errors = [part.error for part in parts if part.error is not None]
     if errors:
