@@ -8,12 +8,13 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from pathlib import Path
 from typing import Annotated, Any, Iterator, Optional
 
 import typer
 
 from mixprec.cli._common import console, err_console, fail, open_store, table
+from mixprec.cli._files import Outputs, write_run_exports
+from mixprec.cli._text import say
 
 __all__ = ["ExecutorFlag", "RayAddressFlag", "HardwareFlag", "check_executor_flags", "cluster", "bench_on_cluster",
            "print_matrix"]
@@ -32,7 +33,8 @@ def check_executor_flags(executor: str, ray_address: str | None, hardware: str |
     if executor == "local":
         given = [flag for flag, value in (("--ray-address", ray_address), ("--hardware", hardware)) if value is not None]
         if given:
-            fail(f"{' and '.join(given)} need --executor ray (the local executor runs on this machine only)")
+            fail(f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} --executor ray "
+                 "(the local executor runs on this machine only)")
 
 
 @contextmanager
@@ -58,22 +60,23 @@ def print_matrix(runs: list[dict]) -> None:
         title = f"hardware matrix: {matrix.pipeline} ({matrix.size}), batch {matrix.batch}: speed-up vs each machine's own fp32"
         console.print(table(title, header, rows))
         for line in matrix.summary():
-            console.print(f"  {line}", highlight=False, markup=False)
+            say(console, f"  {line}")
     console.print("  * the fastest configuration on that machine that ran to its end with finite outputs", highlight=False,
                   markup=False)
 
 
 def bench_on_cluster(*, address: str | None, hardware_spec: str | None, names: list[str], configs: str | None,
                      compiled: bool, device: str, db: str | None, make_options: Any, budget_s: float | None,
-                     html: str | None, json_out: str | None, csv_out: str | None) -> list[int]:
+                     html: str | None, json_out: str | None, csv_out: str | None,
+                     show_run: Any = None) -> list[int]:
     """``mixprec bench --executor ray``: probe the chosen hardware types, then one run per type and pipeline.
 
     ``make_options(name, specs, notes, budget)`` builds the :class:`~mixprec.bench.runner.BenchOptions`
-    of one pipeline. Everything the cluster cannot do as asked exits 2 before any run is stored.
+    of one pipeline; ``show_run(run)`` prints each run's own table. Everything the cluster
+    cannot do as asked exits 2 before any run is stored.
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from mixprec.bench import export, report
     from mixprec.bench.configs import parse_configs
     from mixprec.bench.distributed import probe_groups, run_matrix
     from mixprec.measure.cluster import ClusterError, node_groups, select_groups
@@ -81,8 +84,8 @@ def bench_on_cluster(*, address: str | None, hardware_spec: str | None, names: l
     with cluster(address) as ray:
         try:
             groups = select_groups(node_groups(ray), hardware_spec)
-            err_console.print(f"probing {len(groups)} hardware type(s) on the cluster: "
-                              + ", ".join(g.describe() for g in groups), highlight=False, markup=False)
+            say(err_console, f"probing {len(groups)} hardware type(s) on the cluster: "
+                + ", ".join(g.describe() for g in groups))
             parts = probe_groups(ray, groups, device)
             # one configuration set for every machine: chosen for the first hardware type
             specs, notes = parse_configs(configs, parts[0].hardware, compiled_twins=compiled)
@@ -106,15 +109,13 @@ def bench_on_cluster(*, address: str | None, hardware_spec: str | None, names: l
                 gpus = {"num_gpus": 0.001} if device.startswith("cuda") else {}
                 run_ids += run_matrix(options, parts, store.path, ray, progress=step, executor_options=gpus)
     runs = [store.load_run(i) for i in run_ids]
+    for run in runs if show_run is not None else ():
+        show_run(run)
     print_matrix(runs)
-    if html:
-        report.save_html(runs, html)
-        console.print(f"report written to {html}", highlight=False, markup=False)
-    if json_out:
-        Path(json_out).write_text(export.to_json(runs))
-    if csv_out:
-        Path(csv_out).write_text(export.to_csv(runs))
-    console.print(f"stored as run(s) {', '.join(map(str, run_ids))} in {store.path}", highlight=False, markup=False)
+    outputs = Outputs(err_console)
+    write_run_exports(outputs, console, runs, html=html, json_out=json_out, csv_out=csv_out)
+    say(console, f"stored as run(s) {', '.join(map(str, run_ids))} in {store.path}")
+    outputs.finish()
     return run_ids
 
 
