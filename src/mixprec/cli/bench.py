@@ -129,7 +129,7 @@ def bench(
     if executor == "ray":
         bench_on_cluster(address=ray_address, hardware_spec=hardware_spec, names=names, configs=configs, compiled=compiled,
                          device=device, db=db, budget_s=budget_s, html=html, json_out=json_out, csv_out=csv_out,
-                         make_options=lambda name, specs, notes, share: BenchOptions(
+                         show_run=_print_run, make_options=lambda name, specs, notes, share: BenchOptions(
                              pipeline=name, configs=specs, batches=batches, repeat=n_repeat, warmup=n_warmup, timeout=timeout,
                              size=size, seed=run_seed, device=device, notes=notes, command=command, budget=share))
         return

@@ -93,7 +93,8 @@ def connect(address: str | None, *, flag: str = "--ray-address", num_cpus: int |
         _check_reachable(address, flag)
     try:
         if address is None:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            # "local": always a new private instance, never a cluster found on this machine
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
         else:
             ray.init(address=address, log_to_driver=False)
     except ConnectionError as exc:
