@@ -120,7 +120,7 @@ class RayWorker:
             if done:
                 try:
                     self.where = ray.get(self._where_ref)
-                except Exception:  # the actor died before it could say where: the node stays unnamed
+                except ray.exceptions.RayError:  # the actor died before it could say where: the node stays unnamed
                     self.where = None
 
     @property
