@@ -73,6 +73,8 @@ def main() -> None:
     parser.add_argument("--extra", default="", help="more mixprec tune flags for both runs, e.g. '--seeds 4 --repeat 5'")
     parser.add_argument("--out", default=None)
     options = parser.parse_args()
+    # the head and the tune commands agree on Ray's token authentication (on where ~/.ray/auth_token exists)
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
     cores = len(os.sched_getaffinity(0))
     common = ["--pipeline", "minilm", "--size", options.size, "--bound", options.bound, "--objective", options.objective,
               *options.extra.split()]

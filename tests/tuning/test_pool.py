@@ -115,8 +115,10 @@ def test_tune_on_ray_finds_the_policy_the_local_tuner_finds(tmp_path):
     assert local.returncode == 0, local.stderr[-2000:]
     assert remote.returncode == 0, remote.stderr[-2000:]
     a, b = json.loads(local.stdout), json.loads(remote.stdout)
-    # the storage rules follow from quality and weight bytes alone; a move that keeps the
-    # memory (the matmul level) is decided on timing, which a loaded machine can tip
-    assert [{k: v for k, v in r.items() if k != "reason"} for r in a["policy"]["rules"]] == \
-        [{k: v for k, v in r.items() if k != "reason"} for r in b["policy"]["rules"]]
     assert a["met"] and b["met"]
+    # the objective (weight bytes) and the quality follow from the policy alone: the same
+    # answer; between policies of equal bytes (a rule that matches nothing, the matmul level)
+    # the tie is broken on timing, which a loaded machine can tip either way
+    chosen_a, chosen_b = a["path"][a["chosen"]], b["path"][b["chosen"]]
+    assert chosen_a["memory_bytes"] == chosen_b["memory_bytes"]
+    assert chosen_a["quality"]["sqnr_db"] == pytest.approx(chosen_b["quality"]["sqnr_db"], abs=0.5)

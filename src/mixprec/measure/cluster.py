@@ -11,6 +11,7 @@ of the group, so a run stores where it was measured, not where it was started.
 
 from __future__ import annotations
 
+import os
 import socket
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -98,7 +99,12 @@ def connect(address: str | None, *, flag: str = "--ray-address", num_cpus: int |
         else:
             ray.init(address=address, log_to_driver=False)
     except ConnectionError as exc:
-        raise ClusterError(f"{flag} {address}: no Ray cluster found ({exc}); start one with 'ray start --head'") from None
+        hint = "start one with 'ray start --head'"
+        if address is not None and address != "auto" and not os.environ.get("RAY_AUTH_MODE"):
+            # Ray does not send its token to a cluster named by address unless told to
+            hint += ("; if the cluster uses token authentication (Ray's default where a token exists in "
+                     "~/.ray/auth_token), set RAY_AUTH_MODE=token here, with the cluster's token in that file or in RAY_AUTH_TOKEN")
+        raise ClusterError(f"{flag} {address}: no Ray cluster answered ({exc}); {hint}") from None
     try:
         yield ray
     finally:
