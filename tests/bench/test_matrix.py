@@ -54,3 +54,26 @@ def test_each_machine_against_its_own_fp32_and_its_winner(tmp_path):
     assert page.index("<h2>Hardware matrix</h2>") < page.index(f'id="run-{a}"')
     assert 'title="lost with node host-b"' in matrix_html(runs)
     assert matrix_html([runs[0]]) == "" and "Hardware matrix" not in render_html([runs[0]])
+
+
+def test_a_winner_the_intervals_do_not_support_is_said_to_be_undecided(tmp_path):
+    """Runs stored with paired intervals: on b, memory's lead over fast is within noise."""
+    with Store(tmp_path / "m.sqlite") as store:
+        runs = []
+        for label, fast, memory in (("a", (2.0, 1.8, 2.2), (1.2, 1.1, 1.3)), ("b", (1.5, 1.2, 1.9), (1.6, 1.3, 2.0))):
+            machine = {"name": f"cpu {label}", "device_type": "cpu", "node": {"label": label, "host": f"host-{label}"}}
+            run_id = store.start_run(pipeline="minilm", size="test", machine=machine, fingerprint=label * 16,
+                                     versions={"torch": "x"}, notes=[])
+            for position, (name, (value, low, high)) in enumerate({"fp32": (1.0, 1.0, 1.0), "fast": fast,
+                                                                   "memory": memory}.items()):
+                config = store.add_config(run_id, position=position, name=name, batch=1)
+                store.finish_config(config, status="ok", metrics={"latency_median": 1 / value, "speedup": value,
+                                                                  "speedup_ci_low": low, "speedup_ci_high": high,
+                                                                  "nonfinite": 0})
+            store.finish_run(run_id)
+            runs.append(store.load_run(run_id))
+    (matrix,) = hardware_matrix(runs)
+    assert matrix.winners == {"a (host-a)": "fast", "b (host-b)": "memory"}
+    assert matrix.contested == {"a (host-a)": None, "b (host-b)": "fast"}
+    assert matrix.summary() == ["a (host-a): fast wins, 2.00x (1.80-2.20) its fp32",
+                                "b (host-b): memory leads with 1.60x (1.30-2.00) its fp32, undecided against fast on this machine"]

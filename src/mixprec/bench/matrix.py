@@ -69,6 +69,9 @@ class Cell:
     weight_bytes: float | None = None
     nonfinite: float | None = None
     error: str | None = None
+    #: The speed-up's interval from paired rounds (None in runs stored without one).
+    low: float | None = None
+    high: float | None = None
 
     @property
     def usable(self) -> bool:
@@ -95,6 +98,9 @@ class Matrix:
     configs: list[str] = field(default_factory=list)
     cells: dict[tuple[str, str], Cell] = field(default_factory=dict)
     winners: dict[str, str | None] = field(default_factory=dict)
+    #: machine -> the configuration whose interval the winner's does not clear (None: the
+    #: win is supported: the winner's interval lies above every other's, and above 1).
+    contested: dict[str, str | None] = field(default_factory=dict)
 
     def summary(self) -> list[str]:
         """One line per machine: which configuration wins there, and by how much."""
@@ -106,7 +112,12 @@ class Matrix:
                 continue
             cell = self.cells[(winner, machine)]
             quality = _quality_text(cell)
-            lines.append(f"{machine}: {winner} wins, {cell.speedup:.2f}x its fp32" + (f", {quality}" if quality else ""))
+            rival = self.contested.get(machine)
+            if rival is None:
+                lines.append(f"{machine}: {winner} wins, {_speed_text(cell)} its fp32" + (f", {quality}" if quality else ""))
+            else:
+                lines.append(f"{machine}: {winner} leads with {_speed_text(cell)} its fp32" + (f", {quality}" if quality else "")
+                             + f", undecided against {rival} on this machine")
         return lines
 
 
@@ -114,6 +125,7 @@ def _cell(config: Mapping[str, Any]) -> Cell:
     metrics = rundata.metrics(config)
     quality = main_quality(metrics)
     return Cell(status=rundata.text(config.get("status")) or "?", speedup=rundata.num(metrics.get("speedup")),
+                low=rundata.num(metrics.get("speedup_ci_low")), high=rundata.num(metrics.get("speedup_ci_high")),
                 quality_key=quality[0] if quality else None, quality=quality[1] if quality else None,
                 peak_mem_bytes=rundata.num(metrics.get("peak_mem_bytes")), weight_bytes=rundata.num(metrics.get("weight_bytes")),
                 nonfinite=rundata.num(metrics.get("nonfinite")), error=config.get("error"))
@@ -140,7 +152,35 @@ def hardware_matrix(runs: Sequence[Mapping[str, Any]]) -> list[Matrix]:
             usable = [(c, table.cells[(c, machine)]) for c in table.configs
                       if (c, machine) in table.cells and table.cells[(c, machine)].usable]
             table.winners[machine] = max(usable, key=lambda p: p[1].speedup)[0] if usable else None
+            table.contested[machine] = _rival(table.winners[machine], usable)
     return list(tables.values())
+
+
+def _rival(winner: str | None, usable: list[tuple[str, Cell]]) -> str | None:
+    """The configuration the winner is not supported faster than, or None.
+
+    Where stored intervals exist, the winner's lower bound must clear every other
+    configuration's upper bound (fp32's is 1). Runs stored without intervals are
+    compared on their point figures, as they were measured.
+    """
+    if winner is None:
+        return None
+    best = dict(usable)[winner]
+    if best.low is None:
+        return None
+    for name, cell in sorted(usable, key=lambda p: -(p[1].speedup or 0.0)):
+        if name == winner:
+            continue
+        top = cell.high if cell.high is not None else cell.speedup
+        if top is not None and best.low <= top:
+            return name
+    return None
+
+
+def _speed_text(cell: Cell) -> str:
+    if cell.low is not None and cell.high is not None and not cell.low == cell.high == cell.speedup:
+        return f"{cell.speedup:.2f}x ({cell.low:.2f}-{cell.high:.2f})"
+    return f"{cell.speedup:.2f}x"
 
 
 def _quality_text(cell: Cell) -> str:
@@ -155,7 +195,7 @@ def _cell_text(cell: Cell | None) -> str:
         return "not measured"
     if cell.status != "ok":
         return cell.status
-    parts = [f"{cell.speedup:.2f}x" if cell.speedup is not None else "no timing"]
+    parts = [_speed_text(cell) if cell.speedup is not None else "no timing"]
     quality = _quality_text(cell)
     if quality:
         parts.append(quality)
