@@ -76,3 +76,38 @@ def test_bench_stores_paired_intervals(tmp_path):
     m = fast["metrics"]
     assert m["speedup_ci_low"] <= m["speedup"] <= m["speedup_ci_high"]
     assert [s for s in fast["samples"]] and len(fast["samples"]) == 6
+
+
+def _spin(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def test_other_jobs_are_counted_and_said_but_idle_workers_are_not():
+    import multiprocessing as mp
+    import os
+
+    from mixprec.bench.rounds import load_note, runnable_others
+
+    assert load_note([3, 2, 3], cores=2).startswith("the machine was loaded: a median of 3 other runnable processes on 2 cores")
+    assert load_note([0, 1, 0], cores=2) is None and load_note([], cores=2) is None
+    if runnable_others() is None:
+        return  # no /proc/stat on this platform
+    ctx = mp.get_context("spawn")
+    idle = [ctx.Process(target=time.sleep, args=(5,)) for _ in range(4)]  # like workers waiting for a request
+    hogs = [ctx.Process(target=_spin, args=(4,)) for _ in range(os.cpu_count() or 1)]
+    for p in idle:
+        p.start()
+    try:
+        time.sleep(1.0)
+        quiet = min(runnable_others() for _ in range(5))
+        for p in hogs:
+            p.start()
+        time.sleep(1.5)
+        busy = max(runnable_others() for _ in range(5))
+    finally:
+        for p in idle + hogs:
+            p.kill()
+            p.join(5)
+    assert quiet < len(hogs) <= busy  # the spinning jobs count; sleeping workers do not

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 from mixprec.measure.stats import TARGET_WIDTH, Ratio, instability, paired_ratio
 
-__all__ = ["RoundKeeper", "paired", "speed_metrics", "load_note", "MIN_TIMED"]
+__all__ = ["RoundKeeper", "paired", "speed_metrics", "load_note", "runnable_others", "MIN_TIMED"]
 
 #: Fewer timed rounds than this give no interval worth a decision.
 MIN_TIMED = 3
@@ -54,15 +54,35 @@ def speed_metrics(ratio: Ratio | None, samples: Sequence[float], calibration: fl
     return metrics
 
 
-def load_note(cores: int | None = None) -> str | None:
-    """A note when the machine was busy: the 1-minute load average above the cores."""
+def runnable_others() -> int | None:
+    """Processes ready to run on this machine right now, besides the one asking
+    (``procs_running`` of ``/proc/stat``); None where the platform does not say.
+
+    Sampled between timed calls, when the benchmark's own workers are idle, it counts
+    other jobs competing for the cores, unlike the load average, which the
+    benchmark's own worker processes raise while they load.
+    """
     try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
+        with open("/proc/stat", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("procs_running "):
+                    return max(0, int(line.split()[1]) - 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def load_note(samples: Sequence[int], cores: int | None = None) -> str | None:
+    """A note when other jobs kept the cores busy during the timed rounds: the median
+    of the ``samples`` of :func:`runnable_others` at or above the cores."""
+    if not samples:
         return None
     cores = cores or os.cpu_count() or 1
-    if load > cores:
-        return f"the machine was loaded (load average {load:.1f} on {cores} cores): timings are noisier than on a quiet machine"
+    ordered = sorted(samples)
+    busy = ordered[len(ordered) // 2]
+    if busy >= cores:
+        return (f"the machine was loaded: a median of {busy} other runnable processes on {cores} cores during the "
+                "timed rounds; timings are noisier than on a quiet machine")
     return None
 
 
@@ -76,6 +96,7 @@ class RoundKeeper:
     batch: int
     extra: int = 0
     notes: list[str] = field(default_factory=list)
+    busy: list[int] = field(default_factory=list)  # other runnable processes, sampled before each round
     _last: float = 0.0
     _started: float | None = None
 
@@ -85,6 +106,9 @@ class RoundKeeper:
 
     def start_round(self) -> None:
         self._started = time.monotonic()
+        others = runnable_others()
+        if others is not None:
+            self.busy.append(others)
 
     def end_round(self) -> None:
         if self._started is not None:

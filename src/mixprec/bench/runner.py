@@ -192,9 +192,6 @@ def run_bench(
         for index, batch in enumerate(options.batches):
             share = None if deadline is None else (deadline - time.monotonic()) / (len(options.batches) - index)
             notes += _run_batch(options, batch, hardware, store, run_id, executor, step, share, state)
-        loaded = load_note()
-        if loaded:
-            notes.append(loaded)
     except BenchCancelled:
         status = "cancelled"
     except KeyboardInterrupt:
@@ -384,6 +381,9 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
             keeper.end_round()
             round_index += 1
         keeper.adaptive_note(round_index)
+        loaded = load_note(keeper.busy)
+        if loaded:
+            keeper.notes.append(f"batch {batch}: {loaded}")
         notes += keeper.notes
         timed_rounds = max(0, round_index - warmup)  # every round asked for ran: "ok" needs these
 
