@@ -173,3 +173,16 @@ def test_per_thread_hook_state_copies_as_empty():
     assert clone["boundary"].caller_dtypes == [] and clone["boundary"].gate is clone["gate"]
     assert clone["entry"].active == [] and clone["scope"].modes == [] and clone["stack"].items == []
     assert gate.depth == 2 and boundary.caller_dtypes == [(torch.float32, True)]  # the originals keep theirs
+
+
+def test_fp32_compute_of_an_embedding_widens_only_the_rows_it_reads():
+    """Bit-identical to a lookup in the widened table, without widening the table per call."""
+    import torch.nn.functional as F
+
+    from mixprec.casting.fp32compute import fp32_forward_kind
+
+    table = torch.nn.Embedding(1000, 16, padding_idx=0).to(torch.bfloat16)
+    ids = torch.randint(0, 1000, (2, 9))
+    forward = fp32_forward_kind(table)
+    out = forward(table, ids)
+    assert out.dtype == torch.float32 and torch.equal(out, F.embedding(ids, table.weight.float(), 0))
