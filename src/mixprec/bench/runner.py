@@ -355,7 +355,9 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
                 break
             timed = round_index >= warmup
             keeper.start_round()
-            for slot in slots:
+            # Every other round runs in reverse order, so no configuration always runs in the
+            # same place of the round (right after the reference, or last).
+            for slot in (slots if round_index % 2 == 0 else slots[::-1]):
                 if not slot.alive or (slot is reference and round_index == 0 and warmup > 0):
                     continue  # fp32's reference run was its first warm-up
                 want = slot.first is None
