@@ -100,7 +100,32 @@ class InProcessEvaluator:
         return weight_units(self.session.components)
 
 
-class WorkerEvaluator:
+class ReadyWorkers:
+    """What an evaluator backed by tune workers answers from their ``ready`` message, and
+    held-out validation through its :meth:`_ask` of one worker."""
+
+    ready: dict[str, Any]
+
+    def _ask(self, command: str, payload: Any) -> Any:
+        raise NotImplementedError
+
+    def validate(self, policy: Policy, seeds: Sequence[int]) -> dict[int, dict[str, float]]:
+        """Seed -> quality of ``policy`` on ``seeds`` (their fp32 references computed on first use)."""
+        raw = self._ask("tune_validate", {"policy": policy.to_dict(), "seeds": [int(s) for s in seeds]})
+        return {int(seed): dict(q) for seed, q in raw.items()}
+
+    def groups(self) -> list[str]:
+        return _groups(self.ready["components"])
+
+    def units(self) -> list[str]:
+        return list(self.ready["units"])
+
+    def sensitive(self) -> list[str]:
+        """The pipeline's precision-sensitive module hints (for the presets)."""
+        return list(self.ready.get("sensitive", []))
+
+
+class WorkerEvaluator(ReadyWorkers):
     """Evaluate policies of a registered pipeline in one long-lived spawned worker.
 
     Args:
@@ -142,21 +167,8 @@ class WorkerEvaluator:
     def risk(self, policy: Policy) -> list[dict[str, Any]]:
         return self._worker.request("tune_profile", {"policy": policy.to_dict()}, timeout=self.timeout)
 
-    def validate(self, policy: Policy, seeds: Sequence[int]) -> dict[int, dict[str, float]]:
-        """Seed -> quality of ``policy`` on ``seeds`` (their fp32 references computed on first use)."""
-        raw = self._worker.request("tune_validate", {"policy": policy.to_dict(), "seeds": [int(s) for s in seeds]},
-                                   timeout=self.timeout)
-        return {int(seed): dict(q) for seed, q in raw.items()}
-
-    def groups(self) -> list[str]:
-        return _groups(self.ready["components"])
-
-    def units(self) -> list[str]:
-        return list(self.ready["units"])
-
-    def sensitive(self) -> list[str]:
-        """The pipeline's precision-sensitive module hints (for the presets)."""
-        return list(self.ready.get("sensitive", []))
+    def _ask(self, command: str, payload: Any) -> Any:
+        return self._worker.request(command, payload, timeout=self.timeout)
 
     def close(self) -> None:
         """Stop the worker process."""

@@ -24,13 +24,13 @@ from typing import Any, Sequence
 
 from mixprec.policy import Policy
 from mixprec.tuning.candidates import Config, Evaluation
-from mixprec.tuning.evaluators import _evaluation, _groups
+from mixprec.tuning.evaluators import ReadyWorkers, _evaluation
 from mixprec.tuning.session import serve_tune
 
 __all__ = ["PoolEvaluator"]
 
 
-class PoolEvaluator:
+class PoolEvaluator(ReadyWorkers):
     """Evaluate policies of a registered pipeline on ``workers`` workers at once.
 
     Args:
@@ -117,19 +117,8 @@ class PoolEvaluator:
     def risk(self, policy: Policy) -> list[dict[str, Any]]:
         return self._request(0, "tune_profile", {"policy": policy.to_dict()})
 
-    def validate(self, policy: Policy, seeds: Sequence[int]) -> dict[int, dict[str, float]]:
-        """Seed -> quality of ``policy`` on ``seeds`` (their fp32 references computed on first use)."""
-        raw = self._request(0, "tune_validate", {"policy": policy.to_dict(), "seeds": [int(s) for s in seeds]})
-        return {int(seed): dict(q) for seed, q in raw.items()}
-
-    def groups(self) -> list[str]:
-        return _groups(self.ready["components"])
-
-    def units(self) -> list[str]:
-        return list(self.ready["units"])
-
-    def sensitive(self) -> list[str]:
-        return list(self.ready.get("sensitive", []))
+    def _ask(self, command: str, payload: Any) -> Any:
+        return self._request(0, command, payload)
 
     def close(self) -> None:
         """Drop queued evaluations and stop every worker."""
