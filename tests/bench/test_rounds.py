@@ -41,24 +41,24 @@ def test_instability_and_memory_noise():
 def test_the_keeper_cuts_rounds_drops_the_slowest_and_adds_rounds_while_ratios_are_wide():
     keeper = RoundKeeper(warmup=1, repeat=5, deadline=time.monotonic() + 80, batch=1)
     keeper._last = 30.0  # a round takes 30 s: neither 5 nor 3 timed rounds fit in 80 s
-    assert keeper.go_on(0, [], []) == (True, [])
-    go, dropped = keeper.go_on(1, [], [("slow", "slot-slow"), ("fast", "slot-fast")])
+    assert keeper.go_on(0, list, list) == (True, [])
+    go, dropped = keeper.go_on(1, list, lambda: [("slow", "slot-slow"), ("fast", "slot-fast")])
     assert go and dropped == ["slot-slow"] and "dropped slow" in keeper.notes[-1]
     keeper._last = 50.0  # still behind after the minimum: the planned rounds left are cut
-    assert keeper.go_on(1 + MIN_TIMED, [], []) == (False, [])
+    assert keeper.go_on(1 + MIN_TIMED, list, list) == (False, [])
     assert f"planned timed round(s) dropped after {MIN_TIMED}" in keeper.notes[-1]
 
-    wide = [("fast", Ratio(1.05, 0.8, 1.3, 5))]
+    wide = lambda: [("fast", Ratio(1.05, 0.8, 1.3, 5))]  # noqa: E731
     keeper = RoundKeeper(warmup=0, repeat=3, deadline=time.monotonic() + 1000, batch=2)
     keeper._last = 0.01
-    assert keeper.go_on(3, wide, [])[0] and keeper.go_on(5, wide, [])[0]  # adaptive rounds, up to 3 more
-    assert keeper.go_on(6, wide, []) == (False, [])
+    assert keeper.go_on(3, wide, list)[0] and keeper.go_on(5, wide, list)[0]  # adaptive rounds, up to 3 more
+    assert keeper.go_on(6, wide, list) == (False, [])
     assert "batch 2: undecided after 6 timed rounds" in keeper.notes[-1] and "fast 1.05x (0.80-1.30)" in keeper.notes[-1]
-    assert RoundKeeper(0, 3, None, 1).go_on(3, wide, [])[0] is False  # without a budget, no rounds are added
+    assert RoundKeeper(0, 3, None, 1).go_on(3, wide, list)[0] is False  # without a budget, no rounds are added
 
 
 def test_speed_metrics_and_the_table_show_the_interval_and_doubts():
-    metrics = speed_metrics(Ratio(0.98, 0.9, 1.07, 8), [1.0, 3.0, 0.5], None)
+    metrics = speed_metrics(Ratio(0.98, 0.9, 1.07, 8), [1.0, 3.0, 0.5], instability([1.0, 3.0, 0.5]))
     assert metrics["speedup_ci_low"] == 0.9 and metrics["unstable"] == 1.0 and metrics["latency_cv"] > 0.5
     run = {"configs": [{"name": "fast", "batch": 1, "status": "ok", "samples": [1.0, 3.0, 0.5],
                         "metrics": {**metrics, "latency_median": 1.0}}]}

@@ -15,37 +15,13 @@ from typer.testing import CliRunner
 from mixprec.bench.store import Store
 from mixprec.cli import app
 from mixprec.cli._files import describe_os_error, write_atomic
+from tiny_factory import tiny_factory_source
 
 runner = CliRunner()
 DEV_FULL = "/dev/full"  # every write fails with ENOSPC: a full disk
 needs_dev_full = pytest.mark.skipif(not os.path.exists(DEV_FULL), reason="needs /dev/full (Linux)")
 
-_FACTORY = '''
-import torch
-from torch import nn
-from mixprec.pipelines import EmbeddingOutput, Pipeline
-
-
-class Tiny(Pipeline):
-    name = "tiny"
-    output_kind = "embedding"
-
-    def __init__(self):
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            net = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 4))
-        super().__init__({"net": net})
-
-    def _example_inputs(self, batch, seed):
-        return torch.randn(batch, 8, generator=torch.Generator().manual_seed(seed))
-
-    def _run(self, inputs):
-        return EmbeddingOutput(output=self.components["net"](inputs).float())
-
-
-def build(size="default", seed=0):
-    return Tiny()
-'''
+_FACTORY = tiny_factory_source('nn.GELU()')
 
 
 @pytest.fixture

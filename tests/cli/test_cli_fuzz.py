@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from mixprec.bench.store import Store
 from mixprec.cli import app
+from tiny_factory import tiny_factory_source
 
 runner = CliRunner()
 FUZZ = settings(max_examples=25, deadline=None, derandomize=True,
@@ -29,32 +30,7 @@ FUZZ = settings(max_examples=25, deadline=None, derandomize=True,
 # What a terminal would act on: C0 (but newline and tab), DEL, C1, bidirectional controls, lone surrogates.
 RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
-_TINY = '''
-import torch
-from torch import nn
-from mixprec.pipelines import EmbeddingOutput, Pipeline
-
-
-class Tiny(Pipeline):
-    name = "tiny"
-    output_kind = "embedding"
-
-    def __init__(self):
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            net = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 4))
-        super().__init__({"net": net})
-
-    def _example_inputs(self, batch, seed):
-        return torch.randn(batch, 8, generator=torch.Generator().manual_seed(seed))
-
-    def _run(self, inputs):
-        return EmbeddingOutput(output=self.components["net"](inputs).float())
-
-
-def build(size="default", seed=0):
-    return Tiny()
-'''
+_TINY = tiny_factory_source('nn.LayerNorm(8)')
 
 # Text that is hard on a CLI: markup, control characters, bidi overrides, lone surrogates, long runs.
 _HOSTILE = ["[/", "[link=https://e]x[/link]", "[bold]", "\x1b[31m", "\x1b]8;;u\x07", "\x9b", "\u202e", "\udcff", "\r",

@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from mixprec.measure.stats import TARGET_WIDTH, Ratio, instability, paired_ratio
+from mixprec.measure.stats import TARGET_WIDTH, Ratio, cv, paired_ratio
 
 __all__ = ["RoundKeeper", "paired", "speed_metrics", "load_note", "runnable_others", "MIN_TIMED"]
 
@@ -40,17 +40,17 @@ def paired(reference: tuple[Sequence[int], Sequence[float]], candidate: tuple[Se
     return paired_ratio([p[0] for p in pairs], [p[1] for p in pairs])
 
 
-def speed_metrics(ratio: Ratio | None, samples: Sequence[float], calibration: float | None) -> dict[str, Any]:
+def speed_metrics(ratio: Ratio | None, samples: Sequence[float], unstable: str | None) -> dict[str, Any]:
     """The stored speed figures of one configuration: its paired speed-up and interval,
-    its samples' coefficient of variation and whether they look unstable."""
+    its samples' coefficient of variation, and whether they were found unstable
+    (``unstable``: :func:`~mixprec.measure.stats.instability`'s reason, or None)."""
     metrics: dict[str, Any] = {}
     if ratio is not None:
         metrics.update(speedup=ratio.value, speedup_ci_low=ratio.low, speedup_ci_high=ratio.high, speedup_pairs=ratio.n)
-    if len(samples) >= 2:
-        mean = sum(samples) / len(samples)
-        var = sum((s - mean) ** 2 for s in samples) / (len(samples) - 1)
-        metrics["latency_cv"] = (var ** 0.5) / mean if mean > 0 else None
-    metrics["unstable"] = 1.0 if instability(samples, calibration=calibration) else 0.0
+    spread = cv(samples)
+    if spread is not None:
+        metrics["latency_cv"] = spread
+    metrics["unstable"] = 1.0 if unstable else 0.0
     return metrics
 
 
@@ -119,18 +119,20 @@ class RoundKeeper:
             return True
         return (now or time.monotonic()) + rounds * self._last * 1.1 <= self.deadline
 
-    def go_on(self, index: int, wide: list[tuple[str, Ratio]], slow_first: list[tuple[str, Any]]) -> tuple[bool, list[Any]]:
+    def go_on(self, index: int, wide: Callable[[], list[tuple[str, Ratio]]],
+              slow_first: Callable[[], list[tuple[str, Any]]]) -> tuple[bool, list[Any]]:
         """Whether to run round ``index`` (0-based, warm-ups included), and which slots
-        to drop first. ``wide``: (name, ratio) of configurations whose interval is wider
-        than the target; ``slow_first``: (name, slot) of droppable configurations, the
-        slowest first."""
+        to drop first. ``wide()``: (name, ratio) of configurations whose interval is
+        wider than the target (bootstrapped only once the planned rounds are done);
+        ``slow_first()``: (name, slot) of droppable configurations, the slowest first
+        (asked only when the run falls behind)."""
         planned = self.warmup + self.repeat
         timed = index - self.warmup  # timed rounds done so far
         if index < planned:
             if self.deadline is None or index == 0 or self.fits(planned - index):
                 return True, []
             if timed < MIN_TIMED:
-                dropped = []
+                dropped, slow_first = [], slow_first()
                 while slow_first and not self.fits(MIN_TIMED - max(timed, 0) + max(0, self.warmup - index)):
                     name, slot = slow_first.pop(0)
                     dropped.append(slot)
@@ -140,6 +142,7 @@ class RoundKeeper:
             self.notes.append(f"batch {self.batch}: behind the time budget: {planned - index} of {self.repeat} planned "
                               f"timed round(s) dropped after {timed}")
             return False, []
+        wide = wide()
         if not wide:
             return False, []
         if index < planned + self.extra and self.fits(1):
@@ -149,7 +152,8 @@ class RoundKeeper:
             return False, []
         names = ", ".join(f"{name} {ratio.text()}" for name, ratio in undecided)
         self.notes.append(f"batch {self.batch}: undecided after {max(timed, 0)} timed rounds (interval wider than "
-                          f"{100 * TARGET_WIDTH:.0f} %, faster or slower than fp32 not supported): {names}; re-run on a quiet machine or raise --repeat/--budget")
+                          f"{100 * TARGET_WIDTH:.0f} %, faster or slower than fp32 not supported): {names}; "
+                          "re-run on a quiet machine or raise --repeat/--budget")
         return False, []
 
     def adaptive_note(self, index: int) -> None:

@@ -343,11 +343,16 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
         keeper = RoundKeeper(warmup, repeat, deadline, batch)
         round_index = 0
         while True:
-            ratios = [(slot.spec.name, paired((reference.rounds, reference.samples), (slot.rounds, slot.samples)))
-                      for slot in slots[1:] if slot.alive]
-            wide = [(name, r) for name, r in ratios if r is not None and (r.n < MIN_TIMED or r.width > TARGET_WIDTH)]
-            droppable = sorted((s for s in slots[1:] if s.alive), key=lambda s: -(s.samples[-1] if s.samples else 0.0))
-            go, dropped = keeper.go_on(round_index, wide, [(s.spec.name, s) for s in droppable])
+            def wide() -> list[tuple[str, Any]]:
+                ratios = [(slot.spec.name, paired((reference.rounds, reference.samples), (slot.rounds, slot.samples)))
+                          for slot in slots[1:] if slot.alive]
+                return [(name, r) for name, r in ratios if r is not None and (r.n < MIN_TIMED or r.width > TARGET_WIDTH)]
+
+            def slow_first() -> list[tuple[str, Any]]:
+                alive = sorted((s for s in slots[1:] if s.alive), key=lambda s: -(s.samples[-1] if s.samples else 0.0))
+                return [(s.spec.name, s) for s in alive]
+
+            go, dropped = keeper.go_on(round_index, wide, slow_first)
             for slot in dropped:
                 slot.status, slot.error = "skipped", "dropped: the run fell behind its time budget"
                 slot.worker.close()
@@ -415,7 +420,8 @@ def _record(repeat: int, batch: int, slots: list[_Slot], store: Store, hardware:
             metrics["throughput_items_per_s"] = batch / median
             ratio = paired((reference.rounds, reference.samples), (slot.rounds, slot.samples)) if reference.samples else None
             calibration = (reference.first or {}).get("seconds") if slot is reference else None
-            metrics.update(speed_metrics(ratio, slot.samples, calibration))
+            why = instability(slot.samples, calibration=calibration)
+            metrics.update(speed_metrics(ratio, slot.samples, why))
             contradicts = (hardware is not None and slot.spec.dtype and ratio is not None and ratio.verdict() != "undecided"
                            and contradiction(hardware, slot.spec.dtype, ratio.low, ratio.high))
             if contradicts:
@@ -423,7 +429,6 @@ def _record(repeat: int, batch: int, slots: list[_Slot], store: Store, hardware:
                 notes.append(f"batch {batch}: {contradicts}; "
                              + ("the cached probe was dropped, so the next process measures again"
                                 if forgotten else "run `mixprec env` to measure again"))
-            why = instability(slot.samples, calibration=calibration)
             if why:
                 notes.append(f"batch {batch}: unstable timings of {slot.spec.name}: {why}; re-run on a quiet machine or "
                              "raise --repeat")

@@ -85,7 +85,8 @@ def cells(values: Iterable[Any]) -> list[Text]:
 
 
 def json_text(text: str) -> str:
-    """JSON text for a terminal: control characters inside strings as ``\\uXXXX`` escapes (still valid JSON).
+    """JSON text for a terminal: control characters inside strings as ``\\u`` escapes
+    with four hex digits (still valid JSON).
 
     ``json.dumps(..., ensure_ascii=False)`` leaves C1 controls and bidirectional
     overrides raw; line breaks outside strings are the layout and stay.
@@ -135,7 +136,7 @@ class SafeConsole(Console):
 
     Rich re-serialises JSON with ``ensure_ascii=False``, which writes C1 controls,
     bidirectional overrides and lone surrogates raw (a surrogate even fails to encode).
-    Here they are ``\\uXXXX`` escapes, so the output stays valid JSON a program can read.
+    Here they are ``\\u`` escapes with four hex digits (``\\u0085``), so the output stays valid JSON a program can read.
     """
 
     def print_json(self, json: str | None = None, *, data: Any = None, indent: int | str | None = 2,

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import platform
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -286,9 +287,7 @@ def _verdict(ratios: list[float]) -> str | None:
     contradicts it beyond the margin around the class boundaries (noise, not evidence)."""
     if not ratios:
         return None
-    ordered = sorted(ratios)
-    median = ordered[len(ordered) // 2] if len(ordered) % 2 else (ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
-    klass = classify(median, True)
+    klass = classify(statistics.median(ratios), True)
     against = sum(1 for ratio in ratios if classify(ratio, True) != klass
                   and not any(b / _MARGIN <= ratio <= b * _MARGIN for b in (FAST_RATIO, EMULATED_RATIO)))
     # One round in five may be an outlier (a burst of load hits one case of one round).

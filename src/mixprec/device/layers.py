@@ -17,6 +17,7 @@ counts as faster in fp32 only where every round says so by more than
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any, Callable
 
@@ -71,11 +72,10 @@ def island_gains(dtype: torch.dtype, device: torch.device, *, rounds: int = 5, b
         for kind, build in KINDS.items():
             module, x = build()
             module = module.to(device).eval()
-            low = nn.Module()
-            low.inner = _copy(module).to(dtype)
+            low = copy.deepcopy(module).to(dtype)
             x16 = x.to(device=device, dtype=dtype)
 
-            def native(m=low.inner, x16=x16):
+            def native(m=low, x16=x16):
                 return _first(m(x16))
 
             def island(m=module, x16=x16):
@@ -105,8 +105,3 @@ def island_gains(dtype: torch.dtype, device: torch.device, *, rounds: int = 5, b
                         "island": bool(values) and all(v > 1 + MARGIN for v in values)}
     return result
 
-
-def _copy(module: nn.Module) -> nn.Module:
-    import copy
-
-    return copy.deepcopy(module)

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["Ratio", "paired_ratio", "ratio_of_medians", "instability", "CV_LIMIT", "DRIFT_LIMIT", "TARGET_WIDTH",
+__all__ = ["Ratio", "paired_ratio", "cv", "instability", "CV_LIMIT", "DRIFT_LIMIT", "TARGET_WIDTH",
            "memory_beyond_noise", "MEMORY_FLOOR_BYTES"]
 
 #: A spread of samples beyond this coefficient of variation is reported as unstable
@@ -105,9 +105,12 @@ def paired_ratio(reference: Sequence[float], candidate: Sequence[float], *, conf
     return Ratio(value, min(low, value), max(high, value), n, confidence)
 
 
-def ratio_of_medians(reference: Sequence[float], candidate: Sequence[float]) -> float:
-    """The plain ratio of medians, for samples that were not taken in pairs."""
-    return float(np.median(np.asarray(reference, dtype=np.float64)) / np.median(np.asarray(candidate, dtype=np.float64)))
+def cv(samples: Sequence[float]) -> float | None:
+    """Coefficient of variation (sample standard deviation over mean); None below two samples."""
+    values = np.asarray([float(x) for x in samples], dtype=np.float64)
+    if values.size < 2 or values.mean() <= 0:
+        return None
+    return float(values.std(ddof=1) / values.mean())
 
 
 def instability(samples: Sequence[float], *, calibration: float | None = None, cv_limit: float = CV_LIMIT,
@@ -120,10 +123,9 @@ def instability(samples: Sequence[float], *, calibration: float | None = None, c
     """
     values = np.asarray([float(s) for s in samples], dtype=np.float64)
     reasons = []
-    if values.size >= 2 and values.mean() > 0:
-        cv = float(values.std(ddof=1) / values.mean())
-        if cv > cv_limit:
-            reasons.append(f"CV {100 * cv:.0f} %")
+    spread = cv(values)
+    if spread is not None and spread > cv_limit:
+        reasons.append(f"CV {100 * spread:.0f} %")
     if calibration and values.size:
         median = float(np.median(values))
         # Only slower: a first run is often slower than later ones (lazy set-up), and
