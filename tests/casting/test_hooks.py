@@ -167,11 +167,12 @@ def test_per_thread_hook_state_copies_as_empty():
     boundary = Boundary(lin, lambda: torch.bfloat16, lambda: None, gate=gate)
     boundary.caller_dtypes.append((torch.float32, True))
     entry, scope = EntryBoundary(lin, lambda: torch.bfloat16, gate), UpcastScope()
-    entry.active.append(True)
+    entry.boundary.caller_dtypes.append((torch.float32, False))
     clone = copy.deepcopy({"gate": gate, "boundary": boundary, "entry": entry, "scope": scope, "stack": CallStack()})
     assert clone["gate"].depth == 0 and clone["gate"] is not gate
     assert clone["boundary"].caller_dtypes == [] and clone["boundary"].gate is clone["gate"]
-    assert clone["entry"].active == [] and clone["scope"].modes == [] and clone["stack"].items == []
+    assert clone["entry"].boundary.caller_dtypes == [] and clone["entry"].gate is clone["gate"]
+    assert clone["scope"].modes == [] and clone["stack"].items == []
     assert gate.depth == 2 and boundary.caller_dtypes == [(torch.float32, True)]  # the originals keep theirs
 
 

@@ -21,8 +21,12 @@ from mixprec.casting.upcast import UpcastAttentionMode
 
 __all__ = [
     "AppEntry", "Boundary", "EntryGate", "EntryBoundary", "ForwardWrapper", "LeafCast", "UpcastScope", "pin_fp32", "cast_floats", "own_tensors",
-    "add_method_hook", "MethodHookHandle", "first_float_dtype", "CallStack",
+    "add_method_hook", "MethodHookHandle", "first_float_dtype", "CallStack", "compiling",
 ]
+
+
+#: Whether torch.compile is tracing (torch >= 2.3; where torch cannot tell, assume it is).
+compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", lambda: True)
 
 
 def own_tensors(module: nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
@@ -176,12 +180,33 @@ class ForwardWrapper:
     leaves the wrapper inert if someone wrapped ``forward`` again on top of it.
     """
 
-    __slots__ = ("module", "wrapper", "previous", "active")
+    __slots__ = ("module", "wrapper", "previous", "active", "seen", "needed", "pruned")
 
     def _set(self, module: nn.Module, wrapper: Callable[..., Any], forward: Callable[..., Any]) -> None:
         functools.update_wrapper(wrapper, forward)  # inspect.signature(module.forward) stays the model's
         self.module, self.wrapper, self.active = module, wrapper, True
+        # What the calls so far showed (read by :class:`~mixprec.casting.prune.Pruner`):
+        # ``seen``, called at all; ``needed``, it changed a dtype at least once.
+        self.seen = self.needed = self.pruned = False
         module.__dict__["forward"] = wrapper
+
+    def prune(self) -> bool:
+        """Take the wrapper off ``forward`` (it is kept, for :meth:`rearm`); only while it
+        is the outermost wrapper, so nothing installed on top of it is lost."""
+        if not self.active or self.pruned or self.module.__dict__.get("forward") is not self.wrapper:
+            return False
+        if self.previous is None:
+            del self.module.__dict__["forward"]
+        else:
+            self.module.__dict__["forward"] = self.previous
+        self.pruned = True
+        return True
+
+    def rearm(self) -> None:
+        """Put a pruned wrapper back, where ``forward`` is still what pruning left."""
+        if self.pruned and self.active and self.module.__dict__.get("forward") is self.previous:
+            self.module.__dict__["forward"] = self.wrapper
+        self.pruned = False
 
     def remove(self) -> None:
         self.active = False
@@ -224,6 +249,7 @@ class LeafCast(ForwardWrapper):
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if self.active:
+                self.seen = True
                 dtype = compute()
                 if not kwargs:
                     # Plain tensors already in the right dtype: decide without walking
@@ -236,8 +262,11 @@ class LeafCast(ForwardWrapper):
                             break
                     else:
                         return forward(*args)
-                args = cast_floats(args, dtype, min_ndim=min_ndim)
-                kwargs = cast_floats(kwargs, dtype, min_ndim=min_ndim) if kwargs else kwargs
+                cast_args = cast_floats(args, dtype, min_ndim=min_ndim)
+                cast_kwargs = cast_floats(kwargs, dtype, min_ndim=min_ndim) if kwargs else kwargs
+                if not compiling() and (cast_args is not args or cast_kwargs is not kwargs):
+                    self.needed = True  # (Dynamo cannot trace ``is not`` on tuples; nothing is pruned there)
+                args, kwargs = cast_args, cast_kwargs
             return forward(*args, **kwargs)
 
         self._set(module, wrapper, forward)
@@ -278,31 +307,40 @@ class EntryGate(threading.local):
                 root.register_forward_hook(self.leave, always_call=True)]
 
 
-class EntryBoundary(Boundary):
-    """A root-style boundary on a direct child, active only when entered from app code."""
+class EntryBoundary(ForwardWrapper):
+    """A root-style boundary on a direct child, active only when entered from app code.
 
-    def __init__(self, module, compute, gate: EntryGate):
-        super().__init__(module, compute, lambda: None)
-        self.gate = gate
-        self.entered = CallStack()
+    Called from the component's module code (the usual case) it only reads the gate.
+    Called from the app's own code, it casts the inputs to the child's compute dtype and
+    hands the outputs back in the caller's dtype, counting as module code meanwhile.
+    It wraps ``forward`` as :class:`LeafCast` does (no hook, torch's fast call path stays).
+    """
 
-    @property
-    def active(self) -> list[bool]:
-        return self.entered.items
+    __slots__ = ("boundary", "gate")
 
-    def pre(self, module, args, kwargs):
-        active = self.gate.outside
-        self.active.append(active)
-        if not active:
-            return None
-        self.gate.depth += 1
-        return super().pre(module, args, kwargs)
+    def __init__(self, module: nn.Module, compute: Callable[[], torch.dtype], gate: EntryGate):
+        self.boundary = Boundary(module, compute, lambda: None)
+        self.gate, self.active = gate, False
 
-    def post(self, module, args, kwargs, output):
-        if not (self.active.pop() if self.active else False):
-            return None
-        self.gate.depth -= 1
-        return super().post(module, args, kwargs, output)
+    def install(self) -> EntryBoundary:
+        """Wrap ``forward`` of the module; returns ``self``, whose :meth:`remove` undoes it."""
+        module = self.boundary.module
+        self.previous = module.__dict__.get("forward")
+        forward, gate, boundary = module.forward, self.gate, self.boundary
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            self.seen = True
+            if gate.depth or not self.active:
+                return forward(*args, **kwargs)
+            self.needed = True
+            gate.depth += 1
+            try:
+                return boundary.around(forward, args, kwargs)
+            finally:
+                gate.depth -= 1
+
+        self._set(module, wrapper, forward)
+        return self
 
 
 class AppEntry(ForwardWrapper):
@@ -331,6 +369,7 @@ class AppEntry(ForwardWrapper):
         gate = self.gate
         if gate.depth:
             return call(*args, **kwargs)
+        self.needed = True  # entered from app code: what it hands back matters
         caller = first_float_dtype((args, kwargs)) or self.fallback
         gate.depth += 1
         try:
@@ -345,6 +384,7 @@ class AppEntry(ForwardWrapper):
         forward, gate = module.forward, self.gate
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            self.seen = True
             if gate.depth or not self.active:
                 return forward(*args, **kwargs)
             return self.around(forward, args, kwargs)

@@ -13,6 +13,7 @@ from torch import nn
 
 from mixprec.casting.fp32compute import Fp32Compute
 from mixprec.casting.meet import DtypeMeet
+from mixprec.casting.prune import Pruner
 from mixprec.casting.hooks import (AppEntry, Boundary, EntryBoundary, EntryGate, LeafCast, UpcastScope, add_method_hook, cast_floats,
                                    first_float_dtype, own_tensors, pin_fp32)
 from mixprec.casting.spectral import SpectralScope, uses_spectral_ops
@@ -58,6 +59,7 @@ def install_wrappers(comps: dict[str, nn.Module], by_module: dict[int, ModulePla
     applied policy's revert removes what a failure half-way left behind.
     """
     for cname, root in comps.items():
+        first_handle = len(handles)
         gate = EntryGate()
         # A component without any 16-bit module gets no per-module casts at all.
         mixed = any(by_module[id(m)].storage != "fp32" or by_module[id(m)].compute_dtype != "fp32" for m in root.modules())
@@ -134,11 +136,16 @@ def install_wrappers(comps: dict[str, nn.Module], by_module: dict[int, ModulePla
         handles.extend(gate.install(root))
         children = list(called_children(root))
         for child in children:
-            entry = EntryBoundary(child, _dtype_fn(by_module[id(child)], by_module), gate)
-            handles.append(child.register_forward_pre_hook(entry.pre, with_kwargs=True))
-            handles.append(child.register_forward_hook(entry.post, with_kwargs=True, always_call=True))
+            handles.append(EntryBoundary(child, _dtype_fn(by_module[id(child)], by_module), gate).install())
         if mixed:
             _install_app_entries(root, {id(c) for c in children}, gate, entry_dtypes[cname], handles)
+        # Per-module wrappers that the first calls show never change a dtype come off. The
+        # direct children's entries stay: the app calls them from outside any component call.
+        wrappers = [h for h in handles[first_handle:] if isinstance(h, (LeafCast, AppEntry))]
+        if wrappers:
+            pruner = Pruner(wrappers)
+            for method in entry_methods(root):
+                handles.append(add_method_hook(root, method, pruner.around, priority=40))
 
 
 def _install_app_entries(root: nn.Module, direct: set[int], gate: EntryGate, fallback: torch.dtype,

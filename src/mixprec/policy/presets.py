@@ -7,9 +7,22 @@ capability decisions live in the small table below, not in if-ladders on GPU nam
 | preset     | matmul   | storage                                  | fp32 islands / upcasts |
 |------------|----------|------------------------------------------|------------------------|
 | quality    | highest  | fp32                                     | none needed            |
-| balanced   | high     | fastest 16-bit type measured fast        | norms, attention scores, output heads, sensitive hints |
+| balanced   | high     | fastest 16-bit type measured fast        | output heads, sensitive hints; norms of the model's own code and upcast attention only for fp16 |
 | fast       | medium   | fastest 16-bit type measured fast        | none; upcast attention if fp16 |
-| memory     | high     | 16-bit everywhere (bf16 if supported)    | norms and heads compute in fp32; upcast attention if fp16 |
+| memory     | high     | 16-bit everywhere (bf16 if supported)    | heads and hints compute in fp32; under fp16 also own-code norms, and upcast attention |
+
+Every island and upcast must pay for itself on the device, because each costs casts at
+its edges and, on a GPU, Python work per call:
+
+* **Attention** stays on the 16-bit SDPA path for bf16, which has fp32's exponent range;
+  scores are upcast only for fp16 (range 65,504), or where a guard found an overflow.
+* **Norms**: torch's norm layers (:data:`~mixprec.policy.roles.TORCH_NORMS`) accumulate
+  16-bit inputs in fp32 inside their kernels, so an fp32 island buys nothing there. A
+  norm of the model's own code (``role:custom-norm``) may square fp16 inputs, which
+  overflow above 256: under fp16 those stay fp32. A pipeline's hint naming a norm type
+  (``type:LayerNorm``) follows the same rule.
+* **Output heads** (``role:head``, one projection per component output) keep their output
+  in fp32 precision in ``balanced`` for two casts per call.
 
 Where the probe measured a layer kind faster kept in fp32 than in the chosen 16-bit type,
 casts included (bf16 ``GRU`` on a CPU with AVX512-BF16: several times slower than fp32),
@@ -23,20 +36,23 @@ CPU without AVX512-FP16 runs about 140x slower than fp32). On CUDA GPUs without 
 
 from __future__ import annotations
 
+import fnmatch
 import warnings
 from typing import Any, Mapping
 
 from mixprec.device.hardware import Hardware
 from mixprec.policy import CompileSettings, Policy, PolicyError, Rule
+from mixprec.policy.roles import TORCH_NORMS
 from mixprec.device.settings import NumericSettings, did_you_mean
 
 __all__ = ["PRESETS", "resolve", "preset", "UnknownPresetError"]
 
 PRESETS: tuple[str, ...] = ("quality", "balanced", "fast", "memory")
 
-#: Norm layers (not the modulation projections an adaptive norm owns): computed in fp32
-#: where a preset protects precision.
-_NORMS = "role:norm"
+#: Norm layers of the model's own code: computed in fp32 under fp16, whose range their
+#: squares can leave (torch's own norm layers accumulate in fp32 in their kernels).
+_OWN_NORMS = "role:custom-norm"
+_TORCH_NORM_NAMES = ", ".join(sorted({cls.__name__.rstrip("123d") for cls in TORCH_NORMS}))
 #: Output heads by role: final projections (Linear / conv), not sub-networks named "head".
 _HEADS = ("role:head",)
 
@@ -60,8 +76,33 @@ def _storage16(hw: Hardware) -> str:
     return "fp16"
 
 
-def _hint_rules(hints: tuple[str, ...], **fields: Any) -> list[Rule]:
-    return [Rule(h, optional=True, reason="marked precision-sensitive by the pipeline", **fields) for h in hints]
+def _hint_rules(hints: tuple[str, ...], dtype: str, **fields: Any) -> tuple[list[Rule], list[str]]:
+    """The pipeline's sensitive modules, pinned; a hint naming a norm type follows the norm
+    rule (torch's own norms never, the model's own only under fp16), and says so."""
+    rules, skipped = [], []
+    for hint in hints:
+        kind = hint[5:] if hint.startswith("type:") else None
+        if kind is not None and fnmatch.fnmatchcase(kind, "*Norm*"):
+            torch_norm = any(fnmatch.fnmatchcase(cls.__name__, kind) for cls in TORCH_NORMS)
+            if torch_norm or dtype != "fp16":
+                skipped.append(hint)
+                continue
+        rules.append(Rule(hint, optional=True, reason="marked precision-sensitive by the pipeline", **fields))
+    reasons = [f"pipeline hints {', '.join(skipped)} not pinned: "
+               + ("torch's norm kernels accumulate 16-bit inputs in fp32" if dtype == "fp16" else
+                  f"torch's norm kernels accumulate 16-bit inputs in fp32, and {dtype} keeps fp32's exponent range")
+               + " (an island would cost two casts per call for no precision)"] if skipped else []
+    return rules, reasons
+
+
+def _norm_rules(dtype: str, **fields: Any) -> tuple[list[Rule], list[str]]:
+    """Norm layers: which stay in fp32 under ``dtype``, and why the others do not."""
+    why = (f"no fp32 island for torch's norm layers ({_TORCH_NORM_NAMES}): their kernels accumulate "
+           f"{dtype} inputs in fp32, so an island would cost two casts per call for no precision")
+    if dtype != "fp16":
+        return [], [why + f"; norms of the model's own code stay {dtype} too ({dtype} keeps fp32's exponent range)"]
+    reason = "a norm of the model's own code may square fp16 inputs, which overflow above 256"
+    return [Rule(_OWN_NORMS, optional=True, reason=reason, **fields)], [why, f"norm layers of the model's own code in fp32: {reason}"]
 
 
 def _island_rules(hardware: Hardware, dtype: str, *, memory: bool) -> tuple[list[Rule], list[str]]:
@@ -128,20 +169,26 @@ def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = 
         islands, why = _island_rules(hardware, fast16, memory=False)
         rules.extend(islands)
         reasons.extend(why)
-        upcast = key == "balanced" or fast16 == "fp16"
-        if upcast:
-            rules.append(Rule("*", upcast_attention=True, optional=True,
-                              reason="attention scores and softmax in fp32" + (" (fp16 range 65,504)" if fast16 == "fp16" else "")))
-            reasons.append("attention scores (Q·Kᵀ, softmax) computed in fp32"
-                           + ("; fp16 overflows above 65,504" if fast16 == "fp16" else ""))
+        if fast16 == "fp16":
+            rules.append(Rule("*", upcast_attention=True, optional=True, reason="attention scores and softmax in fp32 (fp16 range 65,504)"))
+            reasons.append("attention scores (Q·Kᵀ, softmax) computed in fp32; fp16 overflows above 65,504")
+        else:
+            reasons.append(f"attention stays on the {fast16} SDPA kernels: {fast16} keeps fp32's exponent range, so scores "
+                           "need no upcast (a guard that finds an overflow pins the module)")
         if key == "balanced":
-            rules.append(Rule(_NORMS, keep_fp32=True, optional=True, reason="normalisation statistics in fp32"))
-            rules.extend(Rule(h, keep_fp32=True, optional=True, reason="output head / output stage in fp32") for h in _HEADS)
-            reasons.append("norm layers and output heads (final projections: lm_head, conv_post, final_proj, "
-                           "the last projection of each component) kept fp32")
-            rules.extend(_hint_rules(hints, keep_fp32=True))
-            if hints:
-                reasons.append(f"pipeline's sensitive modules kept fp32: {', '.join(hints)}")
+            norms, why = _norm_rules(fast16, keep_fp32=True)
+            rules.extend(norms)
+            reasons.extend(why)
+            rules.extend(Rule(h, keep_fp32=True, optional=True,
+                              reason="output head: the component's output keeps fp32 precision, for two casts per call")
+                         for h in _HEADS)
+            reasons.append("output heads (final projections: lm_head, conv_post, final_proj, the last projection of each "
+                           "component) kept fp32: two casts per call")
+            hinted, why = _hint_rules(hints, fast16, keep_fp32=True)
+            rules.extend(hinted)
+            reasons.extend(why)
+            if hinted:
+                reasons.append(f"pipeline's sensitive modules kept fp32: {', '.join(r.match for r in hinted)}")
         else:
             reasons.append("no fp32 islands: every island costs casts at its boundaries"
                            + (f"; the pipeline's sensitive modules ({', '.join(hints)}) are not pinned, use 'balanced' to pin them" if hints else ""))
@@ -158,9 +205,13 @@ def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = 
         islands, why = _island_rules(hardware, storage, memory=True)
         rules.extend(islands)
         reasons.extend(why)
-    rules.append(Rule(_NORMS, compute="fp32", optional=True, reason="norm statistics computed in fp32"))
-    rules.extend(_hint_rules(hints, compute="fp32"))
-    reasons.append("norm layers" + (" and the pipeline's sensitive modules" if hints else "") + " compute in fp32 from 16-bit weights")
+    if native:  # (otherwise everything computes in fp32 already)
+        norms, why = _norm_rules(storage, compute="fp32")
+        hinted, hint_why = _hint_rules(hints, storage, compute="fp32")
+        rules.extend(norms + hinted)
+        reasons.extend(why + hint_why)
+        if hinted:
+            reasons.append(f"pipeline's sensitive modules compute in fp32 from 16-bit weights: {', '.join(r.match for r in hinted)}")
     if storage == "fp16":
         rules.append(Rule("*", upcast_attention=True, optional=True, reason="fp16 attention scores overflow above 65,504"))
         reasons.append("attention scores computed in fp32 (fp16 range 65,504)")

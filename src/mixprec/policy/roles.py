@@ -26,12 +26,20 @@ from torch import nn
 
 from mixprec.policy.tree import first_weight_owner, is_container
 
-__all__ = ["ROLES", "output_heads", "norm_layers", "Declaration", "declarations", "is_projection", "dtype_sources", "dtype_property_source"]
+__all__ = ["ROLES", "TORCH_NORMS", "output_heads", "norm_layers", "custom_norm_layers", "Declaration", "declarations", "is_projection", "dtype_sources", "dtype_property_source"]
 
 _FRAMEWORKS = ("torch.", "transformers.", "diffusers.", "huggingface_hub.")
 
 #: Roles a rule may select with ``role:<name>``.
-ROLES: tuple[str, ...] = ("head", "norm")
+ROLES: tuple[str, ...] = ("head", "norm", "custom-norm")
+
+#: torch's norm layers whose CPU and CUDA kernels accumulate 16-bit inputs in fp32 (the
+#: mean and variance never exist in 16 bits): keeping them in fp32 buys no precision.
+#: ``RMSNorm`` is not among them: before torch 2.6 it squares its input in its own dtype.
+TORCH_NORMS: tuple[type[nn.Module], ...] = (
+    nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm,
+    nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d,
+)
 
 _PROJECTIONS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 # Last name segments that denote an output stage's final projection across model families
@@ -73,6 +81,14 @@ def output_heads(components: dict[str, nn.Module]) -> set[int]:
         if last is not None and last is not root:
             heads.add(id(last))
     return heads
+
+
+def custom_norm_layers(components: dict[str, nn.Module]) -> set[int]:
+    """``id`` of every module with the ``custom-norm`` role: a norm layer (see
+    :func:`norm_layers`) that is not one of :data:`TORCH_NORMS` (an RMSNorm of the
+    model's own code, which may square its input in its own dtype)."""
+    modules = {id(m): m for root in components.values() for m in root.modules()}
+    return {key for key in norm_layers(components) if type(modules[key]) not in TORCH_NORMS}
 
 
 def norm_layers(components: dict[str, nn.Module]) -> set[int]:

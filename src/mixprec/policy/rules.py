@@ -9,8 +9,9 @@ Matching and precedence:
 * ``match`` is a glob on the qualified module name (``vae``, ``t3.*``, ``*.norm*``),
   ``type:<glob>`` on the class name or any of its base-class names
   (``type:LayerNorm``, ``type:*Norm``), ``role:head`` for output heads (final
-  projections) or ``role:norm`` for normalisation layers (not the projections an
-  adaptive norm owns), see :mod:`mixprec.policy.roles`.
+  projections), ``role:norm`` for normalisation layers (not the projections an
+  adaptive norm owns) or ``role:custom-norm`` for those that are not torch's own
+  (whose kernels accumulate in fp32), see :mod:`mixprec.policy.roles`.
 * A rule applies to every module it matches **and to their descendants**, so
   ``vae`` covers the whole VAE.
 * For each field separately, **the last rule that matches and sets it wins**.

@@ -13,7 +13,7 @@ from typing import Iterable, Iterator
 
 from torch import nn
 
-from mixprec.policy.roles import Declaration, declarations, dtype_sources, norm_layers, output_heads
+from mixprec.policy.roles import Declaration, custom_norm_layers, declarations, dtype_sources, norm_layers, output_heads
 from mixprec.policy.rules import RULE_FIELDS, Policy
 
 __all__ = ["ModulePlan", "iter_modules", "resolve_modules", "closest_names"]
@@ -72,7 +72,8 @@ def resolve_modules(components: dict[str, nn.Module], policy: Policy) -> tuple[l
     plans: list[ModulePlan] = []
     counting: dict[int, frozenset[int]] = {}
     wanted = {r.role for r in policy.rules if r.role}
-    roles = {role: finder(components) for role, finder in (("head", output_heads), ("norm", norm_layers)) if role in wanted} \
+    roles = {role: finder(components) for role, finder in (("head", output_heads), ("norm", norm_layers),
+                                                                   ("custom-norm", custom_norm_layers)) if role in wanted} \
         if wanted else None
     declared = declarations(components) if policy.model_declarations else []
     sources = dtype_sources(components) if policy.model_declarations else {}

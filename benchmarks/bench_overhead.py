@@ -1,0 +1,175 @@
+"""What mixprec costs over a naive 16-bit cast, and what it gains over fp32, on the reference pipelines.
+
+Every configuration runs the same pipeline object on the same inputs in one process:
+fp32, the naive casts (every component ``.to(bfloat16)`` / ``.half()``, set up by
+``mixprec.bench.configs.setup`` as ``mixprec bench`` does) and the presets (applied with
+``mixprec.apply``). tts is teacher-forced on the fp32 run's speech tokens, so every
+configuration does the same work. Round 0 is an untimed warm-up; then, in interleaved
+rounds whose order reverses every other round (A-B-B-A), each configuration is set up,
+timed on ``--calls`` calls (the fastest counts for the round) and reverted: a preset by
+``Applied.revert``, a naive cast by putting the fp32 tensors themselves back, so fp32
+stays bit-exact (checked at the end). Ratios are paired per round
+(:func:`mixprec.measure.stats.paired_ratio`): speed-up = fp32 time / configuration time,
+and the same against the faster naive cast of that round.
+
+After its warm-up call, each configuration runs once more under ``sys.setprofile``,
+counting the Python function calls whose code lies in the mixprec package, except the
+reference pipelines' own code (``mixprec/pipelines``): the Python work mixprec adds per
+run. Quality is the SQNR of the warm-up output against the fp32 output.
+
+Usage:
+    HF_HUB_OFFLINE=1 python benchmarks/bench_overhead.py [--pipelines tts,diffusion,minilm] [--sizes test,default]
+        [--repeat 5] [--calls 3] [--configs fp32,naive-bf16,naive-fp16,balanced,fast,memory] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+from collections import Counter
+
+import torch
+from _report import finish
+from bench_presets import sqnr_db
+
+import mixprec
+from mixprec import hardware, pipelines
+from mixprec.bench import configs
+from mixprec.measure.stats import paired_ratio
+
+CONFIGS = "fp32,naive-bf16,naive-fp16,balanced,fast,memory"
+KINDS = ("baseline", "naive", "autocast", "preset")  # the ones this script can revert in place
+PACKAGE = os.path.dirname(os.path.abspath(mixprec.__file__)) + os.sep
+WORKLOAD = os.path.join(PACKAGE, "pipelines") + os.sep
+
+
+@contextlib.contextmanager
+def configured(spec: configs.ConfigSpec, pipe, hw: hardware.Hardware):
+    """``pipe`` set up as ``spec`` says inside the block, back to its fp32 self (bit-exact) after it."""
+    if spec.kind == "preset":
+        applied = mixprec.apply(pipe, mixprec.preset(spec.arg, hardware=hw, hints=tuple(pipe.sensitive)))
+        try:
+            yield
+        finally:
+            applied.revert()
+        return
+    # .to(dtype) gives parameters new data and modules new buffers: keep the old ones to put back.
+    saved = [(store, name, tensor, tensor.data) for component in pipe.components.values() for module in component.modules()
+             for store in (module._parameters, module._buffers) for name, tensor in store.items() if tensor is not None]
+    context, _ = configs.setup(spec, pipe, hw)
+    try:
+        with context():
+            yield
+    finally:
+        for store, name, tensor, data in saved:
+            store[name] = tensor
+            tensor.data = data
+
+
+def python_calls(run) -> Counter:
+    """Python function calls during ``run()`` into mixprec (``"mixprec"``) and into the reference pipelines (``"pipeline"``)."""
+    counts: Counter = Counter()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(PACKAGE):
+            counts["pipeline" if frame.f_code.co_filename.startswith(WORKLOAD) else "mixprec"] += 1
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return counts
+
+
+def ratio(reference: list[float], candidate: list[float]) -> str:
+    r = paired_ratio(reference, candidate)
+    return f"{r.text()} {r.verdict()}"
+
+
+def bench(name: str, size: str, specs: list, repeat: int, calls: int, hw: hardware.Hardware) -> list[str]:
+    """The markdown table of one pipeline at one size."""
+    pipe = pipelines.get(name, size=size, seed=0)
+    inputs = pipe.example_inputs(1, 0)
+    reference = pipe.run(inputs)
+    kwargs = {"speech_tokens": reference.speech_tokens} if name == "tts" else {}
+
+    def run():
+        return pipe.run(inputs, **kwargs)
+
+    times: dict[str, list[float]] = {spec.name: [] for spec in specs}
+    quality: dict[str, float] = {}
+    counts: dict[str, Counter] = {}
+    for round_index in range(repeat + 1):  # round 0: warm-up, quality and the counted run
+        for spec in (specs if round_index % 2 else specs[::-1]):
+            with configured(spec, pipe, hw):
+                if round_index == 0:
+                    quality[spec.name] = sqnr_db(run().output, reference.output)
+                    counts[spec.name] = python_calls(run)
+                    continue
+                samples = []
+                for _ in range(calls):
+                    start = time.perf_counter()
+                    run()
+                    samples.append(time.perf_counter() - start)
+                times[spec.name].append(min(samples))
+    exact = torch.equal(run().output, reference.output)
+
+    naive = [times[n] for n in ("naive-bf16", "naive-fp16") if n in times]
+    best_naive = [min(round_times) for round_times in zip(*naive)] if naive else None
+    lines = [f"### {name}, size={size}", "",
+             "| config | median ms | speed-up vs fp32 (interval) verdict | vs best naive (interval) verdict "
+             "| SQNR vs fp32 (dB) | mixprec Python calls per run |", "|---|---|---|---|---|---|"]
+    for spec in specs:
+        t = times[spec.name]
+        lines.append(f"| {spec.name} | {statistics.median(t) * 1e3:.1f} | "
+                     f"{'reference' if spec.name == 'fp32' else ratio(times['fp32'], t)} | "
+                     f"{ratio(best_naive, t) if best_naive else '-'} | {quality[spec.name]:.1f} | {counts[spec.name]['mixprec']} |")
+    lines += ["", f"Not counted: the pipeline's own code in mixprec/pipelines, {counts['fp32']['pipeline']} calls per fp32 run. "
+              f"fp32 after every configuration was applied and reverted: {'bit-exact' if exact else 'NOT bit-exact'} "
+              "against the first run.", ""]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pipelines", default="tts,diffusion,minilm")
+    parser.add_argument("--sizes", default="test,default")
+    parser.add_argument("--repeat", type=int, default=5, help="timed rounds after the warm-up round")
+    parser.add_argument("--calls", type=int, default=3, help="timed calls per configuration and round (the fastest counts)")
+    parser.add_argument("--configs", default=CONFIGS, help="fp32, naive-bf16/fp16, autocast-bf16/fp16, presets")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    hw = hardware.probe()
+    specs, notes = configs.parse_configs(args.configs, hw)
+    unsupported = [s.name for s in specs if s.kind not in KINDS or s.compile]
+    if unsupported:
+        parser.error(f"cannot measure {', '.join(unsupported)} here (global settings, policy files and compiled "
+                     "configurations are not reverted in place); use mixprec bench")
+    lines = [
+        f"$ HF_HUB_OFFLINE=1 python benchmarks/bench_overhead.py {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip(),
+        "",
+        f"device: {hw.device_type} ({hw.name}; CPU flags: {', '.join(hw.cpu_flags) or 'none of avx512*/amx*'}), "
+        f"{hw.threads} threads, torch {torch.__version__}; probe: bf16 {hw.dtypes['bf16'].klass} ({hw.dtypes['bf16'].ratio}x), "
+        f"fp16 {hw.dtypes['fp16'].klass} ({hw.dtypes['fp16'].ratio}x)",
+        f"batch 1; {args.repeat} interleaved A-B-B-A rounds after a warm-up round; per round, the fastest of {args.calls} "
+        "calls; ratios paired per round (median, 95 % bootstrap interval, or the range below 5 rounds): speed-up = "
+        "fp32 time / its time, 'vs best naive' = the faster naive cast's time / its time; verdict 'above' = faster over "
+        "the whole interval, 'below' = slower, 'undecided' = the interval holds 1 (always below 3 rounds)",
+        *notes,
+        "",
+    ]
+    for name in args.pipelines.split(","):
+        for size in args.sizes.split(","):
+            table = bench(name.strip(), size.strip(), specs, args.repeat, args.calls, hw)
+            print("\n".join(table), flush=True)
+            lines += table
+    return finish(lines, args.out)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
