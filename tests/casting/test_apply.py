@@ -224,3 +224,49 @@ def test_revert_restores_plain_tensors_made_under_inference_mode():
         table.mul_(2.0)  # changed in place: put back from the copy
     with torch.inference_mode():
         assert model.pos.pe is table and torch.equal(model(x), before)
+
+
+class _RecordingLSTM(nn.LSTM):
+    """A real LSTM that records the dtype of its weights whenever it is re-flattened."""
+
+    def flatten_parameters(self) -> None:
+        self.__dict__.setdefault("flattened", []).append(self.weight_ih_l0.dtype)
+        super().flatten_parameters()
+
+
+def test_rnn_weights_are_reflattened_after_cast_and_after_revert():
+    """Weights swapped one by one leave cuDNN's flat buffer; apply and revert rebuild it."""
+    model = nn.Sequential(_RecordingLSTM(8, 16, batch_first=True))
+    model[0].flattened = []
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    applied = mixprec.apply(model, Policy((Rule("*", storage="bf16"),)))
+    assert model[0].flattened == [torch.bfloat16]
+    applied.revert()
+    assert model[0].flattened == [torch.bfloat16, torch.float32]
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="cuDNN's flat RNN weights need a CUDA GPU")
+def test_cast_rnn_on_cuda_warns_nothing_and_reverts_bit_exactly():
+    import warnings
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LSTM(32, 64, batch_first=True), nn.GRU(64, 64, batch_first=True)).cuda()
+
+    class Run(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner[1](self.inner[0](x)[0])[0]
+
+    net = Run(model)
+    x = torch.randn(2, 10, 32, device="cuda")
+    with torch.no_grad():
+        reference = net(x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # "RNN module weights are not part of single contiguous chunk"
+            with mixprec.apply(net, Policy((Rule("*", storage="bf16"),))):
+                assert net(x).dtype == torch.float32
+            assert torch.equal(net(x), reference)

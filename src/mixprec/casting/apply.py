@@ -153,6 +153,7 @@ class Applied:
                             current.data = original
                     else:
                         table[slot[2:]] = tensor
+        flatten_rnns(self.components)
         self._originals.clear()
         self._locations.clear()
         self._followed.clear()
@@ -268,6 +269,20 @@ def apply(
     return applied
 
 
+def flatten_rnns(comps: dict[str, nn.Module]) -> None:
+    """Put every RNN's weights back into one contiguous buffer after they were swapped.
+
+    cuDNN runs an ``LSTM``/``GRU`` from a single flat weight buffer; weights cast (or
+    restored) one tensor at a time leave it, and every later call then re-packs them and
+    warns ("RNN module weights are not part of single contiguous chunk of memory"). On
+    the CPU, and for an RNN whose weights differ in dtype, this is a no-op (torch's own rule).
+    """
+    for root in comps.values():
+        for module in root.modules():
+            if isinstance(module, nn.RNNBase):
+                module.flatten_parameters()
+
+
 def _validate(comps: dict[str, nn.Module], policy: Policy, strict: bool) -> list[ModulePlan]:
     plans, unmatched = resolve_modules(comps, policy)
     if unmatched:
@@ -332,6 +347,7 @@ def _materialize(applied: Applied) -> None:
     applied._original_dtypes = {key: t.dtype for key, (t, _) in new_data.items()}
     for t, data in new_data.values():
         t.data = data
+    flatten_rnns(comps)
     applied._active = True
 
     try:
