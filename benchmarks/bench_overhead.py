@@ -12,7 +12,8 @@ stays bit-exact (checked at the end). Ratios are paired per round
 (:func:`mixprec.measure.stats.paired_ratio`): speed-up = fp32 time / configuration time,
 and the same against the faster naive cast of that round.
 
-After its warm-up call, each configuration runs once more under ``sys.setprofile``,
+After its warm-up calls (as many as an applied model takes to decide which per-module
+casts it keeps), each configuration runs once more under ``sys.setprofile``,
 counting the Python function calls whose code lies in the mixprec package, except the
 reference pipelines' own code (``mixprec/pipelines``): the Python work mixprec adds per
 run. Quality is the SQNR of the warm-up output against the fp32 output.
@@ -45,6 +46,8 @@ CONFIGS = "fp32,naive-bf16,naive-fp16,balanced,fast,memory"
 KINDS = ("baseline", "naive", "autocast", "preset")  # the ones this script can revert in place
 PACKAGE = os.path.dirname(os.path.abspath(mixprec.__file__)) + os.sep
 WORKLOAD = os.path.join(PACKAGE, "pipelines") + os.sep
+#: Calls before the counted one: an applied model decides its per-module casts in its first calls.
+STEADY = 4
 
 
 @contextlib.contextmanager
@@ -109,6 +112,8 @@ def bench(name: str, size: str, specs: list, repeat: int, calls: int, hw: hardwa
             with configured(spec, pipe, hw):
                 if round_index == 0:
                     quality[spec.name] = sqnr_db(run().output, reference.output)
+                    for _ in range(STEADY):
+                        run()
                     counts[spec.name] = python_calls(run)
                     continue
                 samples = []

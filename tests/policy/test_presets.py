@@ -159,3 +159,73 @@ def test_cli_presets_and_explain(bf16_cpu):
     assert norm["compute"] == "bf16" and not norm["keep_fp32"]
     result = runner.invoke(app, ["explain", "--pipeline", "tts", "--size", "test", "--preset", "fastt"])
     assert result.exit_code == 2 and "did you mean 'fast'" in result.output
+
+
+class OwnRMSNorm(torch.nn.Module):
+    """An RMSNorm of a model's own code: squares its input in the input's dtype."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+class NormNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(8, 8)
+        self.ln = torch.nn.LayerNorm(8)
+        self.gn = torch.nn.GroupNorm(2, 8)
+        self.rms = OwnRMSNorm(8)
+        self.mid = torch.nn.Linear(8, 8)
+        self.out = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.ln(self.inp(x))
+        h = self.gn(h.unsqueeze(-1)).squeeze(-1)
+        return self.out(self.mid(self.rms(h)))
+
+
+@pytest.mark.parametrize("name", ["balanced", "fast", "memory"])
+def test_bf16_presets_keep_attention_on_16bit_kernels_and_pay_for_no_norm_island(name):
+    hints = ("type:LayerNorm", "type:GroupNorm", "type:OwnRMSNorm", "out")
+    for hw in (AMD_CPU, AMPERE):
+        policy, reasons = presets.resolve(name, hw, hints)
+        assert not any(r.upcast_attention for r in policy.rules), (name, hw.device_type)
+        assert not any(r.match.startswith(("role:norm", "role:custom-norm", "type:LayerNorm", "type:GroupNorm",
+                                           "type:OwnRMSNorm")) for r in policy.rules)
+        rows = {r["module"]: r for r in mixprec.explain(NormNet(), policy)}
+        for norm in ("ln", "gn", "rms"):
+            assert rows[norm]["compute"] == "bf16", (name, norm)
+        if name != "fast":  # (fast keeps no island of any kind)
+            assert any("accumulate bf16 inputs in fp32" in r for r in reasons)
+        assert any("attention stays on the bf16 SDPA kernels" in r for r in reasons)
+        if name != "fast":  # the pipeline's hint on a module by name is still honoured
+            assert rows["out"]["compute"] == "fp32"
+
+
+def test_fp16_presets_upcast_attention_and_keep_only_own_code_norms_in_fp32():
+    hints = ("type:LayerNorm", "type:OwnRMSNorm")
+    balanced, reasons = presets.resolve("balanced", TURING, hints)
+    rows = {r["module"]: r for r in mixprec.explain(NormNet(), balanced)}
+    assert rows["ln"]["compute"] == "fp16" and rows["gn"]["compute"] == "fp16"  # torch's kernels accumulate in fp32
+    assert rows["rms"]["compute"] == "fp32" and rows["rms"]["keep_fp32"]       # squares fp16 inputs itself
+    assert "% of the weights" in rows["rms"]["reason"]
+    unhinted = {r["module"]: r for r in mixprec.explain(NormNet(), presets.resolve("balanced", TURING)[0])}
+    assert unhinted["rms"]["keep_fp32"] and "overflow above 256" in unhinted["rms"]["reason"]
+    assert any(r.upcast_attention for r in balanced.rules)
+    assert any("type:LayerNorm not pinned" in r for r in reasons)
+    assert any(r.match == "type:OwnRMSNorm" and r.keep_fp32 for r in balanced.rules)
+    memory, _ = presets.resolve("memory", TURING, hints)
+    rows = {r["module"]: r for r in mixprec.explain(NormNet(), memory)}
+    assert rows["rms"]["storage"] == "fp16" and rows["rms"]["compute"] == "fp32"
+    assert rows["ln"]["compute"] == "fp16" and any(r.upcast_attention for r in memory.rules)
+
+
+def test_presets_on_cuda_offer_cuda_graphs_for_token_by_token_decode():
+    _, reasons = presets.resolve("fast", AMPERE)
+    assert any("reduce-overhead" in r for r in reasons)
+    _, reasons = presets.resolve("fast", AMD_CPU)
+    assert not any("reduce-overhead" in r for r in reasons)

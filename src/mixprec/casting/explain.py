@@ -11,14 +11,22 @@ import torch
 from mixprec.casting.targets import DTYPES, components_of
 from mixprec.casting.upcast import is_attention_module, sdpa_overflows
 from mixprec.policy.roles import dtype_property_source
-from mixprec.policy.tree import called_children, first_weight_owner
+from mixprec.policy.tree import called_children, first_weight_owner, token_decoder
 from mixprec.policy import ModulePlan, Policy, resolve_modules
 
-__all__ = ["explain", "explain_warnings", "explain_rows", "dtype_read_warnings"]
+__all__ = ["explain", "explain_warnings", "explain_rows", "dtype_read_warnings", "compile_advice"]
+
+
+def _island_share(plan: ModulePlan, total: int) -> str:
+    """What an fp32 island holds, as a figure for its reason: its share of the weights."""
+    own = sum(p.numel() for p in plan.module.parameters())
+    return f" ({own / total:.2%} of the weights; casts at its edges on every call)" if total and own else ""
 
 
 def explain_rows(plans: list[ModulePlan], policy: Policy) -> list[dict[str, Any]]:
     rows = []
+    mixed = any(p.storage != "fp32" for p in plans)
+    total = sum(p.numel() for p in {id(t): t for plan in plans for t in plan.module.parameters(recurse=False)}.values())
     for plan in plans:
         index = plan.decided_by.get("storage")
         rule = policy.rules[index] if index is not None else None
@@ -33,6 +41,8 @@ def explain_rows(plans: list[ModulePlan], policy: Policy) -> list[dict[str, Any]
         else:
             rule_text = f"#{index} {rule.match}" if rule is not None else "default (fp32)"
             reason = rule.reason if rule is not None else ""
+            if mixed and rule is not None and plan.compute_dtype == "fp32" and (rule.keep_fp32 or rule.compute == "fp32"):
+                reason += _island_share(plan, total)
         rows.append({
             "module": plan.qualname or "(root)",
             "type": plan.type_name,
@@ -106,3 +116,25 @@ def explain_warnings(target: Any, policy: Policy) -> list[str]:
     comps, _ = components_of(target)
     plans, _ = resolve_modules(comps, policy)
     return dtype_read_warnings(plans)
+
+
+def compile_advice(target: Any, policy: Policy, device_type: str) -> list[str]:
+    """Where CUDA graphs would pay: components that decode token by token, on a CUDA device,
+    under a policy that does not capture them yet (``compile`` mode ``reduce-overhead``).
+
+    A decode step launches hundreds of small kernels for one token; on a GPU the launches,
+    not the arithmetic, are its time, so a 16-bit type alone gains little there. Replaying
+    the step as a CUDA graph removes the launches. On a CPU there is nothing to replay.
+    """
+    if device_type != "cuda" or (policy.compile is not None and policy.compile.mode == "reduce-overhead"):
+        return []
+    comps, _ = components_of(target)
+    advice = []
+    for name, root in comps.items():
+        decoder = token_decoder(root)
+        if decoder is not None:
+            advice.append(f"{name or 'the model'} decodes token by token ({type(decoder).__name__} takes a key/value "
+                          "cache): each step is launch-bound on a GPU; capture it as CUDA graphs with the policy's "
+                          "compile setting mode = \"reduce-overhead\" (mixprec.preset(..., overrides={\"compile\": "
+                          "{\"mode\": \"reduce-overhead\"}}), or [compile] in a policy file)")
+    return advice

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Iterator, Optional
 import typer
 
 import mixprec
+from mixprec.casting.explain import compile_advice
 from mixprec.cli._app import app
 from mixprec.cli._common import (
     MAX_BATCH,
@@ -68,19 +69,28 @@ def explain(
         pol = _policy_for(pipe, preset, policy, device)
         rows = mixprec.explain(pipe, pol)
         pitfalls = mixprec.explain_warnings(pipe, pol)
+        advice = compile_advice(pipe, pol, _device_type(device))
     except (ValueError, NotImplementedError) as exc:
         fail(exc)
     if not all_modules:
         owners = {name for name, m in _owners(pipe)}
         rows = [r for r in rows if r["module"] in owners]
     if as_json:
-        console.print_json(json.dumps({"policy": pol.to_dict(), "modules": rows, "warnings": pitfalls}))
+        console.print_json(json.dumps({"policy": pol.to_dict(), "modules": rows, "warnings": pitfalls, "advice": advice}))
         return
     console.print(table(f"{pipeline} under {pol.name}", ["module", "type", "storage", "compute", "attention", "rule"],
                         [[r["module"], r["type"], r["storage"], r["compute"], r["attention"] or None, r["rule"]] for r in rows]))
     say(console, "rules: " + "; ".join(f"#{i} {r.match}: {r.reason}" for i, r in enumerate(pol.rules) if r.reason))
     for pitfall in pitfalls:
         say(console, "warning: ", pitfall)
+    for line in advice:
+        say(console, "advice: ", line)
+
+
+def _device_type(device: str | None) -> str:
+    import torch
+
+    return torch.device(device).type if device else ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _model_error(pipe: Any, inputs: Any, pipeline: str, policy_name: str, exc: Exception) -> str:

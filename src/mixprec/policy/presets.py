@@ -150,6 +150,11 @@ def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = 
         reasons.append(f"{' and '.join(undecided)}: the probe's timing rounds disagreed on {hardware.name} (a busy "
                        "machine?), so treated as not fast and not cached; the next process measures again")
 
+    if hardware.device_type == "cuda" and key != "quality":
+        reasons.append("a pipeline that decodes token by token is launch-bound on a GPU (hundreds of small kernels per "
+                       "token): capture it as CUDA graphs with compile mode 'reduce-overhead' (`mixprec explain` names "
+                       "the components that decode)")
+
     if key == "quality":
         rules.append(Rule("*", storage="fp32", optional=True, reason="quality: full fp32"))
         reasons.append("fp32 storage and compute everywhere; float32 matmul precision 'highest'")
@@ -180,7 +185,7 @@ def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = 
             rules.extend(norms)
             reasons.extend(why)
             rules.extend(Rule(h, keep_fp32=True, optional=True,
-                              reason="output head: the component's output keeps fp32 precision, for two casts per call")
+                              reason="output head: the component's output keeps fp32 precision")
                          for h in _HEADS)
             reasons.append("output heads (final projections: lm_head, conv_post, final_proj, the last projection of each "
                            "component) kept fp32: two casts per call")
@@ -215,6 +220,8 @@ def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = 
     if storage == "fp16":
         rules.append(Rule("*", upcast_attention=True, optional=True, reason="fp16 attention scores overflow above 65,504"))
         reasons.append("attention scores computed in fp32 (fp16 range 65,504)")
+    elif native:
+        reasons.append("attention stays on the bf16 SDPA kernels: bf16 keeps fp32's exponent range, so scores need no upcast")
     return Policy(tuple(rules), NumericSettings(matmul="high"), name=key), reasons
 
 

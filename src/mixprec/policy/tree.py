@@ -10,7 +10,10 @@ from typing import Iterator
 
 from torch import nn
 
-__all__ = ["entry_methods", "is_torch_layer", "is_container", "called_children", "first_weight_owner"]
+__all__ = ["entry_methods", "is_torch_layer", "is_container", "called_children", "first_weight_owner", "token_decoder"]
+
+#: Parameters of a ``forward`` that carries a key/value cache from one decode step to the next.
+_CACHE_PARAMETERS = ("past_key_values", "past_key_value", "use_cache", "kv_cache", "layer_past", "cache_position")
 
 
 _FRAMEWORK_MODULES = ("torch.", "transformers.modeling_utils", "transformers.generation", "transformers.integrations",
@@ -59,4 +62,18 @@ def first_weight_owner(module: nn.Module) -> nn.Module | None:
     for name, param in module.named_parameters():
         if param.is_floating_point():
             return module.get_submodule(name.rpartition(".")[0]) if "." in name else module
+    return None
+
+
+def token_decoder(module: nn.Module) -> nn.Module | None:
+    """The first module in ``module``'s tree whose ``forward`` takes a key/value cache
+    (``past_key_values``, ``use_cache``, ...): a model that decodes token by token, whose
+    steps on a GPU are launch-bound (many small kernels per token). ``None`` where none does."""
+    for sub in module.modules():
+        try:
+            params = inspect.signature(type(sub).forward).parameters
+        except (TypeError, ValueError):
+            continue
+        if any(name in params for name in _CACHE_PARAMETERS):
+            return sub
     return None
