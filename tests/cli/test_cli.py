@@ -116,7 +116,10 @@ def test_tune_command_writes_a_loadable_policy_and_reuses_the_store(tmp_path):
             "--repeat", "1", "--db", str(db)]
     first = runner.invoke(app, [*args, "--out", str(out)])
     assert first.exit_code == 0, first.output
-    assert "chosen: #" in first.output and "the speed of fp32" in first.output
+    # Which policy wins depends on this machine's timings (a busy machine rightly keeps fp32);
+    # either way the chosen line says how it compares with fp32.
+    assert "chosen: #" in first.output
+    assert "the speed of fp32" in first.output or "(baseline fp32): fp32 itself" in first.output
     assert "validation: On seeds 2, 3, 4, never used by the search, the chosen policy meets cosine>=0.999" in first.output
     assert "how sure" in first.output and "spread" in first.output
     assert first.output.count("chosen") >= 2  # the chosen row is in the table even when re-timing picked it
