@@ -12,7 +12,10 @@ the measurement).
 :func:`island_gains` times both for each kind in :data:`KINDS` on shapes typical of the
 models mixprec serves, in interleaved rounds (each round's fastest call kept). A kind
 counts as faster in fp32 only where every round says so by more than
-:data:`MARGIN`: noise never adds an island.
+:data:`MARGIN`: noise never adds an island. The 16-bit copy is made with ``.to(dtype)``,
+which re-flattens an RNN's weights into cuDNN's single buffer: the state ``apply`` leaves
+a cast RNN in (:func:`mixprec.casting.apply.flatten_rnns`), never the re-packing per call
+that weights cast one by one would cost.
 """
 
 from __future__ import annotations
