@@ -107,7 +107,10 @@ def test_every_preset_runs_finite_and_reverts_bit_exact(name):
         with mixprec.apply(pipe, policy) as applied:
             out = pipe.run(inputs, **kwargs)
             if preset == "memory":
-                assert abs(applied.weight_bytes() / (fp32_bytes / 2) - 1) < 0.01, preset
+                # 16-bit everywhere but for the layer kinds this machine's probe measured faster in fp32
+                kept = sum(p.numel() * 2 for plan in applied.plans if plan.storage == "fp32"
+                           for p in plan.module.parameters(recurse=False))
+                assert abs(applied.weight_bytes() / (fp32_bytes / 2 + kept) - 1) < 0.01, preset
         assert torch.isfinite(out.output).all(), preset
         assert out.output.shape == reference.output.shape
         assert all(t.dtype == dtype and torch.equal(t, data) for t, dtype, data in before), preset
@@ -202,8 +205,8 @@ def test_bf16_presets_keep_attention_on_16bit_kernels_and_pay_for_no_norm_island
         if name != "fast":  # (fast keeps no island of any kind)
             assert any("accumulate bf16 inputs in fp32" in r for r in reasons)
         assert any("attention stays on the bf16 SDPA kernels" in r for r in reasons)
-        if name != "fast":  # the pipeline's hint on a module by name is still honoured
-            assert rows["out"]["compute"] == "fp32"
+        # balanced honours the pipeline's hint on a module by name; fast and memory pin no hint
+        assert rows["out"]["compute"] == ("fp32" if name == "balanced" else "bf16")
 
 
 def test_fp16_presets_upcast_attention_and_keep_only_own_code_norms_in_fp32():

@@ -84,11 +84,10 @@ class MiniLMPipeline(Pipeline):
 
     name = "minilm"
     output_kind = "embedding"
-    sensitive = (
-        "type:LayerNorm",
-        "encoder.embeddings.*",
-        "encoder.encoder.layer.*.output.dense",
-    )
+    # Measured (bf16 / fp16 everywhere vs the same with one hint pinned, SQNR of the
+    # embeddings against fp32): LayerNorm 40.3 -> 42.4 / 58.5 -> 59.7 dB; the embeddings
+    # and the feed-forward outputs bought nothing (40.0 and 40.3 dB in bf16).
+    sensitive = ("type:LayerNorm",)
 
     def __init__(self, *, device: str | torch.device = "cpu", max_length: int = 128) -> None:
         from transformers import AutoModel, AutoTokenizer

@@ -122,14 +122,12 @@ class TTSPipeline(Pipeline):
     output_kind = "audio"
     sample_rate = 24000
     work_option = ("num_tokens", 10)
+    # The logits that choose each speech token, and the waveform's last projection. Pinning
+    # any one of the norms, the speaker projection, the flow's time MLP or output projection
+    # or the vocoder's first convolution moved the teacher-forced waveform's SQNR by less
+    # than 0.1 dB in bf16 and in fp16 (38.0 / 56.2 dB), so they are not claimed.
     sensitive = (
-        "type:LayerNorm",
-        "type:LlamaRMSNorm",
         "t3.lm_head",
-        "ve.proj",
-        "s3gen.estimator.time_mlp.*",
-        "s3gen.estimator.out_proj",
-        "vocoder.conv_pre",
         "vocoder.conv_post",
     )
 

@@ -9,7 +9,7 @@ capability decisions live in the small table below, not in if-ladders on GPU nam
 | quality    | highest  | fp32                                     | none needed            |
 | balanced   | high     | fastest 16-bit type measured fast        | output heads, sensitive hints; norms of the model's own code and upcast attention only for fp16 |
 | fast       | medium   | fastest 16-bit type measured fast        | none; upcast attention if fp16 |
-| memory     | high     | 16-bit everywhere (bf16 if supported)    | heads and hints compute in fp32; under fp16 also own-code norms, and upcast attention |
+| memory     | high     | 16-bit everywhere (bf16 if supported)    | none; under fp16 own-code norms compute in fp32, and upcast attention |
 
 Every island and upcast must pay for itself on the device, because each costs casts at
 its edges and, on a GPU, Python work per call:
@@ -26,8 +26,8 @@ its edges and, on a GPU, Python work per call:
 
 Where the probe measured a layer kind faster kept in fp32 than in the chosen 16-bit type,
 casts included (bf16 ``GRU`` on a CPU with AVX512-BF16: several times slower than fp32),
-``balanced`` and ``fast`` keep that kind fp32 and ``memory`` computes it in fp32 from
-16-bit weights, each rule giving the measured figure as its reason (shown by ``explain``).
+every 16-bit preset keeps that kind fp32 (its weights too: that is what was measured),
+each rule giving the measured figure as its reason (shown by ``explain``).
 
 A dtype the probe classed as emulated is never chosen for native compute (fp16 on a
 CPU without AVX512-FP16 runs about 140x slower than fp32). On CUDA GPUs without bf16
@@ -91,31 +91,33 @@ def _hint_rules(hints: tuple[str, ...], dtype: str, **fields: Any) -> tuple[list
     reasons = [f"pipeline hints {', '.join(skipped)} not pinned: "
                + ("torch's norm kernels accumulate 16-bit inputs in fp32" if dtype == "fp16" else
                   f"torch's norm kernels accumulate 16-bit inputs in fp32, and {dtype} keeps fp32's exponent range")
-               + " (an island would cost two casts per call for no precision)"] if skipped else []
+               + " (an island would only spare the rounding of the norm's weights and output, for two casts per call)"] \
+        if skipped else []
     return rules, reasons
 
 
 def _norm_rules(dtype: str, **fields: Any) -> tuple[list[Rule], list[str]]:
     """Norm layers: which stay in fp32 under ``dtype``, and why the others do not."""
     why = (f"no fp32 island for torch's norm layers ({_TORCH_NORM_NAMES}): their kernels accumulate "
-           f"{dtype} inputs in fp32, so an island would cost two casts per call for no precision")
+           f"{dtype} inputs in fp32, so mean and variance keep fp32 precision; an island would only spare the "
+           "rounding of the norm's weights and output, for two casts per call")
     if dtype != "fp16":
         return [], [why + f"; norms of the model's own code stay {dtype} too ({dtype} keeps fp32's exponent range)"]
     reason = "a norm of the model's own code may square fp16 inputs, which overflow above 256"
     return [Rule(_OWN_NORMS, optional=True, reason=reason, **fields)], [why, f"norm layers of the model's own code in fp32: {reason}"]
 
 
-def _island_rules(hardware: Hardware, dtype: str, *, memory: bool) -> tuple[list[Rule], list[str]]:
+def _island_rules(hardware: Hardware, dtype: str) -> tuple[list[Rule], list[str]]:
     """Layer kinds the probe measured faster kept in fp32 than in ``dtype`` (casts
-    included): kept fp32 (``memory``: 16-bit weights, fp32 compute), with the figure."""
+    included): kept fp32, weights too (what was measured; fp32 compute from 16-bit
+    weights would re-cast them on every call), with the figure."""
     rules, reasons = [], []
     for kind, info in sorted(hardware.layers.get(dtype, {}).items()):
         if not info.get("island"):
             continue
         why = f"{kind} measured {info['gain']:.2f}x faster in fp32 than in {dtype} on {hardware.name} (casts included)"
-        fields = {"compute": "fp32"} if memory else {"keep_fp32": True}
-        rules.append(Rule(f"type:{kind}", optional=True, reason=why, **fields))
-        reasons.append(f"{kind} layers {'compute' if memory else 'kept'} in fp32: {why}")
+        rules.append(Rule(f"type:{kind}", optional=True, reason=why, keep_fp32=True))
+        reasons.append(f"{kind} layers kept in fp32: {why}")
     return rules, reasons
 
 
@@ -171,7 +173,7 @@ def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = 
         ratio = hardware.dtypes[fast16].ratio
         rules.append(Rule("*", storage=fast16, optional=True, reason=f"{fast16} measured {ratio}x fp32 matmul speed"))
         reasons.append(f"weights in {fast16}: measured {ratio}x the fp32 matmul rate")
-        islands, why = _island_rules(hardware, fast16, memory=False)
+        islands, why = _island_rules(hardware, fast16)
         rules.extend(islands)
         reasons.extend(why)
         if fast16 == "fp16":
@@ -207,16 +209,16 @@ def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = 
     reasons.append(f"all weights stored in {storage} (half the fp32 bytes)"
                    + ("" if native else f"; {storage} is emulated here, so compute upcasts to fp32 at each forward"))
     if native:
-        islands, why = _island_rules(hardware, storage, memory=True)
+        islands, why = _island_rules(hardware, storage)
         rules.extend(islands)
         reasons.extend(why)
     if native:  # (otherwise everything computes in fp32 already)
         norms, why = _norm_rules(storage, compute="fp32")
-        hinted, hint_why = _hint_rules(hints, storage, compute="fp32")
-        rules.extend(norms + hinted)
-        reasons.extend(why + hint_why)
-        if hinted:
-            reasons.append(f"pipeline's sensitive modules compute in fp32 from 16-bit weights: {', '.join(r.match for r in hinted)}")
+        rules.extend(norms)
+        reasons.extend(why)
+        if hints:
+            reasons.append(f"the pipeline's sensitive modules ({', '.join(hints)}) are not pinned: fp32 compute from "
+                           "16-bit weights re-casts their weights on every call; use 'balanced' to keep them fp32")
     if storage == "fp16":
         rules.append(Rule("*", upcast_attention=True, optional=True, reason="fp16 attention scores overflow above 65,504"))
         reasons.append("attention scores computed in fp32 (fp16 range 65,504)")
