@@ -20,7 +20,7 @@ run. Quality is the SQNR of the warm-up output against the fp32 output.
 
 Usage:
     HF_HUB_OFFLINE=1 python benchmarks/bench_overhead.py [--pipelines tts,diffusion,minilm] [--sizes test,default]
-        [--repeat 5] [--calls 3] [--configs fp32,naive-bf16,naive-fp16,balanced,fast,memory] [--out FILE]
+        [--repeat 5] [--calls 3] [--configs fp32,naive-bf16,naive-fp16,balanced,fast,memory] [--device cpu] [--out FILE]
 """
 
 from __future__ import annotations
@@ -94,15 +94,18 @@ def ratio(reference: list[float], candidate: list[float]) -> str:
     return f"{r.text()} {r.verdict()}"
 
 
-def bench(name: str, size: str, specs: list, repeat: int, calls: int, hw: hardware.Hardware) -> list[str]:
+def bench(name: str, size: str, specs: list, repeat: int, calls: int, hw: hardware.Hardware, device: str) -> list[str]:
     """The markdown table of one pipeline at one size."""
-    pipe = pipelines.get(name, size=size, seed=0)
+    pipe = pipelines.get(name, size=size, seed=0, device=device)
     inputs = pipe.example_inputs(1, 0)
     reference = pipe.run(inputs)
     kwargs = {"speech_tokens": reference.speech_tokens} if name == "tts" else {}
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
 
     def run():
-        return pipe.run(inputs, **kwargs)
+        output = pipe.run(inputs, **kwargs)
+        sync()  # a GPU's time is the kernels', not their launches'
+        return output
 
     times: dict[str, list[float]] = {spec.name: [] for spec in specs}
     quality: dict[str, float] = {}
@@ -147,9 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds after the warm-up round")
     parser.add_argument("--calls", type=int, default=3, help="timed calls per configuration and round (the fastest counts)")
     parser.add_argument("--configs", default=CONFIGS, help="fp32, naive-bf16/fp16, autocast-bf16/fp16, presets")
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
-    hw = hardware.probe()
+    hw = hardware.probe(args.device)
     specs, notes = configs.parse_configs(args.configs, hw)
     unsupported = [s.name for s in specs if s.kind not in KINDS or s.compile]
     if unsupported:
@@ -170,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for name in args.pipelines.split(","):
         for size in args.sizes.split(","):
-            table = bench(name.strip(), size.strip(), specs, args.repeat, args.calls, hw)
+            table = bench(name.strip(), size.strip(), specs, args.repeat, args.calls, hw, args.device)
             print("\n".join(table), flush=True)
             lines += table
     return finish(lines, args.out)
