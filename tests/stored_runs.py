@@ -13,8 +13,10 @@ from typing import Any, Sequence
 
 
 def store_run(store: Any, configs: Sequence[tuple], *, pipeline: str = "tts", size: str = "test",
-              status: str = "complete", fingerprint: str = "f", batch: int = 1) -> int:
-    run_id = store.start_run(pipeline=pipeline, size=size, machine={"name": "test cpu"}, fingerprint=fingerprint,
+              status: str = "complete", fingerprint: str = "f", batch: int = 1, device: str | None = None) -> int:
+    """``device``: stored with the machine, as the runner stores it (``None``: a run stored before devices were)."""
+    machine = {"name": "test cpu", **({"device": device} if device else {})}
+    run_id = store.start_run(pipeline=pipeline, size=size, machine=machine, fingerprint=fingerprint,
                              versions={}, notes=[])
     for position, spec in enumerate(configs):
         name, samples, metrics = spec[:3]

@@ -126,6 +126,21 @@ def test_bad_device():
             hardware.probe("cuda")
 
 
+def test_resolve_device_names_the_source_the_value_and_why(monkeypatch):
+    assert hardware.resolve_device("cpu", source="--device") == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"^--device 'tpu': unsupported device; choose cpu, cuda, cuda:N or mps$"):
+        hardware.resolve_device("tpu", source="--device")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert hardware.resolve_device(None) == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"^--device 'cuda:1': CUDA is not available on this machine .*; use cpu$"):
+        hardware.resolve_device("cuda:1", source="--device")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert hardware.resolve_device("cuda:0") == torch.device("cuda:0")
+    with pytest.raises(ValueError, match=r"^device 'cuda:1': this machine has 1 CUDA device \(cuda:0 to cuda:0\)$"):
+        hardware.resolve_device("cuda:1")
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_probe():

@@ -36,8 +36,9 @@ def test_run_to_file_png(tmp_path):
 
 
 def test_run_to_file_embeddings(tmp_path):
-    info = pipelines.run_to_file("minilm", tmp_path / "emb.npy", batch=3, size="test")
+    info = pipelines.run_to_file("minilm", tmp_path / "emb.npy", batch=3, size="test", device="cpu")
     assert np.load(tmp_path / "emb.npy").shape == (3, 384) == tuple(info["shape"])
+    assert info["device"] == "cpu"  # where it was built and run
     pipelines.run_to_file("minilm", tmp_path / "emb.json", batch=2, size="test")
     payload = json.loads((tmp_path / "emb.json").read_text())
     assert len(payload["embeddings"]) == 2 and len(payload["sentences"]) == 2

@@ -169,3 +169,20 @@ def test_pipeline_base_validates_components():
 
     with pytest.raises(ValueError, match="output_kind must be one of"):
         NoKind({"x": nn.Linear(1, 1)})
+
+
+def test_a_device_goes_to_the_factory_that_accepts_it_and_moves_the_others(clean_registry):
+    seen = []
+
+    def with_device(*, size="default", seed=0, device="cpu"):
+        seen.append(device)
+        return _Tiny().to(device)
+
+    pipelines.register("tiny", _Tiny)
+    pipelines.register("tiny-device", with_device)
+    assert pipelines.get("tiny-device", device="cpu").device == torch.device("cpu") and seen == ["cpu"]
+    assert pipelines.get("tiny-device").device == torch.device("cpu") and seen == ["cpu", "cpu"]  # its own default
+    # _Tiny takes no device: built as it is, then moved there (as for a factory spec)
+    moved = pipelines.get("tiny", device="meta")
+    assert moved.device == torch.device("meta") and moved.components["lin"].weight.device.type == "meta"
+    assert pipelines.get("tiny", device="cpu").device == torch.device("cpu")

@@ -33,7 +33,7 @@ def test_run_tts_returns_audio_and_figures(tts_run):
 def test_run_reuses_session_cache(tts_run):
     cache = tts_run["cache"]
     again = ui_app.run_comparison("tts", "test", "none", False, ["bf16"], lang="he", cache=cache)
-    assert again["cache"][("tts", "test")] is cache[("tts", "test")]
+    assert again["cache"][("tts", "test", "cpu")] is cache[("tts", "test", "cpu")]  # built on the default device, cpu
     assert "סוגים לפי רכיב" in again["figures"]
 
 
@@ -49,6 +49,27 @@ def test_build_app_in_every_language():
         assert isinstance(ui_app.build_app(lang), gr.Blocks)
     with pytest.raises(ValueError):
         ui_app.build_app("xx")
+
+
+def test_run_bench_and_tune_forms_offer_the_devices_here(monkeypatch):
+    import torch
+
+    def device_menus(demo):
+        return {b.elem_id: b for b in demo.blocks.values() if str(getattr(b, "elem_id", "")).endswith("-device")}
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    menus = device_menus(ui_app.build_app("ja"))
+    assert sorted(menus) == ["bench-device", "run-device", "tune-device"]
+    assert all(m.label == "デバイス" and [v for _, v in m.choices] == ["cpu"] and m.value == "cpu" for m in menus.values())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    menus = device_menus(ui_app.build_app("he"))
+    assert all([v for _, v in m.choices] == ["cpu", "cuda"] and m.label == "התקן" for m in menus.values())
+
+
+def test_run_builds_the_pipeline_on_the_chosen_device():
+    result = ui_app.run_comparison("minilm", "test", "none", False, [], lang="en", device="cpu")
+    assert list(result["cache"]) == [("minilm", "test", "cpu")]
+    assert result["cache"][("minilm", "test", "cpu")].device.type == "cpu"
 
 
 def test_non_loopback_host_warns(monkeypatch):
@@ -87,7 +108,7 @@ def test_diagnose_table_and_rules(tts_run):
     assert "modules are risky" in summary
     assert '<table id="diagnose-profile">' in table and "<th>Own SQNR (dB)</th>" in table
     assert isinstance(toml_text, str)
-    assert ("tts", "test") in cache
+    assert ("tts", "test", "cpu") in cache
 
 
 def test_run_latency_is_taken_after_a_warm_up():

@@ -49,6 +49,7 @@ def test_search_streams_a_growing_plot_then_the_result(tuned):
     with Store(db) as store:
         [stored] = store.tune_runs()
     assert stored["pipeline"] == "minilm" and stored["bound"] == BOUND and stored["met"]
+    assert stored["device"] == "cpu"  # the form's default device, kept with the run
 
 
 def _colour_present(png: bytes, hex_colour: str) -> bool:
@@ -103,6 +104,16 @@ def test_invalid_values_start_nothing(tmp_path, objective, budget, needle):
     db = tmp_path / "tune.sqlite"
     [[status, *_]] = tune_run("en", "minilm", "test", BOUND, objective, budget, str(db), Job())
     assert needle in status.replace("&quot;", '"') and not db.exists()
+
+
+def test_a_device_this_machine_lacks_starts_nothing(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    db = tmp_path / "tune.sqlite"
+    [[status, *_]] = tune_run("en", "minilm", "test", BOUND, "latency", 16, str(db), Job(), device="cuda")
+    assert '"cuda" is not a valid value for Device; choose one of: cpu' in status.replace("&quot;", '"')
+    assert not db.exists()
 
 
 def test_cancel_stops_the_search_and_keeps_what_was_measured(tmp_path):

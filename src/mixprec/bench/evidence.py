@@ -30,12 +30,15 @@ from mixprec.measure.metrics import latency_stats
 from mixprec.measure.stats import TARGET_WIDTH, paired_ratio
 
 __all__ = ["Interval", "REFERENCE", "reference", "ratio_text", "speedup", "latency", "change", "regression", "FASTER", "SLOWER",
-           "WITHIN_NOISE", "UNDECIDED"]
+           "WITHIN_NOISE", "UNDECIDED", "OTHER_DEVICE"]
 
 #: The configuration every other one in a run is timed against.
 REFERENCE = "fp32"
 
 FASTER, SLOWER, WITHIN_NOISE, UNDECIDED = "faster", "slower", "within noise", "undecided on this machine"
+#: The latency verdict of two runs measured on different devices (a CPU run and a CUDA run):
+#: their seconds time two devices, not one code change.
+OTHER_DEVICE = "not compared: other device"
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from mixprec.bench import evidence
+from mixprec.bench import evidence, rundata
 from mixprec.measure.stats import MEMORY_FLOOR_BYTES, memory_beyond_noise
 
 __all__ = ["Thresholds", "GateResult", "check", "gate", "compare", "comparable", "main_quality", "parse_percent",
@@ -176,7 +176,12 @@ def comparable(run: dict[str, Any], baseline: dict[str, Any], *, allow_different
     if batches and base_batches and not batches & base_batches:
         problems.append(f"no batch in common: run has {sorted(batches)}, baseline {sorted(base_batches)}")
     fp, base_fp = run.get("machine_fingerprint"), baseline.get("machine_fingerprint")
-    if not allow_different_machine and fp and base_fp and fp != base_fp:
+    devices = rundata.devices_differ(run, baseline)
+    if not allow_different_machine and devices is not None:
+        problems.append(f"measured on another device: run {run.get('id', '?')} on {devices[0]}, baseline "
+                        f"{baseline.get('id', '?')} on {devices[1]} (a device's timings say nothing about another's, "
+                        "even on one host); pass --allow-different-machine to compare anyway")
+    elif not allow_different_machine and fp and base_fp and fp != base_fp:
         problems.append(f"measured on another machine (fingerprint {fp} vs {base_fp}); "
                         "pass --allow-different-machine to compare anyway")
     return problems
@@ -387,7 +392,8 @@ def check(run: dict[str, Any], baseline: dict[str, Any], thresholds: Thresholds,
                           "nothing was measured, whatever --max-failure-rate allows")
     undecided: list[str] = []
     fingerprints = run.get("machine_fingerprint"), baseline.get("machine_fingerprint")
-    same_machine = not all(fingerprints) or fingerprints[0] == fingerprints[1]
+    same_machine = ((not all(fingerprints) or fingerprints[0] == fingerprints[1])
+                    and rundata.devices_differ(run, baseline) is None)  # a CPU and a GPU of one host are two machines
     for key, cfg in _index(run).items():
         ref = base.get(key)
         label = f"{key[0]}@batch {key[1]}"
@@ -423,10 +429,16 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     fp32 itself). Absolute latencies taken at different times include the machine's load;
     the speed-up does not, so it alone decides ``beyond_noise``.
     ``latency_significant`` is true where the latency intervals do not overlap.
+
+    Runs measured on different devices (a CPU run and a CUDA run, even on one host) are
+    never compared as one machine: every row then carries ``device_a`` and ``device_b``,
+    and its ``latency_verdict`` is :data:`~mixprec.bench.evidence.OTHER_DEVICE` (the
+    seconds are shown, not judged); only the speed-ups against each run's own fp32 compare.
     """
     problems = comparable(b, a, allow_different_machine=True)
     if any("pipeline" in p or "size" in p for p in problems):
         raise ValueError("cannot compare these runs: " + "; ".join(problems))
+    devices = rundata.devices_differ(a, b)
     rows = []
     index_a = _index(a)
     for key, cfg_b in _index(b).items():
@@ -440,8 +452,11 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
             row["latency_a"], row["latency_b"] = la.value, lb.value
             row["latency_change"] = lb.value / la.value - 1 if la.value else math.inf
             row["latency_ci_a"], row["latency_ci_b"] = [la.low, la.high], [lb.low, lb.high]
-            row["latency_verdict"] = evidence.change(la, lb, more=evidence.SLOWER, less=evidence.FASTER)
+            row["latency_verdict"] = (evidence.OTHER_DEVICE if devices is not None else
+                                      evidence.change(la, lb, more=evidence.SLOWER, less=evidence.FASTER))
             row["latency_significant"] = row["latency_verdict"] in (evidence.SLOWER, evidence.FASTER)
+        if devices is not None:
+            row["device_a"], row["device_b"] = devices
         refs = [evidence.reference(run, key[1]) for run in (a, b)]
         if all(r is not None and r["name"] == key[0] for r in refs):
             row["speedup_verdict"] = "reference"

@@ -40,8 +40,15 @@ def machine_label(run: Mapping[str, Any]) -> str:
 
 
 def spans_machines(runs: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether ``runs`` were measured on more than one machine (fingerprint or hardware label)."""
-    return len({(r.get("machine_fingerprint"), ((r.get("machine") or {}).get("node") or {}).get("label")) for r in runs}) > 1
+    """Whether ``runs`` were measured on more than one machine (fingerprint, hardware label or device:
+    a CPU run and a CUDA run on one host are two machines here)."""
+    return len({(r.get("machine_fingerprint"), ((r.get("machine") or {}).get("node") or {}).get("label"),
+                 _device_kind(r)) for r in runs}) > 1
+
+
+def _device_kind(run: Mapping[str, Any]) -> str | None:
+    device = rundata.device(run)
+    return device.split(":")[0] if device else None
 
 
 def _tag(run: Mapping[str, Any]) -> str | None:
@@ -83,8 +90,10 @@ class Matrix:
     """Configurations (rows) by machines (columns) for one pipeline, size and batch.
 
     Attributes:
-        machines: column names, one per run (``run N`` is added when a machine has two runs).
+        machines: column names, one per run (``run N`` is added when a machine has two runs; ``on DEVICE``
+            when the runs were measured on more than one kind of device).
         run_ids: the run of each column.
+        devices: the device of each column (``None``: the run does not say).
         configs: row names, in the order the runs measured them.
         cells: ``(config, machine) -> Cell``.
         winners: machine -> its fastest usable configuration (``None``: none usable).
@@ -95,6 +104,7 @@ class Matrix:
     batch: Any
     machines: list[str] = field(default_factory=list)
     run_ids: list[Any] = field(default_factory=list)
+    devices: list[str | None] = field(default_factory=list)
     configs: list[str] = field(default_factory=list)
     cells: dict[tuple[str, str], Cell] = field(default_factory=dict)
     winners: dict[str, str | None] = field(default_factory=dict)
@@ -118,6 +128,10 @@ class Matrix:
             else:
                 lines.append(f"{machine}: {winner} leads with {_speed_text(cell)} its fp32" + (f", {quality}" if quality else "")
                              + f", undecided against {rival} on this machine")
+        kinds = sorted({d.split(":")[0] for d in self.devices if d})
+        if len(kinds) > 1:
+            lines.append(f"different devices ({', '.join(kinds)}): each column is one device against fp32 on that "
+                         "device; they are never one machine, even on one host")
         return lines
 
 
@@ -135,6 +149,8 @@ def hardware_matrix(runs: Sequence[Mapping[str, Any]]) -> list[Matrix]:
     """One :class:`Matrix` per (pipeline, size, batch) over ``runs``, each run a column."""
     tables: dict[tuple[str, str, Any], Matrix] = {}
     labels = [machine_label(r) for r in runs]
+    if len({_device_kind(r) for r in runs}) > 1:  # a CPU run and a CUDA run of one host are two columns, named apart
+        labels = [f"{label} on {rundata.device(r) or '?'}" for label, r in zip(labels, runs)]
     for run, label in zip(runs, labels):
         column = label if labels.count(label) == 1 else f"{label}, run {run.get('id', '?')}"
         for batch in rundata.batches(run):
@@ -142,6 +158,7 @@ def hardware_matrix(runs: Sequence[Mapping[str, Any]]) -> list[Matrix]:
             table = tables.setdefault(key, Matrix(*key))
             table.machines.append(column)
             table.run_ids.append(run.get("id"))
+            table.devices.append(rundata.device(run))
             for config in rundata.group(run, batch):
                 name = rundata.text(config.get("name"))
                 if name not in table.configs:

@@ -12,7 +12,8 @@ from typing import Any, Mapping, Sequence
 
 from mixprec.measure.metrics import latency_stats
 
-__all__ = ["batches", "configs", "group", "has_metric", "latency", "metrics", "nonfinite_text", "num", "text"]
+__all__ = ["batches", "configs", "device", "devices_differ", "group", "has_metric", "latency", "metrics", "nonfinite_text", "num",
+           "text"]
 
 
 def num(value: Any) -> float | None:
@@ -41,6 +42,30 @@ def nonfinite_text(v: float) -> str | None:
 def text(value: Any) -> str:
     """A stored value as text; ``None`` reads as the empty string."""
     return "" if value is None else str(value)
+
+
+def device(run: Mapping[str, Any]) -> str | None:
+    """The device a run was measured on: ``cpu``, ``cuda``, ``cuda:1``, ``mps``.
+
+    Runs store it with their machine (``machine["device"]``); a run stored before that
+    is read from its probed hardware's device type; ``None`` where neither says.
+    """
+    machine = run.get("machine") or {}
+    value = machine.get("device") or machine.get("device_type")
+    return str(value) if value else None
+
+
+def devices_differ(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``(device of a, device of b)`` where the two runs were measured on different kinds of
+    device (``cpu`` and ``cuda``); ``None`` where they share one or either does not say.
+
+    Two GPUs of one kind (``cuda:0``, ``cuda:1``) differ only where their machine
+    fingerprints do (another model), as two machines do.
+    """
+    da, db = device(a), device(b)
+    if da is None or db is None or da.split(":")[0] == db.split(":")[0]:
+        return None
+    return da, db
 
 
 def configs(run: Mapping[str, Any]) -> list[Mapping[str, Any]]:

@@ -180,7 +180,9 @@ def run_bench(
         if should_stop is not None and should_stop():
             raise BenchCancelled(description)
 
-    machine = {**hardware.to_dict(), "node": node["node"]} if node and node.get("node") else hardware.to_dict()
+    machine = {**hardware.to_dict(), "device": options.device}  # the device the run asked for, e.g. cuda:1
+    if node and node.get("node"):
+        machine["node"] = node["node"]
     run_id = store.start_run(pipeline=options.pipeline, size=options.size_label, machine=machine,
                              fingerprint=machine_fingerprint(hardware),
                              versions=node["versions"] if node and node.get("versions") else versions(), notes=options.notes,

@@ -365,8 +365,10 @@ class Store:
             return int(cur.lastrowid)
 
     def tune_runs(self, limit: int = 50) -> list[dict[str, Any]]:
-        """Recent tune runs, newest first (without their results)."""
-        rows = self._conn.execute("SELECT id, started, pipeline, bound, objective, met, evaluations, cached, wall_s "
+        """Recent tune runs, newest first (without their results); ``device`` is where each was measured
+        (kept in its result; ``None`` for runs stored before it was)."""
+        rows = self._conn.execute("SELECT id, started, pipeline, bound, objective, met, evaluations, cached, wall_s, "
+                                  "json_extract(result_json, '$.device') AS device "
                                   "FROM tune_runs ORDER BY id DESC LIMIT ?", (limit,))
         return [dict(r) for r in rows]
 
@@ -383,8 +385,11 @@ class Store:
 
     # -- reading -----------------------------------------------------------------------
     def runs(self, limit: int = 50) -> list[dict[str, Any]]:
+        """Recent runs, newest first, with the device each was measured on (its probed device type for runs
+        stored before the device was)."""
         rows = self._conn.execute(
             "SELECT r.id, r.started, r.finished, r.status, r.pipeline, r.size, "
+            "COALESCE(json_extract(r.machine_json, '$.device'), json_extract(r.machine_json, '$.device_type')) AS device, "
             "(SELECT COUNT(*) FROM configs c WHERE c.run_id = r.id) AS configs FROM runs r ORDER BY r.id DESC LIMIT ?", (limit,))
         return [dict(r) for r in rows]
 

@@ -139,7 +139,7 @@ def compare_matrix(store: Any, run_ids: list[int], as_json: bool, *, only_across
         import json
 
         out = [{"pipeline": m.pipeline, "size": m.size, "batch": m.batch, "machines": m.machines, "run_ids": m.run_ids,
-                "configs": m.configs, "winners": m.winners,
+                "devices": m.devices, "configs": m.configs, "winners": m.winners,
                 "cells": [{"config": c, "machine": h, **asdict(cell)} for (c, h), cell in m.cells.items()]}
                for m in hardware_matrix(runs)]
         console.print_json(json.dumps(out, default=str))
@@ -148,10 +148,10 @@ def compare_matrix(store: Any, run_ids: list[int], as_json: bool, *, only_across
 
 
 def tune_on_cluster(ctx: Any, *, executor: str, address: str | None, hardware_spec: str | None, workers: int, worker_cpus: float,
-                    pipeline: str, size: str, seeds: list[int], repeat: int) -> dict[str, Any]:
+                    pipeline: str, size: str, seeds: list[int], repeat: int, device: str = "cpu") -> dict[str, Any]:
     """The arguments ``mixprec.tune`` gets for ``--executor ray``: a
     :class:`~mixprec.tuning.pool.PoolEvaluator` of ``workers`` actors on one hardware type,
-    the hardware probed there, and every preset (as the local tuner measures them).
+    the hardware probed there on ``device``, and every preset (as the local tuner measures them).
     Empty for ``--executor local``. The cluster and the workers are let go when the command ends.
     """
     if executor == "local":
@@ -174,10 +174,12 @@ def tune_on_cluster(ctx: Any, *, executor: str, address: str | None, hardware_sp
         err_console.print(f"tuning on {group.describe()} with {workers} workers of {worker_cpus:g} CPU(s) each",
                           highlight=False, markup=False)
         with ThreadPoolExecutor(max_workers=1) as probing:  # the probe runs while the workers load
-            probe = probing.submit(probe_group, ray, group, "cpu")
+            probe = probing.submit(probe_group, ray, group, device)
+            # Ray hides the GPUs from a worker that asks for none: a sliver of one lets the workers share it
+            gpus = {"num_gpus": 0.001} if device.startswith("cuda") else {}
             try:
-                pool = PoolEvaluator(pipeline, group.executor(ray, num_cpus=worker_cpus), workers=workers, size=size,
-                                     seeds=seeds, repeat=repeat)
+                pool = PoolEvaluator(pipeline, group.executor(ray, num_cpus=worker_cpus, **gpus), workers=workers, size=size,
+                                     seeds=seeds, repeat=repeat, device=device)
             finally:
                 probed = probe.result()
     except (ClusterError, WorkerError, WorkerTimeout, ValueError) as exc:

@@ -26,6 +26,8 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of ta
 SizeFlag = Annotated[str, typer.Option("--size", help="Pipeline size: default (benchmark-sized) or test (tiny).")]
 PipelineFlag = Annotated[str, typer.Option("--pipeline", help="Pipeline name (see `mixprec pipelines`), or your factory: module.path:factory or path/to/file.py:factory.")]
 DeviceFlag = Annotated[Optional[str], typer.Option("--device", help="cpu | cuda | cuda:N | mps (default: best available)")]
+#: ``--device`` of the commands that measure and store (``bench``, ``tune``): the CPU unless asked.
+MeasureDeviceFlag = Annotated[str, typer.Option("--device", help="cpu | cuda | cuda:N | mps: where the pipeline is built and measured; stored with the run.")]
 DbFlag = Annotated[Optional[str], typer.Option("--db", help="SQLite file (default: bench.sqlite in the user data dir, or MIXPREC_DB).")]
 
 
@@ -134,6 +136,14 @@ def open_store(db: str | None):
         return Store(db, on_wait=lambda message: say(err_console, ("waiting:", "yellow"), " ", message))
     except (StoreError, ValueError) as exc:
         fail(exc)
+
+
+def checked_device(device: str | None, flag: str = "--device") -> str:
+    """The device a command builds its pipeline on, as torch names it (``cuda`` -> ``cuda``, ``None`` -> the best
+    available); refused before any work where this machine cannot use it (the message names ``flag``, the value and why)."""
+    from mixprec.device.hardware import resolve_device
+
+    return str(resolve_device(device, source=flag))
 
 
 def checked_pipeline(name: str, size: str, seed: int, batch: int, device: str | None) -> str:

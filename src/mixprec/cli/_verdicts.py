@@ -81,6 +81,11 @@ def print_compare(console: Console, run_a: int, run_b: int, rows: list[dict[str,
     say(console, "  beyond noise: each configuration's speed-up against its own run's fp32 (paired rounds, 95% "
                  "intervals) differs between the runs only where the intervals do not overlap. Latencies are "
                  "absolute times taken at different moments: the machine's load moves them, fp32's included.")
+    devices = next(((r["device_a"], r["device_b"]) for r in rows if "device_a" in r), None)
+    if devices is not None:
+        say(console, f"  different devices: run {run_a} was measured on {devices[0]}, run {run_b} on {devices[1]}; they are "
+                     "never compared as one machine, even on one host. Their latencies time two devices, not a change, "
+                     "and are not judged: only each configuration's speed-up against its own run's fp32 compares.")
     for side, run in (("a", run_a), ("b", run_b)):
         unstable = [f"{r['config']}@{r['batch']}" for r in rows if r.get(f"unstable_{side}")]
         if unstable:

@@ -26,8 +26,10 @@ from mixprec.cli._common import (
     MAX_SEED,
     DbFlag,
     JsonFlag,
+    MeasureDeviceFlag,
     SizeFlag,
     as_int,
+    checked_device,
     checked_pipeline,
     console,
     err_console,
@@ -76,7 +78,7 @@ def bench(
     timeout: Annotated[Optional[float], typer.Option("--timeout", help="Seconds each configuration may spend running, per batch size (default: 20x the fp32 reference's measured time, at least 30 s; the reference itself is not timed out).")] = None,
     size: SizeFlag = "default",
     seed: Annotated[str, typer.Option("--seed", help="Seed of weights and inputs.")] = "0",
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda")] = "cpu",
+    device: MeasureDeviceFlag = "cpu",
     db: DbFlag = None,
     html: Annotated[Optional[str], typer.Option("--html", help="Write a self-contained HTML report here.")] = None,
     json_out: Annotated[Optional[str], typer.Option("--json", help="Write the runs as JSON here.")] = None,
@@ -116,6 +118,8 @@ def bench(
             writable_path(path, flag)
         if not any(p.strip() for p in pipeline.split(",")):
             raise ValueError(f"--pipeline {pipeline!r}: give at least one pipeline (see mixprec pipelines)")
+        if executor == "local":  # on a cluster, each node's probe refuses a device it lacks
+            device = checked_device(device)
         names = [checked_pipeline(p.strip(), size, run_seed, batches[0], device) for p in pipeline.split(",") if p.strip()]
         hw = hardware.probe(device) if executor == "local" else None  # on a cluster: probed on each node
         specs, notes = parse_configs(configs, hw, compiled_twins=compiled) if hw is not None else ([], [])
@@ -216,8 +220,9 @@ def runs_list(db: DbFlag = None, as_json: JsonFlag = False) -> None:
     if as_json:
         console.print_json(json.dumps(rows))
         return
-    console.print(table(f"runs in {store.path}", ["id", "started", "finished", "status", "pipeline", "size", "configs"],
-                        [[r["id"], r["started"], r["finished"], r["status"], r["pipeline"], r["size"], r["configs"]] for r in rows]))
+    console.print(table(f"runs in {store.path}", ["id", "started", "finished", "status", "pipeline", "size", "device", "configs"],
+                        [[r["id"], r["started"], r["finished"], r["status"], r["pipeline"], r["size"], r["device"], r["configs"]]
+                         for r in rows]))
 
 
 @runs_app.command("show")

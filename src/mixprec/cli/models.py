@@ -19,6 +19,7 @@ from mixprec.cli._common import (
     PipelineFlag,
     SizeFlag,
     as_int,
+    checked_device,
     console,
     example_inputs,
     err_console,
@@ -60,12 +61,17 @@ def explain(
     all_modules: Annotated[bool, typer.Option("--all", help="List every module, not only those that own weights.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Per module: storage and compute dtype and the rule that decided them."""
+    """Per module: storage and compute dtype and the rule that decided them.
+
+    The pipeline is built on --device (its factory gets it when it accepts one, else the
+    pipeline is moved there), and the presets follow that device's probe.
+    """
     from mixprec import pipelines
 
     _one_policy(preset, policy)
     try:
-        pipe = pipelines.get(pipeline, size=size)
+        device = checked_device(device)
+        pipe = pipelines.get(pipeline, size=size, device=device)
         pol = _policy_for(pipe, preset, policy, device)
         rows = mixprec.explain(pipe, pol)
         pitfalls = mixprec.explain_warnings(pipe, pol)
@@ -76,9 +82,10 @@ def explain(
         owners = {name for name, m in _owners(pipe)}
         rows = [r for r in rows if r["module"] in owners]
     if as_json:
-        console.print_json(json.dumps({"policy": pol.to_dict(), "modules": rows, "warnings": pitfalls, "advice": advice}))
+        console.print_json(json.dumps({"device": device, "policy": pol.to_dict(), "modules": rows, "warnings": pitfalls,
+                                       "advice": advice}))
         return
-    console.print(table(f"{pipeline} under {pol.name}", ["module", "type", "storage", "compute", "attention", "rule"],
+    console.print(table(f"{pipeline} under {pol.name} on {device}", ["module", "type", "storage", "compute", "attention", "rule"],
                         [[r["module"], r["type"], r["storage"], r["compute"], r["attention"] or None, r["rule"]] for r in rows]))
     say(console, "rules: " + "; ".join(f"#{i} {r.match}: {r.reason}" for i, r in enumerate(pol.rules) if r.reason))
     for pitfall in pitfalls:
@@ -87,10 +94,10 @@ def explain(
         say(console, "advice: ", line)
 
 
-def _device_type(device: str | None) -> str:
+def _device_type(device: str) -> str:
     import torch
 
-    return torch.device(device).type if device else ("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device).type
 
 
 def _model_error(pipe: Any, inputs: Any, pipeline: str, policy_name: str, exc: Exception) -> str:
@@ -144,7 +151,10 @@ def diagnose(
     db: Annotated[Optional[str], typer.Option("--db", help="SQLite file for --save (default: the benchmark store).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Profile every module under a policy: range, fp16 headroom, underflow, own and inherited error."""
+    """Profile every module under a policy: range, fp16 headroom, underflow, own and inherited error.
+
+    The pipeline is built and profiled on --device (stored with the profile by --save).
+    """
     from mixprec import pipelines
 
     _one_policy(preset, policy)
@@ -152,8 +162,9 @@ def diagnose(
         run_seed = as_int(seed, "--seed", low=0, high=MAX_SEED)
         if top < 0:
             raise ValueError(f"--top {top}: expected a number of rows >= 0 (0: all)")
-        with working(f"{pipeline}: building the pipeline"):
-            pipe = pipelines.get(pipeline, size=size, seed=run_seed)
+        device = checked_device(device)
+        with working(f"{pipeline}: building the pipeline on {device}"):
+            pipe = pipelines.get(pipeline, size=size, seed=run_seed, device=device)
             pol = _policy_for(pipe, preset, policy, device)
             inputs = example_inputs(pipe, pipeline, 1, run_seed)
     except (ValueError, NotImplementedError) as exc:
@@ -172,7 +183,8 @@ def diagnose(
 
         store = open_store(db)
         hw = hardware_module.probe(device)
-        run_id = store.start_run(pipeline=pipeline, size=size, machine=hw.to_dict(), fingerprint=machine_fingerprint(hw),
+        run_id = store.start_run(pipeline=pipeline, size=size, machine={**hw.to_dict(), "device": device},
+                                 fingerprint=machine_fingerprint(hw),
                                  versions={"mixprec": mixprec.__version__}, notes=[f"mixprec diagnose under {pol.name}"],
                                  command="mixprec diagnose")
         store.add_profile_rows(run_id, pol.name, prof.rows())
@@ -186,7 +198,7 @@ def diagnose(
     def db(v: float | None) -> str | None:
         return None if v is None else f"{v:.1f}"
 
-    console.print(table(f"{pipeline} under {pol.name}: most at risk first",
+    console.print(table(f"{pipeline} under {pol.name} on {device}: most at risk first",
                         ["module", "type", "compute", "calls", "absmax in/out", "fp16 room", "underflow 16/bf", "own dB", "inher. dB"],
                         [[line((f"{s.module} (fp16 overflow)", "bold red")) if s.overflows_fp16 else s.module,
                           s.type if s.owns_weights else f"{s.type} (block)", s.compute, s.calls,
@@ -256,21 +268,23 @@ def run(
     seed: Annotated[str, typer.Option("--seed", help="Seed of weights and inputs.")] = "0",
     batch: Annotated[str, typer.Option("--batch", help="Batch size.")] = "1",
     size: SizeFlag = "default",
+    device: DeviceFlag = None,
 ) -> None:
-    """Run a pipeline once and write its output to a file you can open."""
+    """Run a pipeline once on --device and write its output to a file you can open."""
     from mixprec import pipelines
 
     result: dict[str, Any] = {}
 
     def produce(path) -> None:
-        result.update(pipelines.run_to_file(pipeline, path, seed=run_seed, batch=run_batch, size=size))
+        result.update(pipelines.run_to_file(pipeline, path, seed=run_seed, batch=run_batch, size=size, device=run_device))
 
     outputs = Outputs(err_console)
     try:
         writable_path(out, "--out")
         run_seed, run_batch = as_int(seed, "--seed", low=0, high=MAX_SEED), as_int(batch, "--batch", high=MAX_BATCH)
-        with working(f"{pipeline}: building and running the pipeline once"):
-            outputs.write(out, "--out", produce, again=f"mixprec run --pipeline {pipeline} --out {out}")
+        run_device = checked_device(device)
+        with working(f"{pipeline}: building and running the pipeline once on {run_device}"):
+            outputs.write(out, "--out", produce, again=f"mixprec run --pipeline {pipeline} --device {run_device} --out {out}")
     except (ValueError, NotImplementedError, pipelines.PipelineRunError) as exc:
         fail(exc)
     if result:

@@ -17,9 +17,11 @@ from mixprec.cli._common import (
     MAX_SEEDS,
     DbFlag,
     JsonFlag,
+    MeasureDeviceFlag,
     SizeFlag,
     as_float,
     as_int,
+    checked_device,
     checked_pipeline,
     console,
     err_console,
@@ -42,6 +44,7 @@ def tune_cmd(
     seeds: Annotated[str, typer.Option("--seeds", help="Number of seeds quality is measured on (worst case), or a comma-separated list.")] = "2",
     repeat: Annotated[str, typer.Option("--repeat", help="Timed runs per evaluation (median).")] = "2",
     size: SizeFlag = "default",
+    device: MeasureDeviceFlag = "cpu",
     db: DbFlag = None,
     out: Annotated[Optional[str], typer.Option("--out", help="Write the chosen policy as TOML here.")] = None,
     html: Annotated[Optional[str], typer.Option("--html", help="Write the frontier and search path as HTML here.")] = None,
@@ -60,7 +63,8 @@ def tune_cmd(
     The search measures quality on --seeds; the chosen policy is then checked on
     --validation-seeds it never saw, and replaced by the next candidate of the frontier
     when it misses the bound there. Exit status 1 when no candidate meets the bound (the
-    closest one is shown).
+    closest one is shown). The pipeline is built and measured on --device, which the
+    stored tune run keeps.
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -91,11 +95,14 @@ def tune_cmd(
         writable_path(html, "--html")
         if not pipeline.strip():
             raise ValueError(f"--pipeline {pipeline!r}: give a pipeline (see mixprec pipelines)")
-        pipeline = checked_pipeline(pipeline, size, 0, 1, None)
+        local = executor != "ray"  # on a cluster, the node's probe refuses a device it lacks
+        if local:
+            device = checked_device(device)
+        pipeline = checked_pipeline(pipeline, size, 0, 1, device if local else None)
         if try_compile:
             from mixprec.casting.compile import check_compiler
 
-            check_compiler(mixprec.CompileSettings(), True)
+            check_compiler(mixprec.CompileSettings(), device == "cpu")
     except (ValueError, NotImplementedError) as exc:
         fail(exc)
     check_executor_flags(executor, ray_address, hardware_spec)
@@ -107,7 +114,8 @@ def tune_cmd(
         fail(exc)
     store = open_store(db)
     on_cluster = tune_on_cluster(ctx, executor=executor, address=ray_address, hardware_spec=hardware_spec, workers=n_workers,
-                                 worker_cpus=n_cpus, pipeline=pipeline, size=size, seeds=seed_list, repeat=n_repeat)
+                                 worker_cpus=n_cpus, pipeline=pipeline, size=size, seeds=seed_list, repeat=n_repeat,
+                                 device=device)
     with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=False) as bar:
         task = bar.add_task(clean(f"{pipeline}: measuring the fp32 reference"), total=n_budget)
@@ -122,7 +130,7 @@ def tune_cmd(
         try:
             result = mixprec.tune(pipeline, parsed, objective=objective, budget=n_budget, seeds=seed_list, store=store,
                                   progress=progress, size=size, repeat=n_repeat, try_compile=try_compile,
-                                  validation_seeds=held_out, margin=margin_db, **on_cluster)
+                                  validation_seeds=held_out, margin=margin_db, device=device, **on_cluster)
         except ValueError as exc:
             fail(exc)
     outputs = Outputs(err_console)
@@ -165,7 +173,8 @@ def _print_tune(result, pipeline: str) -> None:
 
     rows = [[c.index, c.step, f"{c.evaluation.latency_s:.4f}", final(c), f"{c.evaluation.memory_bytes / 2**20:.1f}", q(c),
              "yes" if c.met else "no", "chosen" if c is result.chosen else ""] for c in shown]
-    console.print(table(f"tune {pipeline}: frontier of {len(result.path)} candidates ({result.bound}, {result.objective})",
+    console.print(table(f"tune {pipeline} on {result.device}: frontier of {len(result.path)} candidates "
+                        f"({result.bound}, {result.objective})",
                         ["#", "step", "search latency s", "final check s", "weights MiB", key, "meets", ""], rows))
     say(console, f"{result.evaluations} measured evaluations, {result.cached} reused from the store, {result.wall_s:.0f} s")
     for note in result.notes:

@@ -28,7 +28,7 @@ import torch
 
 from mixprec.device import backends
 
-__all__ = ["DtypeSpeed", "Hardware", "probe", "cache_dir", "available_memory", "DTYPES", "classify", "contradiction", "forget", "cache_path",
+__all__ = ["DtypeSpeed", "Hardware", "probe", "resolve_device", "cache_dir", "available_memory", "DTYPES", "classify", "contradiction", "forget", "cache_path",
            "UNDECIDED"]
 
 #: The precisions the probe measures, by short name.
@@ -178,7 +178,7 @@ def available_memory(device: str | torch.device | None = None) -> int | None:
 
     ``None`` where the platform does not say.
     """
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     if dev.type == "cuda":
         free, _total = torch.cuda.mem_get_info(dev)
         return int(free)
@@ -205,21 +205,37 @@ def cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("mixprec"))
 
 
-def _resolve_device(device: str | torch.device | None) -> torch.device:
+def resolve_device(device: str | torch.device | None, *, source: str = "device") -> torch.device:
+    """The device ``device`` names, checked against this machine; ``None``: CUDA when available, else the CPU.
+
+    Args:
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"`` or a :class:`torch.device`.
+        source: where the value came from, for the message (``"--device"`` on the command line).
+
+    Raises:
+        ValueError: naming ``source``, the value and why this machine cannot use it (an
+            unknown device type, CUDA or MPS not available, a CUDA index past the last GPU).
+    """
     if device is None:
         if torch.cuda.is_available():
             return torch.device("cuda")
         return torch.device("cpu")
+    shown = str(device)
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ValueError(f"unsupported device {str(device)!r}; choose cpu, cuda, cuda:N or mps") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {str(device)!r} requested but CUDA is not available; use 'cpu'")
-    if dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-        raise ValueError(f"device {str(device)!r} requested but MPS is not available; use 'cpu'")
+        raise ValueError(f"{source} {shown!r}: unsupported device; choose cpu, cuda, cuda:N or mps") from None
     if dev.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"unsupported device {str(device)!r}; choose cpu, cuda or mps")
+        raise ValueError(f"{source} {shown!r}: unsupported device; choose cpu, cuda, cuda:N or mps")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{source} {shown!r}: CUDA is not available on this machine (torch.cuda.is_available() "
+                         "is false); use cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise ValueError(f"{source} {shown!r}: this machine has {count} CUDA device{'s' if count != 1 else ''} "
+                         f"(cuda:0 to cuda:{count - 1})")
+    if dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise ValueError(f"{source} {shown!r}: MPS is not available on this machine; use cpu")
     return dev
 
 
@@ -391,7 +407,7 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
         >>> hw.dtypes["bf16"].klass
         'fast'
     """
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     cpu_name, flags = _cpu_info()
     threads = torch.get_num_threads()
     if dev.type == "cuda":

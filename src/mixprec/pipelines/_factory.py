@@ -271,7 +271,7 @@ def _short(obj: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _accepted(factory: Callable[..., Any]) -> tuple[dict[str, inspect.Parameter], bool] | None:
+def accepted_keywords(factory: Callable[..., Any]) -> tuple[dict[str, inspect.Parameter], bool] | None:
     """``(named keyword parameters, accepts **kwargs)``, or ``None`` if it cannot be inspected."""
     try:
         signature = inspect.signature(factory)
@@ -320,7 +320,7 @@ def build_factory(
             :class:`Pipeline` nor accepted by ``wrap``.
     """
     factory = load_factory(spec)
-    accepted = _accepted(factory)
+    accepted = accepted_keywords(factory)
     call: dict[str, Any] = {}
     if accepted is not None:
         named, var_kw = accepted

@@ -118,6 +118,7 @@ def run_to_file(
     seed: int = 0,
     batch: int = 1,
     size: str = "default",
+    device: str | torch.device | None = None,
 ) -> dict[str, Any]:
     """Build pipeline ``name``, run it once on its example inputs and write the result.
 
@@ -128,9 +129,11 @@ def run_to_file(
         seed: Seed of the weights and of the example inputs.
         batch: Batch size of the run (only the first item is written for audio/images).
         size: Pipeline size.
+        device: Device the pipeline is built and run on (see :func:`get`; ``None``:
+            the factory's own default).
 
     Returns:
-        A summary: ``pipeline``, ``path``, ``shape`` (of the whole output),
+        A summary: ``pipeline``, ``device``, ``path``, ``shape`` (of the whole output),
         ``seconds`` (the run alone), and ``sample_rate`` or ``image_size``.
 
     Raises:
@@ -143,16 +146,21 @@ def run_to_file(
         raise ValueError(
             f"cannot write to {str(out_path)!r}: extension must be one of {', '.join(known)}"
         )
-    pipeline = get(name, size=size, seed=seed)
+    pipeline = get(name, size=size, seed=seed, device=device)
     _check_extension(pipeline.output_kind, Path(out_path))
+    cuda = pipeline.device.type == "cuda"
     try:
         inputs = pipeline.example_inputs(batch, seed)
+        if cuda:
+            torch.cuda.synchronize(pipeline.device)
         start = time.perf_counter()
         output = pipeline.run(inputs)
+        if cuda:  # the kernels have run, not only been launched
+            torch.cuda.synchronize(pipeline.device)
         seconds = time.perf_counter() - start
     except (ValueError, NotImplementedError):
         raise
     except Exception as exc:  # the pipeline's own code; an OSError here is not about the output file
         raise PipelineRunError(f"pipeline {name!r} raised {type(exc).__name__}: {exc}") from exc
     info = write_output(pipeline, output, out_path)
-    return {"pipeline": pipeline.name, **info, "seconds": round(seconds, 4)}
+    return {"pipeline": pipeline.name, "device": str(pipeline.device), **info, "seconds": round(seconds, 4)}

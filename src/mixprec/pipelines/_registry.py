@@ -31,8 +31,10 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 
+import torch
+
 from mixprec.pipelines._base import Pipeline, check_batch_seed
-from mixprec.pipelines._factory import build_factory, is_factory_spec
+from mixprec.pipelines._factory import accepted_keywords, build_factory, is_factory_spec
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -176,7 +178,7 @@ def _lookup(name: str) -> Factory:
     )
 
 
-def get(name: str, *, size: str = "default", seed: int = 0, **kwargs: Any) -> Pipeline:
+def get(name: str, *, size: str = "default", seed: int = 0, device: str | Any | None = None, **kwargs: Any) -> Pipeline:
     """Build the pipeline registered under ``name``, or the one a factory spec names.
 
     Args:
@@ -187,7 +189,11 @@ def get(name: str, *, size: str = "default", seed: int = 0, **kwargs: Any) -> Pi
         size: ``"default"`` (benchmark size) or ``"test"`` (tiny), or another
             size the pipeline defines.
         seed: Seed of the weight initialisation.
-        **kwargs: Passed to the factory (e.g. ``device="cpu"`` or size overrides).
+        device: Device of the components (``None``: the factory's own default).
+            A factory that accepts ``device`` (or ``**kwargs``) gets it; one that
+            does not is built without it and moved with :meth:`Pipeline.to`, as
+            :func:`build_factory` does for a factory spec.
+        **kwargs: Passed to the factory (e.g. size overrides).
 
     Raises:
         UnknownPipelineError: If ``name`` is not registered (a ``ValueError``).
@@ -197,10 +203,23 @@ def get(name: str, *, size: str = "default", seed: int = 0, **kwargs: Any) -> Pi
     """
     check_batch_seed(1, seed)
     if is_factory_spec(name):
-        return build_factory(name, size=size, seed=seed, **kwargs)
-    pipeline = _lookup(name)(size=size, seed=seed, **kwargs)
+        return build_factory(name, size=size, seed=seed, device=device, **kwargs)
+    factory = _lookup(name)
+    passed = device is not None and _takes_device(factory)
+    pipeline = factory(size=size, seed=seed, **({"device": device} if passed else {}), **kwargs)
     if not isinstance(pipeline, Pipeline):
         raise TypeError(
             f"factory of pipeline {name!r} returned {type(pipeline).__name__}, not a Pipeline"
         )
+    if device is not None and not passed and pipeline.device != torch.device(device):
+        pipeline.to(device)
     return pipeline
+
+
+def _takes_device(factory: Factory) -> bool:
+    """Whether ``factory`` accepts ``device=`` (a named parameter or ``**kwargs``; one that cannot be inspected is given it)."""
+    accepted = accepted_keywords(factory)
+    if accepted is None:
+        return True
+    named, var_kw = accepted
+    return "device" in named or var_kw

@@ -136,18 +136,22 @@ class WorkerEvaluator(ReadyWorkers):
             pipeline makes discrete choices); latency is timed on the first.
         repeat: timed runs per evaluation (median).
         timeout: seconds one request may take.
+        device: where the worker builds the pipeline (``cpu``, ``cuda``, ``cuda:1``; see
+            :func:`mixprec.pipelines.get`); ``None``: the factory's own default. The
+            store's cache keys hold the machine fingerprint, which names the device type.
     """
 
     def __init__(self, pipeline_name: str, size: str = "default", *, seeds: Sequence[int] = (0, 1), repeat: int = 3,
-                 batch: int = 1, timeout: float = 600.0, threads: int | None = None):
+                 batch: int = 1, timeout: float = 600.0, threads: int | None = None, device: str | None = None):
         from mixprec.measure.executor import LocalProcessExecutor
         from mixprec.pipelines import portable_spec
 
         pipeline_name = portable_spec(pipeline_name)  # a factory file path made absolute
         self.pipeline, self.size, self.seeds, self.repeat, self.timeout = pipeline_name, size, tuple(seeds), int(repeat), timeout
+        self.device = device
         self.cache_key = f"{pipeline_name}|size={size}|batch={batch}|seeds={list(self.seeds)}|repeat={self.repeat}"
         job = {"name": f"tune-{pipeline_name}", "pipeline": pipeline_name, "size": size,
-               "batch": batch, "threads": threads}
+               "batch": batch, "threads": threads, "device": device}
         self._worker = LocalProcessExecutor().start(serve_tune, job)
         try:
             self.ready = self._worker.wait_ready(timeout)

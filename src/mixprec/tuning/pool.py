@@ -38,12 +38,12 @@ class PoolEvaluator(ReadyWorkers):
             :class:`~mixprec.tuning.evaluators.WorkerEvaluator`).
         executor: starts the workers (e.g. a :class:`~mixprec.measure.ray_executor.RayExecutor`).
         workers: how many evaluations run at the same time.
-        size, seeds, repeat, batch, timeout, threads: as for ``WorkerEvaluator``.
+        size, seeds, repeat, batch, timeout, threads, device: as for ``WorkerEvaluator``.
     """
 
     def __init__(self, pipeline_name: str, executor: Any, *, workers: int = 2, size: str = "default",
                  seeds: Sequence[int] = (0, 1), repeat: int = 3, batch: int = 1, timeout: float = 600.0,
-                 threads: int | None = None):
+                 threads: int | None = None, device: str | None = None):
         from mixprec.pipelines import portable_spec
 
         if workers < 1:
@@ -51,7 +51,9 @@ class PoolEvaluator(ReadyWorkers):
         pipeline_name = portable_spec(pipeline_name)
         self.pipeline, self.size, self.seeds, self.repeat, self.timeout = pipeline_name, size, tuple(seeds), int(repeat), timeout
         self.cache_key = f"{pipeline_name}|size={size}|batch={batch}|seeds={list(self.seeds)}|repeat={self.repeat}|paired"
-        job = {"name": f"tune-{pipeline_name}", "pipeline": pipeline_name, "size": size, "batch": batch, "threads": threads}
+        self.device = device
+        job = {"name": f"tune-{pipeline_name}", "pipeline": pipeline_name, "size": size, "batch": batch, "threads": threads,
+               "device": device}
         self._workers: list[Any] = []
         self._locks = [threading.Lock() for _ in range(workers)]
         self._idle: queue.Queue[int] = queue.Queue()

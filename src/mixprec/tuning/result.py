@@ -51,6 +51,8 @@ class TuneResult:
         seed_summary: for the chosen policy, per quality metric over every seed it
             was measured on (search and validation): ``worst``, ``median``,
             ``spread`` (max - min) and ``seeds``.
+        device: the device the candidates were measured on (``cpu``, ``cuda``, ``cuda:1``);
+            a policy tuned on one device says nothing of its speed on another.
     """
 
     policy: Policy
@@ -73,6 +75,7 @@ class TuneResult:
     validation: dict[str, Any] | None = None
     validations: int = 0
     seed_summary: dict[str, dict[str, float]] = field(default_factory=dict)
+    device: str | None = None
 
     @property
     def speed(self) -> Ratio | None:
@@ -118,7 +121,7 @@ class TuneResult:
 
     def to_dict(self) -> dict[str, Any]:
         """Everything as plain data (what the benchmark store keeps and ``--json`` prints)."""
-        return {"bound": str(self.bound), "objective": self.objective, "met": self.met, "miss": self.miss,
+        return {"bound": str(self.bound), "objective": self.objective, "device": self.device, "met": self.met, "miss": self.miss,
                 "chosen": self.chosen.index, "closest": self.closest.index if self.closest is not None else None,
                 "frontier": [c.index for c in self.frontier], "evaluations": self.evaluations, "cached": self.cached,
                 "wall_s": self.wall_s, "notes": list(self.notes), "policy": self.policy.to_dict(),

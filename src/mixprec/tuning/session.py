@@ -70,6 +70,7 @@ class Session:
         self.seeds = tuple(int(s) for s in seeds)
         self.inputs: dict[int, Any] = {}
         self.references: dict[int, torch.Tensor] = {}
+        self._sync = _synchronizer(self.components)
         self._reference(self.seeds)
 
     def _reference(self, seeds: Sequence[int]) -> None:
@@ -107,11 +108,7 @@ class Session:
         fp32 = self.time(Config("fp32").policy("fp32"), repeat) if paired else None
         with apply(self.target, policy) as applied, torch.inference_mode():
             per_seed = {seed: self._quality(seed) for seed in self.seeds}  # the first run warms up
-            samples = []
-            for _ in range(max(1, repeat)):
-                start = time.perf_counter()
-                self.run(self.inputs[self.seeds[0]])
-                samples.append(time.perf_counter() - start)
+            samples = self._timed(repeat)
             memory = applied.weight_bytes()
         out = {"latency_s": statistics.median(samples), "samples": samples, "memory_bytes": float(memory),
                "quality": worst_case(list(per_seed.values())), "per_seed": per_seed}
@@ -134,11 +131,17 @@ class Session:
         with apply(self.target, policy), torch.inference_mode():
             if policy.compile is not None:
                 self.run(self.inputs[self.seeds[0]])
-            samples = []
-            for _ in range(max(1, repeat)):
-                start = time.perf_counter()
-                self.run(self.inputs[self.seeds[0]])
-                samples.append(time.perf_counter() - start)
+            return self._timed(repeat)
+
+    def _timed(self, repeat: int) -> list[float]:
+        """Seconds of ``repeat`` runs on the first seed; on a GPU, until its kernels have run (not only been launched)."""
+        samples = []
+        for _ in range(max(1, repeat)):
+            self._sync()
+            start = time.perf_counter()
+            self.run(self.inputs[self.seeds[0]])
+            self._sync()
+            samples.append(time.perf_counter() - start)
         return samples
 
     def risk(self, policy: Policy) -> list[dict[str, Any]]:
@@ -162,6 +165,20 @@ class Session:
         return rows
 
 
+def _synchronizer(components: dict[str, torch.nn.Module]) -> Callable[[], None]:
+    """Waits for the CUDA devices the components' weights live on (nothing to wait for on a CPU)."""
+    cuda = sorted({t.device for m in components.values() for t in [*m.parameters(), *m.buffers()] if t.device.type == "cuda"},
+                  key=str)
+    if not cuda:
+        return lambda: None
+
+    def sync() -> None:
+        for device in cuda:
+            torch.cuda.synchronize(device)
+
+    return sync
+
+
 def risk_key(row: dict[str, Any]) -> tuple[bool, float]:
     """Riskiest first: overflow or inf/NaN, then the lowest own SQNR."""
     own = row["own_sqnr_db"]
@@ -174,9 +191,9 @@ def serve_tune(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - ru
 
     if job.get("threads"):
         torch.set_num_threads(int(job["threads"]))
-    pipe = pipelines.get(job["pipeline"], size=job["size"], seed=0)
+    pipe = pipelines.get(job["pipeline"], size=job["size"], seed=0, device=job.get("device"))
     batch = int(job.get("batch", 1))
-    conn.send(("ready", {"output_kind": pipe.output_kind, "components": list(pipe.components),
+    conn.send(("ready", {"output_kind": pipe.output_kind, "components": list(pipe.components), "device": str(pipe.device),
                          "sensitive": [str(h) for h in pipe.sensitive],
                          "units": weight_units(pipe.components), "pid": __import__("os").getpid()}))
     session: Session | None = None

@@ -66,6 +66,7 @@ def tune(
     final_rounds: int = 3,
     validation_seeds: int | Sequence[int] = 3,
     margin: float | None = None,
+    device: str | None = None,
 ) -> TuneResult:
     """Find the fastest (or smallest) policy that meets ``bound``, by measurement.
 
@@ -89,7 +90,8 @@ def tune(
             registered pipeline measured by the default evaluator, none otherwise.
         size: pipeline size for the default evaluator.
         repeat: timed runs per evaluation for the default evaluator.
-        hardware: the probed device (default :func:`mixprec.device.hardware.probe`).
+        hardware: the probed device (default :func:`mixprec.device.hardware.probe` of the
+            device the pipeline is measured on).
         dtypes: 16-bit storage types to try (default: those the probe measured fast).
         local_search: run the greedy local search after the bisection.
         try_compile: the local search also tries compiling the components
@@ -110,17 +112,24 @@ def tune(
         margin: dB of error the search keeps below the bound (:func:`~mixprec.tuning.bounds.tightened`), so
             the answer is not tuned to the edge of what the search seeds allow;
             default :data:`~mixprec.tuning.bounds.DEFAULT_MARGIN_DB`; 0: search to the bound itself.
+        device: where the default evaluator builds and measures the pipeline (``cpu``,
+            ``cuda``, ``cuda:1``, ``mps``), passed to its factory when the factory accepts
+            it (else the pipeline is moved there); ``None``: the factory's own default
+            (``cpu`` for the reference pipelines). With your own ``evaluator`` it only
+            names the device, for the probe and the stored run. The result and the stored
+            tune run keep it (:attr:`~mixprec.tuning.result.TuneResult.device`).
 
     Returns:
         A :class:`~mixprec.tuning.result.TuneResult`.
 
     Raises:
         ValueError: unknown objective or dtype, a bad bound, a negative margin, validation
-            seeds shared with the search seeds, or a budget too small for baseline +
-            all-16-bit + one bisection pass (the message says how many).
+            seeds shared with the search seeds, a device this machine cannot use (before
+            any work), or a budget too small for baseline + all-16-bit + one bisection pass
+            (the message says how many).
     """
     from mixprec.measure.machine import machine_fingerprint
-    from mixprec.device.hardware import probe
+    from mixprec.device.hardware import probe, resolve_device
 
     start = time.perf_counter()
     bound = parse_bound(bound)
@@ -132,22 +141,28 @@ def tune(
     search_bound = tightened(bound, margin_db)
     search_seeds = [int(x) for x in getattr(evaluator, "seeds", seeds)] if evaluator is not None else [int(x) for x in seeds]
     held_out = validation_seed_list(validation_seeds, search_seeds)
-    hw = hardware if hardware is not None else probe()
-    fast = list(dtypes) if dtypes is not None else hw.fast_16bit()
-    notes: list[str] = []
-    if margin_db:
-        notes.append(f"search bound {search_bound}: {bound} with a {margin_db:g} dB margin")
-    for d in fast:
+    for d in dtypes or ():
         if d not in ("bf16", "fp16"):
             raise ValueError(f"unknown 16-bit dtype {d!r}; valid: bf16, fp16")
-    if not fast:
-        notes.append(f"no 16-bit type measured fast on {hw.name}: "
-                     + ("16-bit storage with fp32 compute only" if objective == "memory"
-                        else "16-bit compute cannot win on latency here, so the search covers fp32 settings and the presets"))
     owned = evaluator is None
+    if owned and device is not None:
+        device = str(resolve_device(device))  # a device this machine lacks is refused before any worker starts
     if owned:
-        evaluator = WorkerEvaluator(str(getattr(pipeline, "name", pipeline)), size, seeds=seeds, repeat=repeat)
+        evaluator = WorkerEvaluator(str(getattr(pipeline, "name", pipeline)), size, seeds=seeds, repeat=repeat,
+                                    device=device)
     try:
+        # The probe measures where the pipeline lives: the device asked for, else where the worker built it.
+        where = device if device is not None else (getattr(evaluator, "ready", None) or {}).get("device")
+        hw = hardware if hardware is not None else probe(where)
+        run_device = where or hw.device_type
+        fast = list(dtypes) if dtypes is not None else hw.fast_16bit()
+        notes: list[str] = []
+        if margin_db:
+            notes.append(f"search bound {search_bound}: {bound} with a {margin_db:g} dB margin")
+        if not fast:
+            notes.append(f"no 16-bit type measured fast on {hw.name}: "
+                         + ("16-bit storage with fp32 compute only" if objective == "memory"
+                            else "16-bit compute cannot win on latency here, so the search covers fp32 settings and the presets"))
         units = evaluator.units()
         names = list(PRESETS) if presets is None and owned else list(presets or ())
         for name in names:
@@ -197,6 +212,7 @@ def tune(
     result = _result(search, bound, objective, notes, time.perf_counter() - start, final, best)
     result.search_bound, result.margin_db, result.search_seeds = search_bound, margin_db, search_seeds
     result.validation, result.seed_summary, result.validations = validation, summary, validations
+    result.device = run_device
     if validation is not None and not validation["met"]:
         result.met, result.miss = False, bound.miss({bound.key: validation["worst"]})
     if store is not None:

@@ -31,9 +31,10 @@ from mixprec import pipelines
 from mixprec.ui.bench_tab import build_bench_tab, list_runs, show_run
 from mixprec.ui.controls import (DTYPES, NO_PRESET, build_policy, defaults_message, dtype_selector_update, matmul_info,
                                  precision_controls, preset_choices)
-from mixprec.ui.forms import SIZES, error_text, markdown_table
+from mixprec.ui.forms import SIZES, check_choice, devices, error_text, markdown_table
 from mixprec.ui.i18n import DEFAULT_LANGUAGE, LANGUAGES, check_language, direction, t
 from mixprec.ui.tune_tab import build_tune_tab
+from mixprec.ui.widgets import device_picker
 
 __all__ = ["MAX_COMPONENTS", "SIZES", "PortInUseError", "build_app", "diagnose", "launch", "list_runs", "run_comparison",
            "show_run"]
@@ -42,8 +43,8 @@ __all__ = ["MAX_COMPONENTS", "SIZES", "PortInUseError", "build_app", "diagnose",
 MAX_COMPONENTS = 8
 _MIB = 1024 * 1024
 
-#: A session's loaded pipelines: ``(name, size) -> pipeline``.
-Cache = dict[tuple[str, str], Any]
+#: A session's loaded pipelines: ``(name, size, device) -> pipeline``.
+Cache = dict[tuple[str, str, str], Any]
 
 _DIR_JS = """(lang) => {{
   const rtl = {rtl};
@@ -53,12 +54,12 @@ _DIR_JS = """(lang) => {{
 }}"""
 
 
-def _pipeline(cache: Cache | None, name: str, size: str) -> tuple[Any, Cache]:
-    """The session's pipeline ``name``/``size``, built on first use (returns a new cache dict)."""
+def _pipeline(cache: Cache | None, name: str, size: str, device: str = "cpu") -> tuple[Any, Cache]:
+    """The session's pipeline ``name``/``size`` on ``device``, built on first use (returns a new cache dict)."""
     cache = dict(cache or {})
-    if (name, size) not in cache:
-        cache[(name, size)] = pipelines.get(name, size=size, seed=0)
-    return cache[(name, size)], cache
+    if (name, size, device) not in cache:
+        cache[(name, size, device)] = pipelines.get(name, size=size, seed=0, device=device)
+    return cache[(name, size, device)], cache
 
 
 def _header(lang: str) -> str:
@@ -82,11 +83,20 @@ def _quality_text(q: dict[str, Any], kind: str, lang: str) -> str:
     return " · ".join(parts)
 
 
-def _warm_then_time(run: Callable[[], Any]) -> tuple[Any, float]:
-    """One untimed run (first-call costs: lazy init, allocator growth, kernel selection), then one timed run."""
+def _warm_then_time(run: Callable[[], Any], device: Any = None) -> tuple[Any, float]:
+    """One untimed run (first-call costs: lazy init, allocator growth, kernel selection), then one timed run
+    (on a CUDA ``device``, until its kernels have run, not only been launched)."""
+    import torch
+
+    def sync() -> None:
+        if device is not None and device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     run()
+    sync()
     start = time.perf_counter()
     out = run()
+    sync()
     return out, time.perf_counter() - start
 
 
@@ -99,8 +109,9 @@ def run_comparison(
     *,
     lang: str = DEFAULT_LANGUAGE,
     cache: Cache | None = None,
+    device: str = "cpu",
 ) -> dict[str, Any]:
-    """Run a pipeline in fp32 and under the chosen policy on the same inputs.
+    """Run a pipeline in fp32 and under the chosen policy on the same inputs, on ``device``.
 
     TTS is teacher-forced on the fp32 speech tokens so the two waveforms align.
 
@@ -110,6 +121,7 @@ def run_comparison(
         dtype_values: storage types for the pipeline's components, in order.
         lang: language of the figures table.
         cache: the session's loaded pipelines.
+        device: where the pipeline is built and run (one of :func:`~mixprec.ui.forms.devices`).
 
     Returns:
         ``kind``, ``fp32`` and ``mixed`` outputs (audio ``(rate, ndarray)`` or an
@@ -118,20 +130,20 @@ def run_comparison(
     """
     from mixprec.measure.metrics import quality
 
-    pipe, cache = _pipeline(cache, name, size)
+    pipe, cache = _pipeline(cache, name, size, device)
     dtypes = dict(zip(pipe.components, dtype_values))
     policy = build_policy(preset=preset, upcast_attention=upcast_attention, dtypes=dtypes, hints=tuple(pipe.sensitive))
     inputs = pipe.example_inputs(batch=1, seed=0)
-    ref, fp32_s = _warm_then_time(lambda: pipe.run(inputs))
+    ref, fp32_s = _warm_then_time(lambda: pipe.run(inputs), pipe.device)
     fp32_bytes = mixprec.weight_bytes(pipe)
     options = {"speech_tokens": ref.speech_tokens} if getattr(ref, "speech_tokens", None) is not None else {}
     if policy is None:
-        out, mixed_s = _warm_then_time(lambda: pipe.run(inputs, **options))
+        out, mixed_s = _warm_then_time(lambda: pipe.run(inputs, **options), pipe.device)
         mixed_bytes = fp32_bytes
         label = t("run.policy_fp32", lang)
     else:
         with mixprec.apply(pipe, policy) as applied:
-            out, mixed_s = _warm_then_time(lambda: pipe.run(inputs, **options))
+            out, mixed_s = _warm_then_time(lambda: pipe.run(inputs, **options), pipe.device)
             mixed_bytes = applied.weight_bytes()
         label = policy.name if preset not in (None, NO_PRESET) else t("run.policy_custom", lang)
     kind = pipe.output_kind
@@ -223,6 +235,7 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
                     run_size = reg(gr.Radio(list(SIZES), value=SIZES[0], label=t("run.size_label", lang),
                                             info=t("run.size_info", lang), elem_id="run-size"),
                                    label="run.size_label", info="run.size_info")
+                    run_device = device_picker(reg, lang, "run", label="run.device_label", info="run.device_info")
                 controls = precision_controls(app, lang=lang, language=language)
                 reg(controls.matmul, label="controls.matmul_label", info=lambda lg: matmul_info(app, lg))
                 reg(controls.preset, label="controls.preset_label", info="controls.preset_info", choices=preset_choices)
@@ -264,9 +277,10 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
             with reg(gr.Tab(t("tab.tune", lang), id="tune", elem_id="tab-tune"), label="tab.tune"):
                 build_tune_tab(lang, reg, language)
 
-        def slot_updates(name: str, size: str, lg: str, state: Cache, preset: str = NO_PRESET) -> tuple[list[Any], Cache]:
+        def slot_updates(name: str, size: str, lg: str, state: Cache, preset: str = NO_PRESET,
+                         device: str = "cpu") -> tuple[list[Any], Cache]:
             try:
-                pipe, state = _pipeline(state, name, size)
+                pipe, state = _pipeline(state, name, size, device if device in devices() else "cpu")
                 comps = list(pipe.components)[:MAX_COMPONENTS]
             except (ValueError, RuntimeError, OSError, ImportError):
                 comps = []
@@ -276,14 +290,14 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
                    for i in range(MAX_COMPONENTS)]
             return ups, state
 
-        def on_pipeline(name: str, size: str, lg: str, state: Cache, preset: str = NO_PRESET) -> list[Any]:
-            ups, state = slot_updates(name, size, lg, state, preset)
+        def on_pipeline(name: str, size: str, lg: str, state: Cache, preset: str = NO_PRESET, device: str = "cpu") -> list[Any]:
+            ups, state = slot_updates(name, size, lg, state, preset, device)
             return [*ups, state]
 
         def on_preset(preset: str, lg: str) -> list[Any]:
             return [dtype_selector_update(preset, lg) for _ in range(MAX_COMPONENTS)]
 
-        def on_language(lg: str, name: str, size: str, state: Cache, status: str, shown: str, preset: str,
+        def on_language(lg: str, name: str, size: str, state: Cache, status: str, shown: str, preset: str, device: str,
                         *slot_values: str) -> list[Any]:
             # The status keeps what was applied; only the untouched defaults line is translated.
             untouched = status in {defaults_message(app, code) for code in LANGUAGES}
@@ -292,15 +306,18 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
                    t("run.figures_empty", lg) if empty else gr.update()]
             for _component, spec in texts:
                 out.append(gr.update(**{prop: (key(lg) if callable(key) else t(key, lg)) for prop, key in spec.items()}))
-            ups, state = slot_updates(name, size, lg, state, preset)
+            ups, state = slot_updates(name, size, lg, state, preset, device)
             for up, value in zip(ups, slot_values):
                 up["value"] = value
             return [*out, *ups, state]
 
-        def on_run(lg: str, name: str, size: str, preset: str, upcast: bool, *rest: Any) -> list[Any]:
+        def on_run(lg: str, name: str, size: str, device: str, preset: str, upcast: bool, *rest: Any) -> list[Any]:
             *values, state = rest
+            problem = check_choice(device, devices(), "run.device_label", lg)
+            if problem:
+                return [gr.update(visible=False)] * 4 + [problem, state]
             try:
-                result = run_comparison(name, size, preset, upcast, values, lang=lg, cache=state)
+                result = run_comparison(name, size, preset, upcast, values, lang=lg, cache=state, device=device)
             except (ValueError, RuntimeError, OSError, ImportError) as exc:
                 hidden = gr.update(visible=False)
                 return [hidden] * 4 + [error_text("run.error", lg, exc), state]
@@ -321,13 +338,16 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
         language.change(None, inputs=language, js=dir_js)
         demo.load(None, inputs=language, js=dir_js)
         language.change(on_language, inputs=[language, run_pipe, run_size, cache, controls.status, figures, controls.preset,
-                                             *slots],
+                                             run_device, *slots],
                         outputs=[header, controls.status, figures, *(c for c, _ in texts), *slots, cache])
-        for trigger in (run_pipe.change, run_size.change):
-            trigger(on_pipeline, inputs=[run_pipe, run_size, language, cache, controls.preset], outputs=[*slots, cache])
-        demo.load(on_pipeline, inputs=[run_pipe, run_size, language, cache, controls.preset], outputs=[*slots, cache])
+        for trigger in (run_pipe.change, run_size.change, run_device.change):
+            trigger(on_pipeline, inputs=[run_pipe, run_size, language, cache, controls.preset, run_device],
+                    outputs=[*slots, cache])
+        demo.load(on_pipeline, inputs=[run_pipe, run_size, language, cache, controls.preset, run_device],
+                  outputs=[*slots, cache])
         controls.preset.change(on_preset, inputs=[controls.preset, language], outputs=slots)
-        run_button.click(on_run, inputs=[language, run_pipe, run_size, controls.preset, controls.upcast_attention, *slots, cache],
+        run_button.click(on_run, inputs=[language, run_pipe, run_size, run_device, controls.preset, controls.upcast_attention,
+                                         *slots, cache],
                          outputs=[fp32_audio, mixed_audio, fp32_image, mixed_image, figures, cache])
         diag_button.click(on_diagnose, inputs=[language, diag_pipe, diag_size, diag_preset, cache],
                           outputs=[diag_summary, diag_table, diag_toml, cache])

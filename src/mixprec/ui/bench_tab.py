@@ -19,16 +19,15 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import gradio as gr
-import torch
 
 from mixprec import pipelines
 from mixprec.device import hardware
 from mixprec.bench.configs import BUILTIN
-from mixprec.ui.forms import (SIZES, cancel_job, check_choice, check_whole, error_text, markdown_table, png_html,
+from mixprec.ui.forms import (SIZES, cancel_job, check_choice, check_whole, devices, error_text, markdown_table, png_html,
                               status_html, store_location)
 from mixprec.ui.i18n import DEFAULT_LANGUAGE, messages, t
 from mixprec.ui.jobs import Job
-from mixprec.ui.widgets import pipeline_pickers, start_cancel, store_path
+from mixprec.ui.widgets import device_picker, pipeline_pickers, start_cancel, store_path
 
 __all__ = ["CONFIGS", "DEFAULT_CONFIGS", "MAX_RUNS", "TABLE_COLUMNS", "bench_cancel", "bench_run", "build_bench_tab",
            "devices", "list_runs", "results_table", "show_run"]
@@ -45,11 +44,6 @@ TABLE_COLUMNS: tuple[str, ...] = ("config", "status", "latency", "ci", "speedup"
 
 #: One output list: status, results table, plot, runs listing, run dropdown.
 Outputs = list[Any]
-
-
-def devices() -> list[str]:
-    """Devices a benchmark can run on here."""
-    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
 
 
 def _status(value: Any, lang: str) -> str:
@@ -249,9 +243,7 @@ def build_bench_tab(lang: str, reg: Callable[..., Any], language: gr.components.
     reg(gr.Markdown(t("bench.run_heading", lang)), value="bench.run_heading")
     with gr.Row():
         pipe, size = pipeline_pickers(reg, lang, "bench")
-        device = reg(gr.Dropdown(devices(), value="cpu", label=t("bench.device_label", lang),
-                                 info=t("bench.device_info", lang), elem_id="bench-device"),
-                     label="bench.device_label", info="bench.device_info")
+        device = device_picker(reg, lang, "bench", label="bench.device_label", info="bench.device_info")
     configs = reg(gr.CheckboxGroup(list(CONFIGS), value=list(DEFAULT_CONFIGS), label=t("bench.configs_label", lang),
                                    info=t("bench.configs_info", lang), elem_id="bench-configs"),
                   label="bench.configs_label", info="bench.configs_info")

@@ -19,12 +19,19 @@ from typing import Any, Sequence
 
 from mixprec.ui.i18n import t
 
-__all__ = ["SIZES", "cancel_job", "check_choice", "check_whole", "error_text", "markdown_table", "png_html", "status_html",
-           "store_location", "whole"]
+__all__ = ["SIZES", "cancel_job", "check_choice", "check_whole", "devices", "error_text", "markdown_table", "png_html",
+           "status_html", "store_location", "whole"]
 
 #: Pipeline sizes offered; "test" is the quick default.
 SIZES: tuple[str, ...] = ("test", "default")
 _BOLD = re.compile(r"\*\*(.+?)\*\*")
+
+
+def devices() -> list[str]:
+    """Devices the Run, Benchmark and Tune tabs can build a pipeline on here: the CPU, and CUDA where torch sees a GPU."""
+    import torch
+
+    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
 
 
 def whole(value: Any, *, low: int, high: int) -> int | None:

@@ -25,11 +25,11 @@ import gradio as gr
 import mixprec
 from mixprec import pipelines
 from mixprec.tuning.report import tune_plot_png
-from mixprec.ui.forms import (SIZES, cancel_job, check_choice, check_whole, error_text, markdown_table, png_html,
+from mixprec.ui.forms import (SIZES, cancel_job, check_choice, check_whole, devices, error_text, markdown_table, png_html,
                               status_html, store_location)
 from mixprec.ui.i18n import t
 from mixprec.ui.jobs import Job
-from mixprec.ui.widgets import pipeline_pickers, start_cancel, store_path
+from mixprec.ui.widgets import device_picker, pipeline_pickers, start_cancel, store_path
 
 __all__ = ["MAX_BUDGET", "OBJECTIVES", "build_tune_tab", "objective_choices", "tune_cancel", "tune_plot_png", "tune_run"]
 
@@ -119,11 +119,12 @@ def _validation(result: mixprec.TuneResult, lang: str) -> str:
              margin_db=f"{result.margin_db:g}", search_seeds=search_seeds)
 
 
-def _check(lang: str, pipeline: str, size: str, bound: str, objective: str,
-           budget: Any) -> tuple[tuple[mixprec.Bound, int] | None, str | None]:
+def _check(lang: str, pipeline: str, size: str, bound: str, objective: str, budget: Any,
+           device: str) -> tuple[tuple[mixprec.Bound, int] | None, str | None]:
     problem = (check_choice(pipeline, pipelines.available(), "run.pipeline_label", lang)
                or check_choice(size, SIZES, "run.size_label", lang)
-               or check_choice(objective, OBJECTIVES, "tune.objective_label", lang))
+               or check_choice(objective, OBJECTIVES, "tune.objective_label", lang)
+               or check_choice(device, devices(), "tune.device_label", lang))
     if problem:
         return None, problem
     try:
@@ -137,8 +138,9 @@ def _check(lang: str, pipeline: str, size: str, bound: str, objective: str,
 
 
 def tune_run(lang: str, pipeline: str, size: str, bound: str, objective: str, budget: Any, path: str | None, job: Job,
-             *, seeds: Sequence[int] = (0, 1), repeat: int = 1) -> Iterator[Outputs]:
-    """The Start button: tune ``pipeline`` for ``bound`` and stream the search.
+             *, seeds: Sequence[int] = (0, 1), repeat: int = 1, device: str = "cpu") -> Iterator[Outputs]:
+    """The Start button: tune ``pipeline`` for ``bound`` on ``device`` (one of :func:`~mixprec.ui.forms.devices`)
+    and stream the search; the stored tune run keeps the device.
 
     Yields:
         ``[status HTML, plot HTML, result Markdown, policy TOML]``; values that did
@@ -148,7 +150,7 @@ def tune_run(lang: str, pipeline: str, size: str, bound: str, objective: str, bu
     from mixprec.bench.store import Store
 
     keep = gr.update()
-    checked, problem = _check(lang, pipeline, size, bound, objective, budget)
+    checked, problem = _check(lang, pipeline, size, bound, objective, budget, device)
     if checked is None:
         yield [status_html(problem or ""), keep, keep, keep]
         return
@@ -168,7 +170,7 @@ def tune_run(lang: str, pipeline: str, size: str, bound: str, objective: str, bu
 
         with Store(where) as store:
             return mixprec.tune(pipeline, parsed, objective=objective, budget=n_budget, size=size, seeds=tuple(seeds),
-                                repeat=repeat, store=store, progress=progress, should_stop=job.should_stop)
+                                repeat=repeat, store=store, progress=progress, should_stop=job.should_stop, device=device)
 
     yield [status_html(t("tune.starting", lang), 0.0), "", "", ""]
     for kind, value in job.stream(target):
@@ -202,12 +204,17 @@ def build_tune_tab(lang: str, reg: Callable[..., Any], language: gr.components.C
         budget = reg(gr.Number(20, precision=0, minimum=1, maximum=MAX_BUDGET, label=t("tune.budget_label", lang),
                                info=t("tune.budget_info", lang), elem_id="tune-budget"),
                      label="tune.budget_label", info="tune.budget_info")
+        device = device_picker(reg, lang, "tune", label="tune.device_label", info="tune.device_info")
     path = store_path(reg, lang, "tune")
     start, cancel, status = start_cancel(reg, lang, "tune", start_key="tune.start_button", start_id="tune-start")
     plot = gr.HTML(elem_id="tune-plot")
     summary = gr.Markdown(elem_id="tune-summary")
     toml_text = reg(gr.Code(language=None, label=t("tune.policy_label", lang), elem_id="tune-policy"),
                     label="tune.policy_label")
-    start.click(tune_run, inputs=[language, pipe, size, bound, objective, budget, path, job],
+    def on_start(lg: str, name: str, size_value: str, bound_text: str, goal: str, evaluations: Any, where: str | None,
+                 session: Job, device_value: str) -> Iterator[Outputs]:
+        yield from tune_run(lg, name, size_value, bound_text, goal, evaluations, where, session, device=device_value)
+
+    start.click(on_start, inputs=[language, pipe, size, bound, objective, budget, path, job, device],
                 outputs=[status, plot, summary, toml_text], show_progress="hidden")
     cancel.click(tune_cancel, inputs=[language, job], outputs=status, show_progress="hidden")

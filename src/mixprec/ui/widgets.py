@@ -1,4 +1,4 @@
-"""Component groups the Benchmark and Tune tabs share: pipeline pickers, store path, Start/Cancel.
+"""Component groups the Run, Benchmark and Tune tabs share: pipeline pickers, device, store path, Start/Cancel.
 
 Each helper creates its components in the enclosing Gradio layout, registers their
 translated properties through ``reg`` (so the language selector relabels them) and
@@ -12,10 +12,10 @@ from typing import Any, Callable
 import gradio as gr
 
 from mixprec import pipelines
-from mixprec.ui.forms import SIZES
+from mixprec.ui.forms import SIZES, devices
 from mixprec.ui.i18n import t
 
-__all__ = ["pipeline_pickers", "start_cancel", "store_path"]
+__all__ = ["device_picker", "pipeline_pickers", "start_cancel", "store_path"]
 
 Reg = Callable[..., Any]
 
@@ -29,6 +29,12 @@ def pipeline_pickers(reg: Reg, lang: str, prefix: str, *, prefer: str = "minilm"
     size = reg(gr.Radio(list(SIZES), value=SIZES[0], label=t("run.size_label", lang), info=t("run.size_info", lang),
                         elem_id=f"{prefix}-size"), label="run.size_label", info="run.size_info")
     return pipe, size
+
+
+def device_picker(reg: Reg, lang: str, prefix: str, *, label: str, info: str) -> gr.Dropdown:
+    """The device dropdown (``cpu``, and ``cuda`` where this machine has a GPU); ``label`` and ``info`` are locale keys."""
+    return reg(gr.Dropdown(devices(), value="cpu", label=t(label, lang), info=t(info, lang), elem_id=f"{prefix}-device"),
+               label=label, info=info)
 
 
 def store_path(reg: Reg, lang: str, prefix: str) -> gr.Textbox:

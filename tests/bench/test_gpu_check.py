@@ -1,0 +1,47 @@
+"""The one-call GPU check runs dry on a CPU and writes its results file."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _gpu_check():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_dry_run_on_the_cpu_writes_every_section(tmp_path, monkeypatch):
+    monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path / "cache"))
+    before = torch.get_float32_matmul_precision()
+    check = _gpu_check()
+    assert check.main(["--device", "cpu", "--pipelines", "tts", "--configs", "fp32,fast", "--budget", "10",
+                       "--out-dir", str(tmp_path)]) == 0
+    text = (tmp_path / "gpu-cpu-dry-run.md").read_text()
+    assert "torch reads back: get_float32_matmul_precision = `high`" in text  # the app's env var took effect
+    assert "after restore: get_float32_matmul_precision = `highest`" in text
+    for section in ("## mixprec env", "## mixprec bench: tts", "## What mixprec adds per run",
+                    "## The numerics guard's cost"):
+        assert section in text
+    assert text.count(": exit 0,") == 3, text  # env, bench, overhead each finished
+    assert torch.get_float32_matmul_precision() == before
+
+
+def test_cuda_is_refused_where_torch_sees_none(tmp_path, monkeypatch):
+    check = _gpu_check()
+    monkeypatch.setattr(check.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exc:
+        check.main(["--device", "cuda", "--out-dir", str(tmp_path)])
+    assert exc.value.code == 2
