@@ -33,6 +33,10 @@ def _app_used_legacy():
 
 
 STARTS = {"fresh": lambda: None, "app-new-api": _app_used_new_api, "app-root": _app_set_root, "app-legacy": _app_used_legacy}
+_NEW_API = pytest.mark.skipif(not backends.uses_fp32_precision_api(), reason="needs torch >= 2.9 (fp32_precision tree)")
+#: The starting states, those an app can only reach through the fp32_precision tree skipped on
+#: an older torch (writing there would leave a plain attribute on the real torch module).
+START_PARAMS = [pytest.param(name, marks=_NEW_API) if name in ("app-new-api", "app-root") else name for name in STARTS]
 
 
 def _read_every_getter():
@@ -78,7 +82,7 @@ def test_app_root_setting_is_left_alone():
     assert tree["mkldnn.conv"] == "ieee"
 
 
-@pytest.mark.parametrize("start", list(STARTS))
+@pytest.mark.parametrize("start", START_PARAMS)
 def test_numerics_restores_exactly_on_exit_and_on_exception(start):
     STARTS[start]()
     before = backends.snapshot()
@@ -252,3 +256,15 @@ def test_in_order_ends_restore_exactly_and_warn_nothing():
             backends.restore(handle)
             assert torch.get_float32_matmul_precision() == "medium"
     assert backends.snapshot() == before
+
+
+def test_the_api_is_read_from_torch_itself_not_from_a_leftover_attribute():
+    """On a torch without the tree, an ``fp32_precision`` attribute someone wrote onto
+    ``torch.backends`` is not the API: the compiled core decides."""
+    from types import SimpleNamespace
+
+    old = SimpleNamespace(_C=SimpleNamespace(), backends=SimpleNamespace(fp32_precision="tf32"))
+    assert not backends.uses_fp32_precision_api(old)
+    new = SimpleNamespace(_C=SimpleNamespace(_get_fp32_precision_getter=lambda b, o: "ieee"), backends=SimpleNamespace())
+    assert backends.uses_fp32_precision_api(new)
+    assert backends.uses_fp32_precision_api() == hasattr(torch._C, "_get_fp32_precision_getter")

@@ -109,8 +109,17 @@ def _torch(torch_module: ModuleType | Any | None) -> Any:
 
 
 def uses_fp32_precision_api(torch_module: Any | None = None) -> bool:
-    """Whether this torch has the ``fp32_precision`` tree (torch >= 2.9)."""
-    return hasattr(_torch(torch_module).backends, "fp32_precision")
+    """Whether this torch has the ``fp32_precision`` tree (torch >= 2.9).
+
+    Asked of torch's compiled core (the tree's getter), not of ``torch.backends``: a plain
+    ``fp32_precision`` attribute that code wrote onto an older torch's module is not the API.
+    A stand-in module without ``_C`` (a test's simulated torch) is asked for the attribute.
+    """
+    t = _torch(torch_module)
+    core = getattr(t, "_C", None)
+    if core is not None:
+        return hasattr(core, "_get_fp32_precision_getter")
+    return hasattr(t.backends, "fp32_precision")
 
 
 def _node(t: Any, backend: str, op: str) -> Any:
