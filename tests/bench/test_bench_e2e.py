@@ -80,6 +80,20 @@ def test_crashing_and_slow_configurations_are_recorded_and_the_run_goes_on(tmp_p
         assert statuses == {"fp32": "timeout", "memory": "timeout"}
 
 
+def test_diffusion_is_teacher_forced_on_the_fp32_latents(tmp_path):
+    hw = hardware.probe()
+    specs, _ = parse_configs("fp32,naive-bf16", hw)
+    with Store(tmp_path / "b.sqlite") as store:
+        run = store.load_run(run_bench(BenchOptions(pipeline="diffusion", configs=specs, repeat=1, warmup=0, size="test"),
+                                       hw, store))
+    by_name = {c["name"]: c["metrics"] for c in run["configs"]}
+    # fp32 against itself is exact; bf16's noise predictions on fp32's latents are compared step by step.
+    assert by_name["fp32"]["step_sqnr_db"] == float("inf") and by_name["fp32"]["psnr_db"] == float("inf")
+    assert 15 < by_name["naive-bf16"]["step_sqnr_db"] < 45
+    assert by_name["naive-bf16"]["step_sqnr_worst_db"] <= by_name["naive-bf16"]["step_sqnr_db"]
+    assert "ssim" in by_name["naive-bf16"]
+
+
 def test_config_names():
     hw = hardware.probe()
     with pytest.raises(UnknownConfigError, match="unknown configuration 'fsat' \\(did you mean 'fast'\\?\\); valid: fp32"):

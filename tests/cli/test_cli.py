@@ -89,6 +89,21 @@ def test_pipelines_lists_components(in_tmp):
     assert rows["tts"]["total"] == sum(rows["tts"]["components"].values())
 
 
+def test_pipelines_says_what_each_size_is_for_and_needs(in_tmp):
+    result = runner.invoke(app, ["pipelines", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["name"]: r for r in json.loads(result.stdout)["pipelines"]}
+    large = rows["diffusion"]["sizes"]["large"]  # counted on the meta device: nothing allocated
+    assert "GPU" in large["purpose"] and large["parameters"] > 1e9
+    assert large["fp32_weight_bytes"] == 4 * large["parameters"]
+    assert list(rows["tts"]["sizes"]) == ["default", "test", "large"]
+    assert list(rows["minilm"]["sizes"]) == ["default", "test"]
+    text = runner.invoke(app, ["pipelines"])
+    assert text.exit_code == 0, text.output
+    flat = " ".join(text.output.split())
+    assert "Sizes (--size)" in flat and "large" in flat and "GiB" in flat
+
+
 def test_run_writes_a_wav(in_tmp):
     import soundfile
 

@@ -269,3 +269,32 @@ def test_pareto_front_other_directions_and_empty():
     assert pareto_front([(math.nan, 1.0)]) == []
     with pytest.raises(ValueError, match="pair of booleans"):
         pareto_front(points, minimize=("yes", True))
+
+
+# --------------------------------------------------------------------------- per step
+
+
+def test_step_quality_stacks_the_steps_and_finds_the_worst():
+    from mixprec.measure.metrics import step_quality
+
+    ref = torch.ones(3, 2, 4)  # 3 steps, each with signal 8
+    noise = torch.zeros(3, 2, 4)
+    noise[1, 0, 0] = 0.1  # only step 1 differs: noise 0.01
+    m = step_quality(ref + noise, ref)
+    assert m["step_sqnr_db"] == pytest.approx(10 * math.log10(24 / 0.01), rel=1e-6)
+    assert m["step_sqnr_worst_db"] == pytest.approx(10 * math.log10(8 / 0.01), rel=1e-6)
+    assert step_quality(ref, ref) == {"step_sqnr_db": math.inf, "step_sqnr_worst_db": math.inf}
+
+
+def test_step_quality_nonfinite_and_bad_shapes():
+    from mixprec.measure.metrics import step_quality
+
+    ref = torch.ones(2, 3)
+    broken = ref.clone()
+    broken[0, 0] = math.inf
+    m = step_quality(broken, ref)
+    assert math.isnan(m["step_sqnr_db"]) and math.isnan(m["step_sqnr_worst_db"])
+    with pytest.raises(ValueError, match="do not match"):
+        step_quality(torch.ones(2, 4), ref)
+    with pytest.raises(ValueError, match="leading steps dimension"):
+        step_quality(torch.tensor(1.0), torch.tensor(1.0))

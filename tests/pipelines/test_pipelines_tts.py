@@ -82,3 +82,20 @@ def test_tts_components(tts):
     assert list(tts.components) == ["ve", "t3_cond", "t3", "s3gen", "vocoder"]
     assert isinstance(tts.components["t3"], LlamaForCausalLM)
     assert "vocoder.conv_post" in tts.resolve_hints()
+
+
+def test_large_size_is_chatterbox_scale_without_building_weights():
+    from mixprec.pipelines._sizes import build_on_meta
+    from mixprec.pipelines.tts import SIZE_NOTES, SIZES
+
+    large = SIZES["large"]
+    # At least what the GPU session measured (shared/gpu/gpu_factories.py: t3_large).
+    assert (large.t3_layers, large.t3_hidden, large.t3_heads, large.t3_intermediate) == (30, 1024, 16, 4096)
+    assert large.num_tokens == 100 and large.n_speech_tokens == 6561
+    assert large.s3_dim >= 256 and large.voc_channels == 512
+    assert set(SIZE_NOTES) == set(SIZES)
+    pipe = build_on_meta("tts", size="large")  # shapes only: nothing is allocated
+    assert all(p.is_meta for m in pipe.components.values() for p in m.parameters())
+    counts = pipe.parameter_counts()
+    assert 0.5e9 < counts["t3"] < 0.55e9  # Chatterbox's 0.5B Llama
+    assert counts["s3gen"] > 80e6 and counts["vocoder"] > 10e6

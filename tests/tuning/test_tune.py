@@ -50,6 +50,7 @@ def _quiet():
     ("rel_err<=1e-2", Bound("rel_err", "<=", 0.01)),
     ("token_agreement>=0.99", Bound("token_agreement", ">=", 0.99)),
     ("max_abs_err < .5", Bound("max_abs_err", "<", 0.5)),
+    ("step_sqnr>=30", Bound("step_sqnr", ">=", 30.0)),
 ])
 def test_parse_bound_valid(text, expected):
     assert parse_bound(text) == expected
@@ -62,6 +63,20 @@ def test_parse_bound_invalid_lists_grammar_and_metrics(text):
     message = str(info.value)
     assert repr(text) in message and "<metric> <op> <number>" in message
     assert all(metric in message for metric in METRICS)
+
+
+def test_a_diffusion_session_measures_the_teacher_forced_step_sqnr():
+    from mixprec import pipelines
+    from mixprec.policy import Rule
+    from mixprec.tuning.session import Session
+
+    pipe = pipelines.get("diffusion", size="test", seed=0)
+    session = Session(pipe, lambda seed: pipe.example_inputs(1, seed), pipe.run, seeds=[0], kind="image",
+                      teacher_force=pipe.teacher_forced)
+    fp32 = session.qualities(Policy((Rule("*", storage="fp32"),)), [0])[0]
+    bf16 = session.qualities(Policy((Rule("*", storage="bf16"),)), [0])[0]
+    assert fp32["step_sqnr_db"] == math.inf and fp32["psnr_db"] == math.inf
+    assert 15 < bf16["step_sqnr_db"] < 45 and not parse_bound("step_sqnr>=50").met(bf16)
 
 
 def test_bound_direction():
@@ -457,6 +472,7 @@ def test_seed_summary_covers_search_and_validation_seeds(evaluator):
     ("cosine>=0.99", 1.0, "cosine>=0.992057"),
     ("cosine>=1", 1.0, "cosine>=1"),
     ("token_agreement>=0.9", 0.0, "token_agreement>=0.9"),
+    ("step_sqnr>=30", 1.0, "step_sqnr>=31"),
 ])
 def test_margin_tightens_each_kind_of_metric(bound, margin, expected):
     assert str(tightened(parse_bound(bound), margin)) == expected

@@ -326,20 +326,22 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
                          + (f" ({RELATIVE_LIMIT:g}x the fp32 reference's {per_run:.2f} s per run over {runs} runs, "
                             f"at least {MIN_LIMIT_S:g} s)" if per_run else "")
                          + "; the reference itself is not timed out")
-        tokens = (reference.first or {}).get("extras", {}).get("speech_tokens")
+        # What the others are teacher-forced with: the fp32 run's output and extras (speech tokens, latents).
+        forcing = ({"output": reference.first.get("output"), "extras": reference.first.get("extras", {})}
+                   if reference.first else None)
         for slot in slots[1:]:
             if not slot.alive:
                 continue
             if slot.spec.compile:
                 # Its first call compiles: limited like a load, and not part of its runs' time limit.
                 spent = slot.spent
-                answer = _call(slot, store, spent + LOAD_TIMEOUT_S, "reference", tokens)
+                answer = _call(slot, store, spent + LOAD_TIMEOUT_S, "reference", forcing)
                 if slot.alive:
                     slot.compile_s = (answer or {}).get("compile_seconds")
                     slot.spent = spent
                 step(f"batch {batch}: compiled {slot.spec.name}", 0)
             else:
-                _call(slot, store, limit, "reference", tokens)
+                _call(slot, store, limit, "reference", forcing)
 
         deadline = began + budget if budget is not None else None
         keeper = RoundKeeper(warmup, repeat, deadline, batch)
@@ -412,6 +414,7 @@ def _record(repeat: int, batch: int, slots: list[_Slot], store: Store, hardware:
     notes: list[str] = []
     reference = slots[0]
     ref_out = (reference.first or {}).get("output")
+    ref_extras = (reference.first or {}).get("extras", {})
     for slot in slots:
         metrics: dict[str, Any] = {}
         if slot.samples:
@@ -452,6 +455,10 @@ def _record(repeat: int, batch: int, slots: list[_Slot], store: Store, hardware:
         elif out is not None and ref_out is not None:
             kind = (reference.ready or slot.ready).get("output_kind", "embedding")
             metrics.update(bench_metrics.quality(out, ref_out, kind, sample_rate=extras.get("sample_rate")))
+            steps, ref_steps = extras.get("noise_predictions"), ref_extras.get("noise_predictions")
+            if steps is not None and ref_steps is not None and steps.shape == ref_steps.shape:
+                # Teacher-forced: each step's noise prediction on the fp32 run's own latents.
+                metrics.update(bench_metrics.step_quality(steps, ref_steps))
         if out is not None:
             metrics["nonfinite"] = int((~torch.isfinite(out)).sum())
             sample_rate = extras.get("sample_rate")

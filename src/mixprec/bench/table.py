@@ -109,6 +109,9 @@ _METRIC_COLUMNS: tuple[tuple[str, str, str, Callable[[Any], str]], ...] = (
     ("lsd", "LSD", "lsd_db", lambda v: _fmt_db(v, decimals=2, exact_when_inf=False)),
     ("psnr", "PSNR", "psnr_db", _fmt_db),
     ("ssim", "SSIM", "ssim", _fmt_with("{:.4f}")),
+    # Teacher-forced: every denoising step's noise prediction on the fp32 run's latents.
+    ("step_sqnr", "Step SQNR", "step_sqnr_db", _fmt_db),
+    ("step_sqnr_worst", "Worst step", "step_sqnr_worst_db", _fmt_db),
     ("emb_cos_mean", "Emb cos mean", "embedding_cosine_mean", _fmt_with("{:.6f}")),
     ("emb_cos_min", "Emb cos min", "embedding_cosine_min", _fmt_with("{:.6f}")),
     ("token_agreement", "Token agreement", "token_agreement", _fmt_percent),
@@ -171,8 +174,8 @@ def render_table_rows(run: Mapping[str, Any]) -> list[dict[str, str]]:
     Shared by the HTML report and the terminal table, so it holds no markup and
     no escaping. Every row has the same keys: those of :data:`COLUMNS` whose
     column applies to the run (a metric column appears when any configuration
-    measured that metric). Missing values read ``—``; an infinite SQNR, SNR or
-    PSNR (output identical to fp32) reads ``exact``; ``error`` is empty for
+    measured that metric). Missing values read ``—``; an infinite SQNR, SNR,
+    PSNR or step SQNR (output identical to fp32) reads ``exact``; ``error`` is empty for
     configurations that ran.
 
     Args:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -18,7 +19,13 @@ from mixprec.device.hardware import Hardware
 from mixprec.measure.memory import peak_bytes, reset_peak, rss_bytes
 from mixprec.pipelines import portable_spec
 
-__all__ = ["serve", "job_for"]
+__all__ = ["serve", "job_for", "reference_output"]
+
+
+def reference_output(payload: dict[str, Any]) -> SimpleNamespace:
+    """The fp32 reference run's output as a worker gets it (``{"output", "extras"}``): an
+    object with ``.output`` and each extra as an attribute, what ``Pipeline.teacher_forced`` reads."""
+    return SimpleNamespace(**payload.get("extras", {}), output=payload.get("output"))
 
 
 def serve(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs in the child process
@@ -41,12 +48,12 @@ def serve(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs in
     conn.send(("ready", {"weight_bytes": weight_bytes(pipe), "policy": info["policy"], "pid": os.getpid(),
                          "output_kind": pipe.output_kind,
                          "work": (work[0], int(getattr(pipe.config, work[0])), int(work[1])) if work else None}))
-    kwargs: dict[str, Any] = {}
     while True:
         command, payload = conn.recv()
         if command == "reference":
             if payload is not None:
-                kwargs = {"speech_tokens": payload}
+                # Teacher forcing: the runs replay the fp32 run's choices (speech tokens, latents).
+                inputs = pipe.teacher_forced(inputs, reference_output(payload))
             compile_seconds = None
             if spec.compile:
                 # The first call compiles: timed here, on the inputs of the timed runs, one
@@ -54,7 +61,7 @@ def serve(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs in
                 # memory the app needs too).
                 start = time.perf_counter()
                 with context():
-                    pipe.run(inputs, **kwargs)
+                    pipe.run(inputs)
                 if cuda:
                     torch.cuda.synchronize()
                 compile_seconds = time.perf_counter() - start
@@ -64,7 +71,7 @@ def serve(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs in
                 torch.cuda.synchronize()
             start = time.perf_counter()
             with context():
-                out = pipe.run(inputs, **kwargs)
+                out = pipe.run(inputs)
             if cuda:
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - start

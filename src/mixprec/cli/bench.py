@@ -45,7 +45,8 @@ from mixprec.cli._text import clean, json_text, say
 from mixprec.cli._verdicts import print_compare, print_gate, rows_json
 
 _TERMINAL_COLUMNS = ("config", "batch", "status", "latency", "ci", "speedup", "throughput", "tokens_per_s", "rtf",
-                     "peak_mem", "weights", "compile", "snr", "psnr", "sqnr", "token_agreement", "nonfinite", "fallbacks", "error")
+                     "peak_mem", "weights", "compile", "snr", "psnr", "ssim", "step_sqnr", "sqnr", "token_agreement", "nonfinite",
+                     "fallbacks", "error")
 
 
 def _print_run(run: dict) -> None:

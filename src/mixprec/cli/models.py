@@ -242,21 +242,32 @@ def fallbacks_clear(fingerprint: Annotated[Optional[str], typer.Argument(help="O
 
 @app.command("pipelines")
 def pipelines_cmd(size: SizeFlag = "default", as_json: JsonFlag = False) -> None:
-    """List the available pipelines with their components and parameter counts."""
+    """List the available pipelines with their components and parameter counts, and what each size is for and needs."""
     from mixprec import pipelines
 
     rows = pipelines.describe_all(size=size)
+    for row in rows:  # every size, counted on the meta device: no weights are allocated
+        row["sizes"] = pipelines.describe_sizes(row["name"])
     if as_json:
         console.print_json(json.dumps({"pipelines": rows, "plugin_errors": pipelines.plugin_errors()}))
         return
-    table_rows = []
+    table_rows, size_rows = [], []
     for row in rows:
+        for name, info in row["sizes"].items():
+            fp32 = info.get("fp32_weight_bytes", 0)
+            memory = f"{fp32 / 2**30:,.2f} GiB" if fp32 >= 2**30 else f"{fp32 / 2**20:,.1f} MiB"
+            needs = ([f"{info['parameters'] / 1e6:,.1f}M", memory]
+                     if "error" not in info else [line((info["error"], "red")), "-"])
+            size_rows.append([row["name"], name, info["purpose"] or "-", *needs])
         if "error" in row:
             table_rows.append([row["name"], "-", line((row["error"], "red")), "-"])
             continue
         comps = ", ".join(f"{c} {n / 1e6:.2f}M" for c, n in row["components"].items())
         table_rows.append([row["name"], row["output_kind"], comps, f"{row['total'] / 1e6:.2f}M"])
     console.print(table(f"Pipelines (size={size})", ["name", "output", "components (parameters)", "total"], table_rows))
+    console.print(table("Sizes (--size): what each is for and what its weights need",
+                        ["name", "size", "for", "parameters", "fp32 weights"], size_rows))
+    say(console, "16-bit weights take half the fp32 figure; activations, caches and the runtime come on top.")
     for name, error in pipelines.plugin_errors().items():
         say(err_console, ("warning:", "yellow"), f" plugin {name!r} failed to load: {error}")
 

@@ -6,6 +6,8 @@ I/O and leave torch's global state alone.
 * :func:`quality` compares a precision configuration's output with the fp32
   reference output of the same run (generic error measures plus audio, image or
   embedding specific ones);
+* :func:`step_quality` compares per-step predictions of a teacher-forced run (a
+  diffusion pipeline's noise predictions on the fp32 run's latents) with fp32's;
 * :func:`latency_stats` summarises latency samples, with a distribution-free
   confidence interval of the median taken from order statistics;
 * :func:`intervals_overlap` tells whether two such intervals overlap;
@@ -27,6 +29,7 @@ __all__ = [
     "LSD_HOP",
     "LSD_EPS",
     "quality",
+    "step_quality",
     "latency_stats",
     "intervals_overlap",
     "pareto_front",
@@ -239,6 +242,41 @@ def _embedding(out: torch.Tensor, ref: torch.Tensor) -> dict[str, float | None]:
     if any(math.isnan(c) for c in cosines):
         return {"embedding_cosine_mean": math.nan, "embedding_cosine_min": math.nan}
     return {"embedding_cosine_mean": math.fsum(cosines) / len(cosines), "embedding_cosine_min": min(cosines)}
+
+
+def step_quality(steps: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
+    """Compare the per-step predictions of a teacher-forced run with the fp32 run's.
+
+    A diffusion pipeline teacher-forced on the fp32 run's latents predicts the noise
+    at every step from the same latents as fp32 did, so the difference is each
+    step's own error, not one amplified along a free-running trajectory.
+
+    Args:
+        steps: ``(steps, ...)`` predictions of the configuration under test.
+        reference: the fp32 run's, same shape.
+
+    Returns:
+        ``step_sqnr_db``: ``10 log10(sum ref^2 / sum (out - ref)^2)`` over every step
+        stacked (``inf`` when identical, ``nan`` when ``steps`` holds a non-finite
+        value); ``step_sqnr_worst_db``: the lowest SQNR of a single step.
+
+    Raises:
+        ValueError: shapes that differ or an empty tensor.
+    """
+    if tuple(steps.shape) != tuple(reference.shape):
+        raise ValueError(
+            f"step predictions of shape {tuple(steps.shape)} do not match the reference's {tuple(reference.shape)}"
+        )
+    if steps.dim() == 0 or steps.numel() == 0:
+        raise ValueError(f"step predictions need a leading steps dimension and values, got shape {tuple(steps.shape)}")
+    out = steps.detach().to(device="cpu", dtype=torch.float64)
+    ref = reference.detach().to(device="cpu", dtype=torch.float64)
+    if not bool(torch.isfinite(out).all()):
+        return {"step_sqnr_db": math.nan, "step_sqnr_worst_db": math.nan}
+    signal = ref.reshape(ref.shape[0], -1).square().sum(dim=1)
+    noise = (out - ref).reshape(ref.shape[0], -1).square().sum(dim=1)
+    per_step = [_db(s, n) for s, n in zip(signal.tolist(), noise.tolist())]
+    return {"step_sqnr_db": _db(_item(signal.sum()), _item(noise.sum())), "step_sqnr_worst_db": min(per_step)}
 
 
 # --------------------------------------------------------------------------- latency

@@ -48,6 +48,7 @@ from mixprec.pipelines._registry import (
     refresh,
     register,
 )
+from mixprec.pipelines._sizes import describe_sizes, size_notes
 from mixprec.pipelines._wrap import WrappedPipeline, discover_components, wrap
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "build_factory",
     "describe",
     "describe_all",
+    "describe_sizes",
     "discover_components",
     "get",
     "is_factory_spec",
@@ -77,6 +79,7 @@ __all__ = [
     "refresh",
     "register",
     "run_to_file",
+    "size_notes",
     "PipelineRunError",
     "wrap",
     "write_output",

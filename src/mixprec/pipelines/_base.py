@@ -317,8 +317,10 @@ class Pipeline:
         """Return ``inputs`` that replay the discrete choices of ``reference``.
 
         Pipelines that make discrete decisions (e.g. autoregressive token
-        choice) override this so that a run under another precision follows
-        the same path as the reference run.  The default returns ``inputs``.
+        choice) or follow a trajectory that amplifies every rounding (e.g. the
+        latents of a diffusion loop) override this so that a run under another
+        precision follows the same path as the reference run.  The default
+        returns ``inputs``.
         """
         del reference
         return inputs

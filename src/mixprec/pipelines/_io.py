@@ -11,6 +11,7 @@ import torch
 
 from mixprec.pipelines._base import Pipeline, PipelineOutput, check_batch_seed
 from mixprec.pipelines._registry import available, get
+from mixprec.pipelines._sizes import build_for_counting
 
 __all__ = ["EXTENSIONS", "describe", "describe_all", "run_to_file", "write_output"]
 
@@ -40,13 +41,15 @@ def describe(pipeline: Pipeline) -> dict[str, Any]:
 def describe_all(*, size: str = "default", seed: int = 0) -> list[dict[str, Any]]:
     """Build every available pipeline and describe it (see :func:`describe`).
 
+    Each is built on the ``meta`` device where its factory allows, so no weights
+    are allocated, whatever the size (see :func:`~mixprec.pipelines._sizes.build_for_counting`).
     A pipeline that cannot be built is listed with an ``"error"`` entry
     instead of stopping the listing.
     """
     rows = []
     for name in available():
         try:
-            rows.append(describe(get(name, size=size, seed=seed)))
+            rows.append(describe(build_for_counting(name, size=size, seed=seed)))
         except Exception as exc:  # report every pipeline, even if one is broken
             rows.append({"name": name, "error": f"{type(exc).__name__}: {exc}"})
     return rows

@@ -5,10 +5,20 @@ Components: ``text_encoder`` (``transformers.CLIPTextModel``), ``unet``
 only its decoder runs).  A ``diffusers.DDIMScheduler`` drives a fixed number
 of denoising steps with optional classifier-free guidance.  Prompts are turned
 into token ids by a small hashing tokenizer, so nothing is downloaded.
+
+Teacher forcing: every run records the latents each denoising step started from
+and the (guided) noise prediction of every step (:class:`DiffusionOutput`).  A run
+given a reference run's latents (:meth:`DiffusionPipeline.teacher_forced`, or
+``run(inputs, latents=...)``) evaluates the UNet at every step on those latents
+instead of its own, and takes its last step from the reference's last latents.
+With random weights a free-running trajectory amplifies each step's rounding
+into a different image; the teacher-forced noise predictions show each step's
+own error, which orders configurations as their arithmetic does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 import zlib
@@ -18,7 +28,10 @@ import torch
 
 from mixprec.pipelines._base import ImageOutput, Pipeline, make_generator, module_dtype, seeded, sized_config
 
-__all__ = ["PROMPTS", "SIZES", "DiffusionConfig", "DiffusionInputs", "DiffusionPipeline", "build"]
+__all__ = [
+    "PROMPTS", "SIZES", "SIZE_NOTES", "DiffusionConfig", "DiffusionInputs", "DiffusionOutput",
+    "DiffusionPipeline", "build",
+]
 
 PROMPTS: tuple[str, ...] = (
     "a watercolor painting of a lighthouse at dawn",
@@ -55,7 +68,8 @@ class DiffusionConfig:
     guidance_scale: float = 7.5
 
 
-#: Named sizes: ``"default"`` for benchmarks, ``"test"`` for the test suite.
+#: Named sizes: ``"default"`` for benchmarks on a CPU, ``"test"`` for the test suite,
+#: ``"large"`` (Stable Diffusion 1.5's shapes) for benchmarks on a GPU.
 SIZES: dict[str, DiffusionConfig] = {
     "default": DiffusionConfig(),
     "test": DiffusionConfig(
@@ -64,6 +78,21 @@ SIZES: dict[str, DiffusionConfig] = {
         norm_groups=8, latent_size=8, vae_channels=(8, 8, 16, 16), vae_layers_per_block=1,
         steps=2,
     ),
+    # SD-1.5: CLIP ViT-L/14's text encoder (its vocabulary too), the 860M-parameter UNet
+    # (8 attention heads), the 512 px VAE, 20 DDIM steps.
+    "large": DiffusionConfig(
+        vocab_size=49408, text_hidden=768, text_layers=12, text_heads=12, text_intermediate=3072,
+        unet_channels=(320, 640, 1280, 1280), unet_layers_per_block=2, unet_head_dim=8,
+        latent_size=64, vae_channels=(128, 256, 512, 512), vae_layers_per_block=2, steps=20,
+    ),
+}
+
+#: What each size is for (``mixprec pipelines`` prints it).
+SIZE_NOTES: dict[str, str] = {
+    "default": "benchmarks on a 2-core CPU: 256 px, 10 steps",
+    "test": "the test suite: tiny, 64 px, 2 steps",
+    "large": "benchmarks on a GPU: Stable Diffusion 1.5 shapes (CLIP-L text encoder, 860M UNet), "
+    "512 px, 20 steps",
 }
 
 
@@ -76,12 +105,31 @@ class DiffusionInputs:
         negative_ids: ``(batch, max_length)`` token ids of the empty prompt (guidance).
         seed: Seed of the initial latent noise.
         prompts: The prompts behind ``prompt_ids``.
+        latents: Optional ``(steps, batch, 4, h, w)`` latents of a reference run
+            (its :attr:`DiffusionOutput.latents`); when set, the run is teacher-forced
+            with them.
     """
 
     prompt_ids: torch.Tensor
     negative_ids: torch.Tensor
     seed: int
     prompts: tuple[str, ...] = ()
+    latents: torch.Tensor | None = None
+
+
+@dataclass
+class DiffusionOutput(ImageOutput):
+    """Images, plus what teacher forcing needs and compares.
+
+    Attributes:
+        latents: ``(steps, batch, 4, h, w)``: the latents every denoising step
+            started from (under teacher forcing, the forced ones), in float32.
+        noise_predictions: ``(steps, batch, 4, h, w)``: every step's noise
+            prediction (after classifier-free guidance), in float32.
+    """
+
+    latents: torch.Tensor | None = None
+    noise_predictions: torch.Tensor | None = None
 
 
 def tokenize(text: str, *, vocab_size: int, max_length: int) -> list[int]:
@@ -191,34 +239,60 @@ class DiffusionPipeline(Pipeline):
             prompts=prompts,
         )
 
-    def _run(self, inputs: DiffusionInputs) -> ImageOutput:
+    def teacher_forced(self, inputs: DiffusionInputs, reference: DiffusionOutput) -> DiffusionInputs:
+        """Return ``inputs`` with the latents of ``reference`` to force every step with."""
+        if getattr(reference, "latents", None) is None:
+            raise ValueError("reference output has no latents to teacher-force with")
+        return dataclasses.replace(inputs, latents=reference.latents)
+
+    def _run(self, inputs: DiffusionInputs, *, latents: torch.Tensor | None = None) -> DiffusionOutput:
         if not isinstance(inputs, DiffusionInputs):
             raise ValueError(
                 f"diffusion inputs must be DiffusionInputs, got {type(inputs).__name__}"
             )
         cfg = self.config
+        batch = inputs.prompt_ids.shape[0]
+        shape = (batch, 4, cfg.latent_size, cfg.latent_size)
+        forced = inputs.latents if latents is None else latents.to(self.device)
+        if forced is not None:
+            self._check_forced(forced, shape)
         text_encoder, unet, vae = (self.components[k] for k in ("text_encoder", "unet", "vae"))
         guided = cfg.guidance_scale > 1.0
         ids = torch.cat([inputs.negative_ids, inputs.prompt_ids]) if guided else inputs.prompt_ids
         context = text_encoder(input_ids=ids).last_hidden_state.to(module_dtype(unet))
 
-        batch = inputs.prompt_ids.shape[0]
-        shape = (batch, 4, cfg.latent_size, cfg.latent_size)
         latents = torch.randn(shape, generator=make_generator(inputs.seed)).to(self.device)
         self.scheduler.set_timesteps(cfg.steps, device=self.device)
         latents = latents * self.scheduler.init_noise_sigma
-        for t in self.scheduler.timesteps:
+        seen, predictions = [], []
+        for step, t in enumerate(self.scheduler.timesteps):
+            if forced is not None:
+                latents = forced[step].float()
+            seen.append(latents)
             model_in = torch.cat([latents, latents]) if guided else latents
             model_in = self.scheduler.scale_model_input(model_in, t).to(module_dtype(unet))
             noise_pred = unet(model_in, t, encoder_hidden_states=context).sample.float()
             if guided:
                 uncond, cond = noise_pred.chunk(2)
                 noise_pred = uncond + cfg.guidance_scale * (cond - uncond)
+            predictions.append(noise_pred)
             latents = self.scheduler.step(noise_pred, t, latents).prev_sample
 
         scaled = (latents / vae.config.scaling_factor).to(module_dtype(vae))
         decoded = vae.decode(scaled).sample.float()
-        return ImageOutput(output=(decoded / 2 + 0.5).clamp(0.0, 1.0))
+        return DiffusionOutput(
+            output=(decoded / 2 + 0.5).clamp(0.0, 1.0),
+            latents=torch.stack(seen),
+            noise_predictions=torch.stack(predictions),
+        )
+
+    def _check_forced(self, forced: torch.Tensor, shape: tuple[int, ...]) -> None:
+        expected = (self.config.steps, *shape)
+        if tuple(forced.shape) != expected or not forced.is_floating_point():
+            raise ValueError(
+                f"latents must be a floating-point tensor of shape (steps, batch, 4, h, w) = "
+                f"{expected}, got {tuple(forced.shape)} {forced.dtype}"
+            )
 
 
 def build(

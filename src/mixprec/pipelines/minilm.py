@@ -20,7 +20,7 @@ from torch.nn import functional as F
 
 from mixprec.pipelines._base import EmbeddingOutput, Pipeline
 
-__all__ = ["SENTENCES", "MiniLMInputs", "MiniLMPipeline", "build", "model_dir"]
+__all__ = ["SENTENCES", "SIZES", "SIZE_NOTES", "MiniLMInputs", "MiniLMPipeline", "build", "model_dir"]
 
 #: Sentences the example inputs are drawn from; consecutive pairs are paraphrases.
 SENTENCES: tuple[str, ...] = (
@@ -44,6 +44,12 @@ SENTENCES: tuple[str, ...] = (
 
 #: Valid sizes; the trained model has a single size.
 SIZES: tuple[str, ...] = ("default", "test")
+
+#: What each size is for (``mixprec pipelines`` prints it).
+SIZE_NOTES: dict[str, str] = {
+    "default": "the trained all-MiniLM-L6-v2 (it has one size)",
+    "test": "the same model, for the test suite",
+}
 
 
 def model_dir() -> Path:

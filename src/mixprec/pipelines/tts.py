@@ -30,7 +30,7 @@ from mixprec.pipelines._base import (
     seeded,
 )
 
-__all__ = ["SIZES", "TTSConfig", "TTSInputs", "TTSPipeline", "build"]
+__all__ = ["SIZES", "SIZE_NOTES", "TTSConfig", "TTSInputs", "TTSPipeline", "build"]
 
 _ALPHABET = " abcdefghijklmnopqrstuvwxyz0123456789'.,;:?!-\""
 _PAD, _UNK = 0, 1
@@ -77,7 +77,8 @@ class TTSConfig:
     voc_dilations: tuple[int, ...] = (1, 3, 5)
 
 
-#: Named sizes: ``"default"`` for benchmarks, ``"test"`` for the test suite.
+#: Named sizes: ``"default"`` for benchmarks on a CPU, ``"test"`` for the test suite,
+#: ``"large"`` (Chatterbox's scale) for benchmarks on a GPU.
 SIZES: dict[str, TTSConfig] = {
     "default": TTSConfig(),
     "test": TTSConfig(
@@ -86,6 +87,22 @@ SIZES: dict[str, TTSConfig] = {
         num_tokens=8, s3_dim=32, s3_heads=2, s3_encoder_layers=1, s3_estimator_layers=2,
         flow_steps=2, voc_channels=32, voc_kernels=(3, 7), voc_dilations=(1, 3),
     ),
+    # Chatterbox: the 0.5B Llama T3 (30 x 1024, MLP 4096, 16 heads), 100 speech tokens (4 s);
+    # the flow decoder as deep as S3Gen's (10 encoder blocks, 6 conformer + 4 after upsampling,
+    # and 16 estimator blocks for its 4 down/up + 12 mid blocks) at its encoder's width 512;
+    # the voice encoder, the 10 flow steps and the 512-channel vocoder are Chatterbox's already.
+    "large": TTSConfig(
+        t3_layers=30, t3_intermediate=4096, num_tokens=100,
+        s3_encoder_layers=10, s3_estimator_layers=16,
+    ),
+}
+
+#: What each size is for (``mixprec pipelines`` prints it).
+SIZE_NOTES: dict[str, str] = {
+    "default": "benchmarks on a 2-core CPU: a 6-layer T3, 50 speech tokens (2 s of audio)",
+    "test": "the test suite: tiny, 8 speech tokens",
+    "large": "benchmarks on a GPU: Chatterbox scale (0.5B Llama T3, 30 x 1024), 100 speech tokens "
+    "(4 s of audio)",
 }
 
 

@@ -43,6 +43,7 @@ def worst_case(per_seed: Sequence[dict[str, float]]) -> dict[str, float]:
 METRICS: dict[str, str] = {
     "sqnr": "sqnr_db", "snr": "snr_db", "psnr": "psnr_db", "cosine": "cosine", "rel_err": "rel_err",
     "max_abs_err": "max_abs_err", "ssim": "ssim", "token_agreement": "token_agreement",
+    "step_sqnr": "step_sqnr_db",
 }
 
 
@@ -122,7 +123,7 @@ def parse_bound(text: str | Bound) -> Bound:
 
 #: Metrics in dB, metrics that are error amplitudes, and scores in [0, 1] whose shortfall
 #: from 1 behaves like an error power: how a margin in dB moves each one's threshold.
-_DB_METRICS = frozenset({"sqnr", "snr", "psnr"})
+_DB_METRICS = frozenset({"sqnr", "snr", "psnr", "step_sqnr"})
 _AMPLITUDE_METRICS = frozenset({"rel_err", "max_abs_err"})
 
 #: The search's default margin: it looks for 1 dB less error than the bound allows.

@@ -70,6 +70,8 @@ class Session:
         self.seeds = tuple(int(s) for s in seeds)
         self.inputs: dict[int, Any] = {}
         self.references: dict[int, torch.Tensor] = {}
+        # Per-step predictions of the fp32 runs (a diffusion pipeline's noise predictions), compared step by step.
+        self.reference_steps: dict[int, torch.Tensor] = {}
         self._sync = _synchronizer(self.components)
         self._reference(self.seeds)
 
@@ -81,8 +83,11 @@ class Session:
                     continue
                 inputs = self.make_inputs(seed)
                 result = self.run(inputs)
-                tensor, _ = _output(result)
+                tensor, extras = _output(result)
                 self.references[seed] = tensor.detach().float().cpu().clone()
+                steps = extras.get("noise_predictions")
+                if isinstance(steps, torch.Tensor):
+                    self.reference_steps[seed] = steps.detach().float().cpu().clone()
                 self.inputs[seed] = self.teacher_force(inputs, result) if self.teacher_force is not None else inputs
 
     @property
@@ -96,6 +101,9 @@ class Session:
                                         sample_rate=self.sample_rate)
         if extras.get("token_agreement") is not None:
             quality["token_agreement"] = float(extras["token_agreement"])
+        steps, ref_steps = extras.get("noise_predictions"), self.reference_steps.get(seed)
+        if isinstance(steps, torch.Tensor) and ref_steps is not None and steps.shape == ref_steps.shape:
+            quality.update(bench_metrics.step_quality(steps.detach().float().cpu(), ref_steps))
         return {k: float(v) for k, v in quality.items() if v is not None}
 
     def evaluate(self, policy: Policy, repeat: int, *, paired: bool = False) -> dict[str, Any]:
