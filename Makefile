@@ -3,7 +3,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.mixprec-installed
 
-.PHONY: demo test install clean
+.PHONY: demo test test-torch install clean
 
 # Install (or refresh) the virtual environment whenever the project files change.
 $(STAMP): pyproject.toml constraints.txt tools/requirements-models-nodeps.txt
@@ -34,5 +34,21 @@ demo:
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
+# The core suite (everything but the browser, Ray and real-app tests) on another torch, in a
+# side venv: make test-torch TORCH=2.6.0 (what chatterbox-tts pins) or TORCH=2.11.0. Those
+# versions come only as CUDA builds (about 3 GB with their nvidia libraries); they run on a CPU.
+TORCH ?= 2.6.0
+SIDE  := .venv-torch-$(TORCH)
+CORE  := tests --ignore=tests/realmodels --ignore=tests/ui/test_ui_browser.py --ignore=tests/measure/test_ray_executor.py \
+         --ignore=tests/bench/test_distributed.py --ignore=tests/tuning/test_pool.py
+
+test-torch:
+	test -x $(SIDE)/bin/python || $(PYTHON) -m venv $(SIDE)
+	$(SIDE)/bin/python -m pip install --quiet --upgrade pip
+	$(SIDE)/bin/python -m pip install --quiet torch==$(TORCH)
+	grep -v '^torch==' constraints.txt > $(SIDE)/constraints.txt
+	$(SIDE)/bin/python -m pip install --quiet -c $(SIDE)/constraints.txt -e '.[dev]' 'torch==$(TORCH)'
+	HF_HUB_OFFLINE=1 $(SIDE)/bin/python -m pytest -q -p no:cacheprovider $(CORE) -k "not ray"
+
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-torch-* build dist src/*.egg-info .pytest_cache
