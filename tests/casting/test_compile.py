@@ -20,10 +20,24 @@ from mixprec.policy import Policy, Rule
 
 from test_upcast import FP16_UPCAST, ExplicitAttention, _overflowing_llama, overflowing_diffusers_attention
 
-#: Breaks that come from the model's own layers wherever they are called from: Dynamo
-#: does not trace RNN modules (in fp32 the same call makes it skip the whole frame, so
-#: the break shows only once a cast runs before it).
-MODEL_INHERENT = {"Attempted to wrap RNN, GRU, or LSTM"}
+#: Breaks (the start of their reasons) that come from the model's own code wherever it is
+#: called from. Dynamo does not trace RNN modules (in fp32 the same call makes it skip the
+#: whole frame, so the break shows only once a cast runs before it): torch 2.13's wording,
+#: then torch 2.6's. diffusers' upsampler checks the torch version when its input is bf16
+#: (``packaging.version.parse``, whose ``frozenset.issuperset`` torch 2.6's Dynamo cannot
+#: trace): the UNet cast to bf16 without mixprec breaks there too.
+MODEL_INHERENT = ("Attempted to wrap RNN, GRU, or LSTM", "TorchDynamo purposely graph breaks on RNN, GRU, LSTMs",
+                  "call_method FrozensetVariable() issuperset")
+
+#: transformers 5's attention masks call ``torch.compiler.is_exporting`` (torch >= 2.7) while
+#: traced; an older Dynamo fails inside the model there, with or without mixprec.
+TRANSFORMERS_TRACEABLE = hasattr(torch.compiler, "is_exporting")
+NO_IS_EXPORTING = (f"torch {torch.__version__} lacks torch.compiler.is_exporting (torch >= 2.7), which transformers' "
+                   "attention masks call when traced: its models do not compile on this torch, with or without mixprec")
+
+
+def _from_transformers(fn) -> bool:
+    return type(getattr(fn, "__self__", fn)).__module__.startswith("transformers.")
 
 
 def _captured_calls(pipe, inputs) -> dict[str, tuple]:
@@ -55,7 +69,9 @@ def compile_report(fn, args, kwargs, calls: int = 10, baseline: set[str] = froze
 
     ``mixprec_breaks``: graph-break reasons that the model does not have on its own
     (``baseline``: its reasons without mixprec) and that are not inherent to its layers;
-    ``recompiles``: frames compiled after the first call.
+    ``recompiles``: frames compiled after the first call; ``skipped``: reasons Dynamo gave
+    up on a frame before its first graph (the frame then runs eagerly: a break that the
+    graph-break counter does not count when it is the compiled function's own frame).
     """
     torch._dynamo.reset()
     counters.clear()
@@ -67,8 +83,10 @@ def compile_report(fn, args, kwargs, calls: int = 10, baseline: set[str] = froze
         for _ in range(calls - 1):
             compiled(*args, **kwargs)
     reasons = {str(reason).splitlines()[0] for reason in counters["graph_break"]}
+    skipped = {str(reason).splitlines()[0] for reason in counters["unimplemented"]}
     torch._dynamo.reset()
-    return {"breaks": reasons, "mixprec_breaks": sorted(reasons - set(baseline) - MODEL_INHERENT),
+    own = {r for r in reasons if r in set(baseline) or r.startswith(MODEL_INHERENT)}
+    return {"breaks": reasons, "mixprec_breaks": sorted(reasons - own), "skipped": skipped,
             "recompiles": counter.frame_count - first, "frames": first, "output": out}
 
 
@@ -79,6 +97,7 @@ def test_presets_compile_without_mixprec_graph_breaks_or_recompiles(name, bf16_c
     inputs = pipe.example_inputs(1, 0)
     # In fp32, without mixprec, these components trace without a break (the voice
     # encoder's LSTM aside, MODEL_INHERENT); so every other break would be mixprec's.
+    compiled = set()
     for preset in ("fast", "balanced", "memory"):
         policy = mixprec.preset(preset, hardware=hw, hints=tuple(pipe.sensitive))
         applied = mixprec.apply(pipe, policy)
@@ -86,11 +105,16 @@ def test_presets_compile_without_mixprec_graph_breaks_or_recompiles(name, bf16_c
         calls = _captured_calls(pipe, inputs)
         assert set(calls) >= {c for c in pipe.components if c != "vae"}
         for component, (fn, args, kwargs) in calls.items():
+            if not TRANSFORMERS_TRACEABLE and _from_transformers(fn):
+                continue  # the model's own failure on this torch (NO_IS_EXPORTING)
+            compiled.add(component)
             report = compile_report(fn, args, kwargs)
             where = f"{name}/{preset}/{component}"
             assert report["mixprec_breaks"] == [], where
             assert report["recompiles"] == 0, where
         applied.revert()
+    if not compiled:
+        pytest.skip(NO_IS_EXPORTING)
 
 
 LLAMA_X = torch.ones(1, 6, 64)
@@ -116,10 +140,18 @@ def test_upcast_attention_compiles_on_every_path_and_stays_finite(path):
     with torch.no_grad():
         reference = model(*args, **kwargs)
     reference = getattr(reference, "last_hidden_state", reference)
+    # Older Dynamo (torch 2.6) cannot trace parts of transformers' Llama on its own (super()
+    # calls on a dict subclass, iterating a config view, a function's __code__): there the
+    # model alone is several graphs, and what is checked is that mixprec adds no break to them.
+    alone = None if TRANSFORMERS_TRACEABLE or path != "transformers-eager" else compile_report(model, args, kwargs)
+    own = alone["breaks"] | alone["skipped"] if alone else set()
     applied = mixprec.apply(model, FP16_UPCAST)
-    report = compile_report(model, args, kwargs)
+    report = compile_report(model, args, kwargs, baseline=own)
     applied.revert()
-    assert report["breaks"] == set() and report["recompiles"] == 0 and report["frames"] == 1
+    if own:
+        assert report["mixprec_breaks"] == [] and report["recompiles"] == 0
+    else:
+        assert report["breaks"] == set() and report["recompiles"] == 0 and report["frames"] == 1
     out = getattr(report["output"], "last_hidden_state", report["output"])
     assert torch.isfinite(out).all()  # the traced graph upcasts the scores as the eager mode does
     assert torch.allclose(out.float(), reference, atol=2e-2, rtol=1e-2)
@@ -271,6 +303,12 @@ def test_bench_measures_compiled_configurations_with_their_compile_time(tmp_path
     assert result.exit_code == 0, result.output
     by_name = {c["name"]: c for c in Store(db).load_run(1)["configs"]}
     compiled = by_name["memory+compile"]
+    if not TRANSFORMERS_TRACEABLE:
+        # The model cannot compile on this torch (NO_IS_EXPORTING): the run says why, and which torch can.
+        assert compiled["status"] == "failed" and by_name["fp32"]["status"] == "ok"
+        assert "CompileUnsupported" in compiled["error"] and "torch.compiler.is_exporting" in compiled["error"]
+        assert "torch 2.7 and later have it" in compiled["error"]
+        pytest.skip(NO_IS_EXPORTING)
     assert compiled["status"] == "ok" and compiled["metrics"]["compile_s"] > 0
     assert "compile_s" not in by_name["fp32"]["metrics"]
     assert compiled["policy"]["compile"] == {"mode": "default", "backend": "inductor"}
@@ -311,3 +349,45 @@ def test_the_compiled_graph_takes_the_16bit_weights_as_inputs_and_holds_no_fp32_
     held = [t for t in [*gm.parameters(), *gm.buffers()] if t.dtype == torch.float32 and tuple(t.shape) in shapes]
     assert held == [] and not any(n.op == "get_attr" for n in gm.graph.nodes)
     applied.revert()
+
+
+def test_a_compiled_call_that_fails_on_a_torch_function_this_torch_lacks_says_which_and_where_it_is():
+    from torch._dynamo.exc import InternalTorchDynamoError
+
+    from mixprec.casting.compile import CompileUnsupported, missing_torch_feature
+
+    missing = "module 'torch.compiler' has no attribute 'is_exporting'"
+    own_error = []
+
+    @torch._dynamo.disable
+    def masks(x):  # what torch 2.6's Dynamo raises where transformers' masks call is_exporting
+        if own_error:
+            raise ValueError("the model's own error")
+        try:
+            raise AttributeError(missing)
+        except AttributeError as exc:
+            raise InternalTorchDynamoError(f"AttributeError: {exc}") from exc
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return masks(self.lin(x))
+
+    model = Net()
+    applied = mixprec.apply(model, Policy((Rule("*", storage="bf16"),), compile=mixprec.CompileSettings(backend="eager")))
+    with pytest.raises(CompileUnsupported) as raised, torch.no_grad():
+        model(torch.ones(2, 4))
+    message = str(raised.value)
+    assert "calls torch.compiler.is_exporting" in message and f"torch {torch.__version__} does not have" in message
+    assert "torch 2.7 and later have it" in message and "upgrade torch to 2.7 or later" in message
+    assert "without compile" in message and isinstance(raised.value.__cause__, InternalTorchDynamoError)
+    own_error.append(True)
+    with pytest.raises(ValueError, match="the model's own error"), torch.no_grad():
+        model(torch.ones(2, 4))  # any other error passes unchanged
+    applied.revert()
+    assert missing_torch_feature(AttributeError(missing)) is None  # raised by the model itself, compiled or not
+    unknown = missing_torch_feature(InternalTorchDynamoError("AttributeError: module 'torch.fft' has no attribute 'newer'"))
+    assert "calls torch.fft.newer" in unknown and "a newer torch may have it" in unknown

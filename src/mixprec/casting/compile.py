@@ -5,13 +5,55 @@ machine can honour them before anything is cast, and the compiled component ``re
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
+import torch
 from torch import nn
 
 from mixprec.casting.targets import ApplyError
 
-__all__ = ["Compiled", "check_compiler", "any_on_cpu"]
+__all__ = ["Compiled", "CompileUnsupported", "check_compiler", "any_on_cpu", "missing_torch_feature", "TORCH_ADDED"]
+
+#: torch functions that model libraries call while traced, and the first torch release that
+#: has each (transformers 5's attention masks call ``torch.compiler.is_exporting``).
+TORCH_ADDED = {"torch.compiler.is_exporting": "2.7"}
+
+_NO_ATTRIBUTE = re.compile(r"module '(torch(?:\.\w+)*)' has no attribute '(\w+)'")
+
+
+class CompileUnsupported(RuntimeError):
+    """A compiled component failed while traced because this torch lacks what the model's
+    code calls; the message names it and the torch that has it."""
+
+
+def missing_torch_feature(exc: BaseException) -> str | None:
+    """What to tell the user when ``exc`` is torch.compile failing on a torch function this torch lacks.
+
+    Model code often calls newer torch functions behind ``try`` / ``except`` (so it runs
+    eagerly on an older torch), but an older Dynamo fails internally when it traces the
+    missing attribute (``InternalTorchDynamoError: AttributeError: module 'torch.compiler'
+    has no attribute 'is_exporting'``). Returns ``None`` for any other error.
+    """
+    from torch._dynamo.exc import TorchDynamoException
+
+    if not isinstance(exc, TorchDynamoException):
+        return None
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        found = _NO_ATTRIBUTE.search(str(current))
+        if found:
+            name = f"{found.group(1)}.{found.group(2)}"
+            since = TORCH_ADDED.get(name)
+            has = f"torch {since} and later have it" if since else "a newer torch may have it"
+            fix = f"upgrade torch to {since} or later" if since else "upgrade torch"
+            return (f"torch.compile failed inside the model's code, not in mixprec's: it calls {name}, which torch "
+                    f"{torch.__version__} does not have ({has}). To compile this model, {fix}; or run the policy "
+                    "without compile (its casts work the same uncompiled)")
+        current = current.__cause__ or current.__context__
+    return None
 
 
 class Compiled:
@@ -20,11 +62,25 @@ class Compiled:
     The compiled region is the component's call: its forward, mixprec's casts and
     scopes, and its children (traced without graph breaks, see ``tests/casting/test_compile.py``).
     Removing it drops the compiled code, so nothing compiled keeps the policy's dtypes.
+    A call that fails because the model's code needs a newer torch to be traced raises
+    :class:`CompileUnsupported`, naming what is missing (:func:`missing_torch_feature`).
     """
 
     def __init__(self, root: nn.Module, settings: Any) -> None:
         self.root = root
         root.compile(mode=settings.mode, dynamic=settings.dynamic, backend=settings.backend)
+        compiled = root._compiled_call_impl
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return compiled(*args, **kwargs)
+            except Exception as exc:
+                reason = missing_torch_feature(exc)
+                if reason is None:
+                    raise
+                raise CompileUnsupported(reason) from exc
+
+        root._compiled_call_impl = call
 
     def remove(self) -> None:
         self.root._compiled_call_impl = None

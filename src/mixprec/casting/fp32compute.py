@@ -119,8 +119,6 @@ def fp32_forward_kind(module: nn.Module) -> Callable[..., torch.Tensor] | None:
 class Fp32Compute(ForwardWrapper):
     """Wrap a module's ``forward`` so that it computes in fp32 from its 16-bit weights."""
 
-    __slots__ = ()
-
     def __init__(self) -> None:
         self.active = False
 

@@ -73,7 +73,9 @@ def cast_floats(obj: Any, dtype: torch.dtype, *, min_ndim: int = 0) -> Any:
         for key, value in changed.items():
             copied[key] = value
         return copied
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+    # ``obj is not None`` first: torch 2.6's Dynamo cannot trace is_dataclass(None) when the
+    # None is a traced call's result (a model method returning nothing breaks the graph).
+    if obj is not None and dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         changed = {}
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name, None)
@@ -178,9 +180,11 @@ class ForwardWrapper:
     and ``torch.compile`` traces it with the forward it wraps as one frame. Subclasses
     build the wrapper and call :meth:`_set`; :meth:`remove` restores what was there and
     leaves the wrapper inert if someone wrapped ``forward`` again on top of it.
-    """
 
-    __slots__ = ("module", "wrapper", "previous", "active", "seen", "needed", "pruned")
+    No ``__slots__`` here or in subclasses: torch < 2.7's Dynamo reads a slot only when
+    the instance's own class declares it (``active`` declared here, read on a ``LeafCast``,
+    broke the graph at every wrapped module).
+    """
 
     def _set(self, module: nn.Module, wrapper: Callable[..., Any], forward: Callable[..., Any]) -> None:
         functools.update_wrapper(wrapper, forward)  # inspect.signature(module.forward) stays the model's
@@ -234,8 +238,6 @@ class LeafCast(ForwardWrapper):
     input already in the right dtype, allocates nothing.
     """
 
-    __slots__ = ("compute", "min_ndim")
-
     def __init__(self, compute: Callable[[], torch.dtype], min_ndim: int):
         self.compute = compute
         self.min_ndim = min_ndim
@@ -256,7 +258,7 @@ class LeafCast(ForwardWrapper):
                     # containers or building anything.
                     for a in args:
                         if not isinstance(a, torch.Tensor):
-                            if isinstance(a, (tuple, list, dict)) or dataclasses.is_dataclass(a):
+                            if isinstance(a, (tuple, list, dict)) or (a is not None and dataclasses.is_dataclass(a)):
                                 break
                         elif a.dtype != dtype and a.is_floating_point() and a.dim() >= min_ndim:
                             break
@@ -316,8 +318,6 @@ class EntryBoundary(ForwardWrapper):
     It wraps ``forward`` as :class:`LeafCast` does (no hook, torch's fast call path stays).
     """
 
-    __slots__ = ("boundary", "gate")
-
     def __init__(self, module: nn.Module, compute: Callable[[], torch.dtype], gate: EntryGate):
         self.boundary = Boundary(module, compute, lambda: None)
         self.gate, self.active = gate, False
@@ -359,8 +359,6 @@ class AppEntry(ForwardWrapper):
     ``inference``); :meth:`install` wraps ``forward`` the way :class:`LeafCast` does
     (no forward hook, so torch's fast call path stays).
     """
-
-    __slots__ = ("gate", "fallback")
 
     def __init__(self, gate: EntryGate, fallback: torch.dtype):
         self.gate, self.fallback, self.active = gate, fallback, False

@@ -28,19 +28,21 @@ from torch.overrides import TorchFunctionMode
 __all__ = ["SpectralUpcastMode", "SpectralScope", "uses_spectral_ops"]
 
 _HALF = (torch.float16, torch.bfloat16)
-_SPECTRAL: set[Callable[..., Any]] = {
+# Dicts, not sets: ``func in`` a set of functions breaks the graph under torch < 2.7's
+# Dynamo (it cannot trace a set's ``__contains__``); a dict's is traced on 2.6 - 2.13.
+_SPECTRAL: dict[Callable[..., Any], bool] = dict.fromkeys((
     torch.stft, torch.istft, torch.Tensor.stft, torch.Tensor.istft,
     torch.complex, torch.polar, torch.view_as_complex,
     *(getattr(torch.fft, name) for name in (
         "fft", "ifft", "fft2", "ifft2", "fftn", "ifftn", "rfft", "irfft", "rfft2", "irfft2", "rfftn", "irfftn",
         "hfft", "ihfft", "hfft2", "ihfft2", "hfftn", "ihfftn",
     ) if hasattr(torch.fft, name)),
-}
-# Calls, not mentions: docstrings that speak of "log-mel spectrograms" do not count.
-_MATMULS = {
+), True)
+_MATMULS: dict[Callable[..., Any], bool] = dict.fromkeys((
     torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__, torch.mm, torch.Tensor.mm,
     torch.bmm, torch.Tensor.bmm, torch.einsum, torch.nn.functional.linear, torch.nn.functional.conv1d,
-}
+), True)
+# Calls, not mentions: docstrings that speak of "log-mel spectrograms" do not count.
 _SOURCE_PATTERN = re.compile(r"(?:\bfft\.\w+|\b(?:stft|istft|rfft|irfft|fbank|view_as_complex|polar)|\w*spectrogram|torch\.complex)\s*\(")
 _local = threading.local()
 # The importing thread's stack exists from the start: created lazily inside a compiled

@@ -23,11 +23,13 @@ from torch.overrides import TorchFunctionMode
 __all__ = ["UpcastAttentionMode", "sdpa_overflows", "sdpa_upcast_table", "is_attention_module"]
 
 _HALF = (torch.float16, torch.bfloat16)
-_MATMULS = {
+# Dicts, not sets: ``func in`` a set of functions breaks the graph under torch < 2.7's
+# Dynamo (it cannot trace a set's ``__contains__``); a dict's is traced on 2.6 - 2.13.
+_MATMULS = dict.fromkeys((
     torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
     torch.bmm, torch.Tensor.bmm, torch.baddbmm, torch.Tensor.baddbmm, torch.einsum,
-}
-_SOFTMAX = {torch.softmax, torch.Tensor.softmax, F.softmax, torch.nn.functional.softmax}
+))
+_SOFTMAX = dict.fromkeys((torch.softmax, torch.Tensor.softmax, F.softmax, torch.nn.functional.softmax))
 _ATTENTION_NAME = re.compile(r"attention|attn", re.IGNORECASE)
 
 
