@@ -37,6 +37,8 @@ test: $(STAMP)
 # The core suite (everything but the browser, Ray and real-app tests) on another torch, in a
 # side venv: make test-torch TORCH=2.6.0 (what chatterbox-tts pins) or TORCH=2.11.0. Those
 # versions come only as CUDA builds (about 3 GB with their nvidia libraries); they run on a CPU.
+# The side venv gets what `make install` adds beyond the project too (the model packages,
+# torchaudio's pure-Python parts where its compiled library does not load with that torch).
 TORCH ?= 2.6.0
 SIDE  := .venv-torch-$(TORCH)
 CORE  := tests --ignore=tests/realmodels --ignore=tests/ui/test_ui_browser.py --ignore=tests/measure/test_ray_executor.py \
@@ -48,6 +50,8 @@ test-torch:
 	$(SIDE)/bin/python -m pip install --quiet torch==$(TORCH)
 	grep -v '^torch==' constraints.txt > $(SIDE)/constraints.txt
 	$(SIDE)/bin/python -m pip install --quiet -c $(SIDE)/constraints.txt -e '.[dev]' 'torch==$(TORCH)'
+	$(SIDE)/bin/python -m pip install --quiet --no-deps -r tools/requirements-models-nodeps.txt
+	$(SIDE)/bin/python tools/torchaudio_pure.py
 	HF_HUB_OFFLINE=1 $(SIDE)/bin/python -m pytest -q -p no:cacheprovider $(CORE) -k "not ray"
 
 clean:

@@ -2,13 +2,15 @@
 
 torchaudio's wheels are built for one torch release each. The newest on the index
 (2.11.0) ships ``lib/_torchaudio.abi3.so``, which raises ``OSError: Could not load this
-library`` under torch 2.13; since transformers imports torchaudio when it is present,
-that breaks ``import transformers`` users such as Chatterbox's T3. The pure-Python
-parts Chatterbox needs (``compliance.kaldi.fbank``, ``transforms.Resample``) work
-without the library, and torchaudio imports cleanly when the library files are absent.
+library`` under torch 2.13, and ``OSError: ...: undefined symbol: aoti_torch_abi_version``
+under torch 2.6 (the side venv of ``make test-torch TORCH=2.6.0``); since transformers
+imports torchaudio when it is present, that breaks ``import transformers`` users such as
+Chatterbox's T3. The pure-Python parts Chatterbox needs (``compliance.kaldi.fbank``,
+``transforms.Resample``, ``functional.resample``) work without the library, and
+torchaudio imports cleanly when the library files are absent.
 
 This script tries ``import torchaudio`` in a fresh interpreter; only if that fails with
-the library-loading error does it remove the compiled files. It is idempotent.
+a library-loading error does it remove the compiled files. It is idempotent.
 """
 
 from __future__ import annotations
@@ -17,6 +19,13 @@ import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+
+
+def library_failed(stderr: str, lib: Path) -> bool:
+    """Whether ``import torchaudio`` failed loading its compiled library (built for another torch)."""
+    lines = stderr.strip().splitlines()
+    last = lines[-1] if lines else ""
+    return "Could not load this library" in stderr or (last.startswith("OSError:") and str(lib) in last)
 
 
 def main() -> int:
@@ -28,15 +37,16 @@ def main() -> int:
     if probe.returncode == 0:
         print("torchaudio imports cleanly; left as installed")
         return 0
-    if "Could not load this library" not in probe.stderr:
+    lib = Path(spec.origin).parent / "lib"
+    if not library_failed(probe.stderr, lib):
         sys.stderr.write(probe.stderr)
         print("torchaudio fails to import for another reason; not touching it", file=sys.stderr)
         return 1
-    lib = Path(spec.origin).parent / "lib"
     removed = sorted(p.name for p in lib.glob("*.so"))
     for name in removed:
         (lib / name).unlink()
-    check = subprocess.run([sys.executable, "-c", "import torchaudio.compliance.kaldi"], capture_output=True, text=True)
+    check = subprocess.run([sys.executable, "-c", "import torchaudio.compliance.kaldi, torchaudio.transforms, torchaudio.functional"],
+                           capture_output=True, text=True)
     if check.returncode != 0:
         sys.stderr.write(check.stderr)
         return 1
