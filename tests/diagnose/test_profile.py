@@ -170,6 +170,31 @@ def test_random_draws_inside_the_run_are_paired(policy):
     assert prof.output_sqnr_db == pytest.approx(stats["(root)"].inherited_sqnr_db)
 
 
+def test_random_draws_in_16_bits_are_the_fp32_draws_rounded():
+    # What torch 2.13 gives on its own; torch 2.6's CPU kernels draw other values in 16 bits.
+    from mixprec.diagnose.profile import _WideDraws
+
+    draws = {
+        "randn": lambda dtype: torch.randn(4, 8, dtype=dtype),
+        "rand": lambda dtype: torch.rand(4, 8, dtype=dtype),
+        "randn_like": lambda dtype: torch.randn_like(torch.zeros(4, 8, dtype=dtype)),
+        "rand_like": lambda dtype: torch.rand_like(torch.zeros(4, 8, dtype=dtype)),
+        "normal": lambda dtype: torch.normal(torch.zeros(4, 8, dtype=dtype), 1.0),
+        "normal(size, dtype)": lambda dtype: torch.normal(0.0, 1.0, (4, 8), dtype=dtype),
+        "bernoulli": lambda dtype: torch.bernoulli(torch.full((4, 8), 0.5, dtype=dtype)),
+        "Tensor.normal_": lambda dtype: torch.empty(4, 8, dtype=dtype).normal_(),
+        "Tensor.uniform_": lambda dtype: torch.empty(4, 8, dtype=dtype).uniform_(-1, 1),
+    }
+    for name, draw in draws.items():
+        for dtype in (torch.float16, torch.bfloat16):
+            torch.manual_seed(0)
+            expected = draw(torch.float32).to(dtype)
+            torch.manual_seed(0)
+            with _WideDraws():
+                got = draw(dtype)
+            assert got.dtype == dtype and torch.equal(got, expected), (name, dtype)
+
+
 def test_run_that_draws_its_own_inputs_is_paired():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))

@@ -21,7 +21,10 @@
 Both runs see the same random draws: the global generators (torch's CPU one and those
 of initialised CUDA devices, Python's ``random``, NumPy's) are set to the same state
 before each run, an own-error copy draws what its module drew and leaves the run's
-generators where they were, and the caller's state is restored at the end. Each run
+generators where they were, and the caller's state is restored at the end. Draws made
+in 16 bits (``randn_like`` of a bf16 activation) are made in fp32 and rounded
+(:class:`_WideDraws`): torch 2.13 gives exactly those values itself, but torch 2.6's CPU
+kernels draw other ones for fp16 / bf16, which would pair noise with unrelated noise. Each run
 gets its own deep copy of ``inputs``: models that cast their inputs in place, or a
 ``torch.Generator`` passed in them, would otherwise differ between the runs, and the
 caller's inputs stay untouched.
@@ -52,6 +55,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from mixprec.casting.apply import apply
 from mixprec.casting.targets import components_of
@@ -107,6 +111,40 @@ class _RngState:
         random.setstate(self.python)
         if self.numpy is not None:
             sys.modules["numpy"].random.set_state(self.numpy)
+
+
+_HALF = (torch.float16, torch.bfloat16)
+_FACTORIES = dict.fromkeys((torch.randn, torch.rand))
+_LIKE = dict.fromkeys((torch.randn_like, torch.rand_like))
+_FROM_TENSORS = dict.fromkeys((torch.normal, torch.bernoulli))
+_IN_PLACE = dict.fromkeys((torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.bernoulli_, torch.Tensor.exponential_))
+
+
+class _WideDraws(TorchFunctionMode):
+    """While active, random draws in fp16 / bf16 are made in fp32 and rounded to their dtype."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if "out" in kwargs:
+            return func(*args, **kwargs)
+        if func in _FACTORIES or func in _LIKE:
+            like = (args[0] if args else kwargs.get("input")) if func in _LIKE else None
+            dtype = kwargs.get("dtype") or (like.dtype if like is not None else torch.get_default_dtype())
+            if dtype in _HALF:
+                return func(*args, **{**kwargs, "dtype": torch.float32}).to(dtype)
+        elif func in _FROM_TENSORS:
+            half = [a.dtype for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.dtype in _HALF]
+            if kwargs.get("dtype") in _HALF:  # torch.normal(0.0, 1.0, size, dtype=torch.bfloat16)
+                return func(*args, **{**kwargs, "dtype": torch.float32}).to(kwargs["dtype"])
+            if half and kwargs.get("dtype") is None:
+                up = [a.float() if isinstance(a, torch.Tensor) and a.dtype in _HALF else a for a in args]
+                return func(*up, **{k: (v.float() if isinstance(v, torch.Tensor) and v.dtype in _HALF else v)
+                                    for k, v in kwargs.items()}).to(half[0])
+        elif func in _IN_PLACE and args and isinstance(args[0], torch.Tensor) and args[0].dtype in _HALF:
+            wide = torch.empty_like(args[0], dtype=torch.float32)
+            func(wide, *args[1:], **kwargs)
+            return args[0].copy_(wide)
+        return func(*args, **kwargs)
 
 
 @dataclass
@@ -262,7 +300,7 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
                 handles.append(plan.module.register_forward_pre_hook(fp32_pre, with_kwargs=True))
                 handles.append(plan.module.register_forward_hook(fp32_post, with_kwargs=True))
             hook_ids.update(h.id for h in handles)
-            with torch.inference_mode():
+            with torch.inference_mode(), _WideDraws():
                 fp32_out = runner(fresh_inputs(inputs, comps))
         finally:
             for h in handles:
@@ -311,7 +349,7 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
                     handles.append(plan.module.register_forward_pre_hook(low_pre, with_kwargs=True, prepend=True))
                     handles.append(plan.module.register_forward_hook(low_post, prepend=True))
                 caller_rng.restore()  # the random state the fp32 run started from
-                with torch.inference_mode():
+                with torch.inference_mode(), _WideDraws():
                     low_out = runner(low_inputs)
             finally:
                 for h in handles:
