@@ -54,6 +54,10 @@ def speed_metrics(ratio: Ratio | None, samples: Sequence[float], unstable: str |
     return metrics
 
 
+#: Where :func:`runnable_others` reads the kernel's count (tests point it at a file of their own).
+PROC_STAT = "/proc/stat"
+
+
 def runnable_others() -> int | None:
     """Processes ready to run on this machine right now, besides the one asking
     (``procs_running`` of ``/proc/stat``); None where the platform does not say.
@@ -63,7 +67,7 @@ def runnable_others() -> int | None:
     benchmark's own worker processes raise while they load.
     """
     try:
-        with open("/proc/stat", encoding="ascii") as fh:
+        with open(PROC_STAT, encoding="ascii") as fh:
             for line in fh:
                 if line.startswith("procs_running "):
                     return max(0, int(line.split()[1]) - 1)
