@@ -30,7 +30,9 @@ MODEL_INHERENT = ("Attempted to wrap RNN, GRU, or LSTM", "TorchDynamo purposely 
                   "call_method FrozensetVariable() issuperset")
 
 #: transformers 5's attention masks call ``torch.compiler.is_exporting`` (torch >= 2.7) while
-#: traced; an older Dynamo fails inside the model there, with or without mixprec.
+#: traced; an older Dynamo fails inside the model there, with or without mixprec. (With it
+#: stubbed in, torch 2.6's Dynamo fails next in transformers' output-capturing wrapper:
+#: ``NameError: name 'torch' is not defined`` in a resume function, also without mixprec.)
 TRANSFORMERS_TRACEABLE = hasattr(torch.compiler, "is_exporting")
 NO_IS_EXPORTING = (f"torch {torch.__version__} lacks torch.compiler.is_exporting (torch >= 2.7), which transformers' "
                    "attention masks call when traced: its models do not compile on this torch, with or without mixprec")
@@ -382,7 +384,7 @@ def test_a_compiled_call_that_fails_on_a_torch_function_this_torch_lacks_says_wh
         model(torch.ones(2, 4))
     message = str(raised.value)
     assert "calls torch.compiler.is_exporting" in message and f"torch {torch.__version__} does not have" in message
-    assert "torch 2.7 and later have it" in message and "upgrade torch to 2.7 or later" in message
+    assert "torch 2.7 and later have it" in message and "needs torch 2.7 or later" in message
     assert "without compile" in message and isinstance(raised.value.__cause__, InternalTorchDynamoError)
     own_error.append(True)
     with pytest.raises(ValueError, match="the model's own error"), torch.no_grad():

@@ -48,10 +48,10 @@ def missing_torch_feature(exc: BaseException) -> str | None:
             name = f"{found.group(1)}.{found.group(2)}"
             since = TORCH_ADDED.get(name)
             has = f"torch {since} and later have it" if since else "a newer torch may have it"
-            fix = f"upgrade torch to {since} or later" if since else "upgrade torch"
+            needs = f"torch {since} or later" if since else "a newer torch"
             return (f"torch.compile failed inside the model's code, not in mixprec's: it calls {name}, which torch "
-                    f"{torch.__version__} does not have ({has}). To compile this model, {fix}; or run the policy "
-                    "without compile (its casts work the same uncompiled)")
+                    f"{torch.__version__} does not have ({has}). Compiling this model needs {needs}; or run the "
+                    "policy without compile (its casts work the same uncompiled)")
         current = current.__cause__ or current.__context__
     return None
 
