@@ -90,8 +90,8 @@ def explain(
     say(console, "rules: " + "; ".join(f"#{i} {r.match}: {r.reason}" for i, r in enumerate(pol.rules) if r.reason))
     for pitfall in pitfalls:
         say(console, "warning: ", pitfall)
-    for line in advice:
-        say(console, "advice: ", line)
+    for hint in advice:
+        say(console, "advice: ", hint)
 
 
 def _device_type(device: str) -> str:
