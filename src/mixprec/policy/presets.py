@@ -40,6 +40,7 @@ import fnmatch
 import warnings
 from typing import Any, Mapping
 
+from mixprec._quote import quote
 from mixprec.device.hardware import Hardware
 from mixprec.policy import CompileSettings, Policy, PolicyError, Rule
 from mixprec.policy.roles import TORCH_NORMS
@@ -258,20 +259,29 @@ def preset(
 
         hardware = probe()
     policy, _ = resolve(name, hardware, hints)
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise PolicyError(f"overrides: expected a mapping such as {{'matmul': 'high'}}, got {type(overrides).__name__} "
+                          f"{quote(overrides)}; valid keys: {', '.join(_OVERRIDE_KEYS)}")
     if not overrides:
         return policy
     unknown = [k for k in overrides if k not in _OVERRIDE_KEYS]
     if unknown:
-        raise PolicyError(f"unknown override {unknown[0]!r}{did_you_mean(unknown[0], _OVERRIDE_KEYS)}; valid: {', '.join(_OVERRIDE_KEYS)}")
+        raise PolicyError(f"unknown override {quote(unknown[0])}{did_you_mean(str(unknown[0]), _OVERRIDE_KEYS)}; "
+                          f"valid: {', '.join(_OVERRIDE_KEYS)}")
     numerics = policy.numerics
     if overrides.get("matmul") is not None:
-        numerics = (numerics or NumericSettings()).replace(matmul=overrides["matmul"])
+        try:
+            numerics = (numerics or NumericSettings()).replace(matmul=overrides["matmul"])
+        except ValueError as exc:
+            raise PolicyError(f"overrides matmul: {exc}") from None
     global_fields = {k: overrides[k] for k in ("storage", "compute", "upcast_attention", "keep_fp32") if overrides.get(k) is not None}
     extra: list[Rule] = []
     if global_fields:
-        extra.append(Rule("*", reason="user override", **global_fields))
-    for i, r in enumerate(overrides.get("rules", ()) or ()):
-        extra.append(r if isinstance(r, Rule) else Rule.from_dict(dict(r), f"overrides rules[{i}]"))
+        try:
+            extra.append(Rule("*", reason="user override", **global_fields))
+        except PolicyError as exc:
+            raise PolicyError(f"overrides: {exc}") from None
+    extra.extend(_override_rules(overrides.get("rules")))
     for rule in extra:
         if rule.storage and rule.storage != "fp32" and hardware.dtypes[rule.storage].emulated and rule.compute != "fp32":
             warnings.warn(f"override {rule.match!r}: storage {rule.storage} is emulated on {hardware.name} "
@@ -282,3 +292,22 @@ def preset(
     if compiled is not None and compiled is not False and not isinstance(compiled, CompileSettings):
         compiled = CompileSettings.from_dict(compiled, "overrides compile")
     return Policy(policy.rules + tuple(extra), numerics, name=f"{policy.name}+overrides", compile=compiled or None)
+
+
+def _override_rules(given: Any) -> list[Rule]:
+    """``overrides["rules"]``: a list (or tuple) of :class:`Rule` objects or tables, each checked."""
+    if given is None:
+        return []
+    if not isinstance(given, (list, tuple)):
+        raise PolicyError(f"overrides rules: expected a list of Rule objects or tables such as "
+                          f"{{'match': 'vae', 'keep_fp32': True}}, got {type(given).__name__} {quote(given)}")
+    rules = []
+    for i, rule in enumerate(given):
+        if isinstance(rule, Rule):
+            rules.append(rule)
+        elif isinstance(rule, Mapping):
+            rules.append(Rule.from_dict(dict(rule), f"overrides rules[{i}]"))
+        else:
+            raise PolicyError(f"overrides rules[{i}]: expected a Rule or a table such as {{'match': 'vae', 'keep_fp32': True}}, "
+                              f"got {type(rule).__name__} {quote(rule)}")
+    return rules

@@ -28,12 +28,14 @@ import fnmatch
 import json
 import os
 import sys
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from mixprec._quote import quote
 from mixprec.policy.inputs import parse_checked, read_input_text
 from mixprec.policy.roles import ROLES
 from mixprec.device.settings import NumericSettings, did_you_mean
@@ -56,6 +58,11 @@ RULE_FIELDS = ("storage", "compute", "keep_fp32", "upcast_attention", "output_dt
 
 class PolicyError(ValueError):
     """A policy, rule or policy file is invalid."""
+
+
+def nfc(name: str) -> str:
+    """``name`` in Unicode NFC, the form rules and module names are compared in."""
+    return name if name.isascii() else unicodedata.normalize("NFC", name)
 
 
 def _dtype_name(value: Any, what: str) -> str:
@@ -101,7 +108,8 @@ class Rule:
     def __post_init__(self) -> None:
         if not isinstance(self.match, str) or not self.match.strip():
             raise PolicyError(f"rule match: expected a non-empty string, got {self.match!r}")
-        object.__setattr__(self, "match", self.match.strip())
+        # Names are compared in Unicode NFC: 'é' typed as one code point matches 'é' stored as two.
+        object.__setattr__(self, "match", unicodedata.normalize("NFC", self.match.strip()))
         if self.match.startswith("type:") and not self.match[5:].strip():
             raise PolicyError(f"rule match {self.match!r}: give a class name after 'type:'")
         if self.match.startswith("role:") and self.match[5:].strip() not in ROLES:
@@ -140,8 +148,8 @@ class Rule:
             return roles is not None and id(module) in roles.get(self.role, ())
         if self.is_type:
             pattern = self.match[5:].strip()
-            return any(fnmatch.fnmatchcase(cls.__name__, pattern) for cls in type(module).__mro__)
-        return fnmatch.fnmatchcase(qualname, self.match)
+            return any(fnmatch.fnmatchcase(nfc(cls.__name__), pattern) for cls in type(module).__mro__)
+        return fnmatch.fnmatchcase(nfc(qualname), self.match)
 
     def to_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
@@ -259,8 +267,8 @@ class Policy:
                 raise PolicyError(f"policy rules must be Rule objects, got {type(rule).__name__}")
         if self.numerics is not None and not isinstance(self.numerics, NumericSettings):
             raise PolicyError(f"policy numerics must be NumericSettings or None, got {type(self.numerics).__name__}")
-        if self.version != 1:
-            raise PolicyError(f"unsupported policy version {self.version!r}; this mixprec reads version 1")
+        if type(self.version) is not int or self.version != 1:
+            raise PolicyError(f"unsupported policy version {quote(self.version)}; this mixprec reads version 1")
 
     # -- (de)serialisation ---------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -276,32 +284,18 @@ class Policy:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "policy") -> Policy:
-        if not isinstance(data, dict):
-            raise PolicyError(f"{where}: expected a table, got {type(data).__name__}")
-        known = ["version", "name", "numerics", "model_declarations", "compile", "rules"]
-        for key in data:
-            if key not in known:
-                raise PolicyError(f"{where}: unknown key {key!r}{did_you_mean(key, known)}; valid keys: {', '.join(known)}")
+        """A policy from its table; the document as a whole (its kind, version, keys and
+        the type of every top-level value) is checked before any field is read."""
+        _check_document(data, where)
         rules = data.get("rules", [])
-        if not isinstance(rules, list):
-            raise PolicyError(f"{where} key 'rules': expected an array of tables, got {type(rules).__name__}")
         numerics = data.get("numerics")
         if numerics is not None:
-            if not isinstance(numerics, dict):
-                raise PolicyError(f"{where} key 'numerics': expected a table, got {type(numerics).__name__}")
             try:
                 numerics = NumericSettings.from_dict(numerics)
             except ValueError as exc:
                 raise PolicyError(f"{where} key 'numerics': {exc}") from None
         name = data.get("name", "custom")
-        if not isinstance(name, str):
-            raise PolicyError(f"{where} key 'name': expected a string, got {type(name).__name__}")
-        version = data.get("version", 1)
-        if version != 1:
-            raise PolicyError(f"{where} key 'version': unsupported version {version!r}; this mixprec reads version 1")
         declared = data.get("model_declarations", True)
-        if not isinstance(declared, bool):
-            raise PolicyError(f"{where} key 'model_declarations': expected true or false, got {type(declared).__name__} {declared!r}")
         compile_settings = data.get("compile")
         if compile_settings is not None and compile_settings is not False:
             compile_settings = CompileSettings.from_dict(compile_settings, f"{where} key 'compile'")
@@ -334,8 +328,11 @@ class Policy:
 
     @classmethod
     def from_json(cls, text: str, where: str = "policy") -> Policy:
+        def parse(doc: str) -> Any:  # a key given twice in one object is refused, not silently overwritten
+            return json.loads(doc, object_pairs_hook=lambda pairs: _unique_keys(pairs, where))
+
         try:
-            return cls.from_dict(parse_checked(json.loads, text, where), where)
+            return cls.from_dict(parse_checked(parse, text, where), where)
         except json.JSONDecodeError as exc:
             raise PolicyError(f"{where}: malformed JSON: {exc}") from None
         except PolicyError:
@@ -364,3 +361,55 @@ class Policy:
     def with_rules(self, *rules: Rule) -> Policy:
         """A copy with ``rules`` appended (so they win over earlier ones)."""
         return dataclasses.replace(self, rules=self.rules + tuple(rules))
+
+
+#: The top-level keys of a policy document, and the type each value must have.
+_DOCUMENT_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
+    "version": ((int,), "the integer 1"),
+    "name": ((str,), "a string"),
+    "numerics": ((dict,), "a table of float32 settings"),
+    "model_declarations": ((bool,), "true or false"),
+    "compile": ((dict, bool), "a table (mode, dynamic, backend) or true/false"),
+    "rules": ((list,), "an array of tables ([[rules]])"),
+}
+
+
+def _check_document(data: Any, where: str) -> None:
+    """The checks on a policy document as a whole, before any field: it is a table; its
+    version is one this mixprec reads (first, since another version may have other keys);
+    it has no unknown keys; every top-level value and every rule has the right type."""
+    if not isinstance(data, dict):
+        raise PolicyError(f"{where}: expected a table (a policy document), got {type(data).__name__}")
+    version = data.get("version", 1)
+    if type(version) is not int:  # not True, not 1.0
+        raise PolicyError(f"{where} key 'version': expected the integer 1, got {type(version).__name__} {quote(version)}")
+    if version != 1:
+        raise PolicyError(f"{where} key 'version': unsupported version {version}; this mixprec reads version 1 "
+                          "(a newer mixprec wrote it? upgrade mixprec, or write the policy for version 1)")
+    known = list(_DOCUMENT_KEYS)
+    for key in data:
+        if key not in known:
+            raise PolicyError(f"{where}: unknown key {quote(key)}{did_you_mean(str(key), known)}; valid keys: {', '.join(known)}")
+    for key, (types, words) in _DOCUMENT_KEYS.items():
+        value = data.get(key)
+        if key not in data or (value is None and key in ("numerics", "compile")):  # (JSON null: not set)
+            continue
+        if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
+            raise PolicyError(f"{where} key {key!r}: expected {words}, got {type(value).__name__} {quote(value)}")
+    for i, rule in enumerate(data.get("rules") or ()):
+        if not isinstance(rule, dict):
+            raise PolicyError(f"{where} rules[{i}]: expected a table (match = ..., storage = ...), "
+                              f"got {type(rule).__name__} {quote(rule)}")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]], where: str) -> dict[str, Any]:
+    """A JSON object's members as a dict; a key given twice is an error (a JSON reader
+    would keep only the last: a hand-merged ``"rules"`` would silently drop the first)."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise PolicyError(f"{where}: key {quote(key)} appears twice in one JSON object (keys: "
+                              f"{', '.join(quote(k, limit=30) for k, _ in pairs[:8])}{', ...' if len(pairs) > 8 else ''}); "
+                              "only one would be read: merge them into one")
+        seen[key] = value
+    return seen
