@@ -3,9 +3,12 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mixprec.bench.evidence import (
     FASTER,
+    MIN_PAIRS,
     SLOWER,
     UNDECIDED,
     WITHIN_NOISE,
@@ -15,6 +18,7 @@ from mixprec.bench.evidence import (
     reference,
     regression,
     speedup,
+    speedup_cell,
 )
 
 
@@ -88,3 +92,37 @@ def test_regression_of_latency_and_of_speedup():
     assert regression(fast, Interval(1.7, 1.2, 2.6, 8), 0.10, higher_is_slower=False) == "undecided"
     assert regression(fast, None, 0.10, higher_is_slower=False) is None
     assert regression(fast, Interval(math.nan, math.nan, math.nan, 8), 0.1, higher_is_slower=False) == "undecided"
+
+
+class TestSpeedupCell:
+    """The one rendering of a speed-up in every table: a ratio alone only where its interval supports it."""
+
+    @pytest.mark.parametrize(("interval", "unstable", "shown"), [
+        (Interval(1.42, 1.31, 1.55, 8), False, "1.42x (1.31–1.55)"),
+        (Interval(0.61, 0.55, 0.70, 8), False, "0.61x (0.55–0.70)"),  # supported slower
+        (Interval(0.98, 0.90, 1.07, 8), False, "undecided (0.90–1.07)"),
+        (Interval(2.92, 2.92, 2.92, 1, False), False, "undecided (n=1)"),  # one sample: no interval
+        (Interval(12.17, 11.0, 13.0, 2, False), False, "undecided (n=2)"),
+        (Interval(1.8, 1.8, 1.8, 0, False), False, "undecided (no interval)"),
+        (Interval(math.nan, math.nan, math.nan, 8), False, "—"),
+        (Interval(1.5, 1.2, math.inf, 8), False, "undecided (no interval)"),
+        (Interval(1.42, 1.31, 1.55, 8), True, "unstable (1.31–1.55)"),
+        (Interval(0.068, 0.061, 0.074, 6), False, "0.068x (0.061–0.074)"),
+        (Interval(1.42, 1.31, 1.55, None), False, "1.42x (1.31–1.55)"),  # stored without a pair count
+    ])
+    def test_each_case(self, interval, unstable, shown):
+        assert speedup_cell(interval, unstable=unstable) == shown
+
+    def test_reference_and_nothing(self):
+        assert speedup_cell(Interval(1.0, 1.0, 1.0, 6), reference=True) == "reference"
+        assert speedup_cell(None) == "—"
+
+    @given(value=st.floats(0.01, 100), low_f=st.floats(0.3, 1.0), high_f=st.floats(1.0, 3.0),
+           n=st.one_of(st.none(), st.integers(0, 50)), unstable=st.booleans())
+    @settings(max_examples=300, deadline=None)
+    def test_a_ratio_reads_as_a_result_only_where_the_interval_supports_it(self, value, low_f, high_f, n, unstable):
+        interval = Interval(value, value * low_f, value * high_f, n, True)
+        shown = speedup_cell(interval, unstable=unstable)
+        supported = (n is None or n >= MIN_PAIRS) and not unstable and not interval.low <= 1.0 <= interval.high
+        assert (not shown.startswith(("undecided", "unstable"))) == supported, shown
+        assert shown.split(" ", 1)[0].endswith("x") == supported, shown

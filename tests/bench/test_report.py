@@ -164,7 +164,8 @@ def test_table_rows_are_plain_formatted_text(run):
     assert fp32["latency"] == "1.94 s"
     assert bf16["latency"] == "620 ms"
     assert bf16["ci"] == "600 ms – 630 ms"
-    assert bf16["speedup"] == "3.10x"
+    assert bf16["speedup"] == "3.15x (3.10–3.21)"  # the stored 3.1 had no interval: paired from the samples
+    assert fp32["speedup"] == "reference" and evil["speedup"] == "2.09x (2.05–2.14)"
     assert bf16["sqnr"] == "31.4 dB"
     assert bf16["weights"] == "563.6 MiB"
     assert bf16["token_agreement"] == "98.0%"

@@ -60,9 +60,10 @@ def test_the_keeper_cuts_rounds_drops_the_slowest_and_adds_rounds_while_ratios_a
 def test_speed_metrics_and_the_table_show_the_interval_and_doubts():
     metrics = speed_metrics(Ratio(0.98, 0.9, 1.07, 8), [1.0, 3.0, 0.5], instability([1.0, 3.0, 0.5]))
     assert metrics["speedup_ci_low"] == 0.9 and metrics["unstable"] == 1.0 and metrics["latency_cv"] > 0.5
-    run = {"configs": [{"name": "fast", "batch": 1, "status": "ok", "samples": [1.0, 3.0, 0.5],
+    run = {"configs": [{"name": "fp32", "batch": 1, "status": "ok", "samples": [1.0, 1.0, 1.0], "metrics": {}},
+                       {"name": "fast", "batch": 1, "status": "ok", "samples": [1.0, 3.0, 0.5],
                         "metrics": {**metrics, "latency_median": 1.0}}]}
-    assert render_table_rows(run)[0]["speedup"] == "0.98x (0.90–1.07) undecided unstable"
+    assert [r["speedup"] for r in render_table_rows(run)] == ["reference", "unstable (0.90–1.07)"]
 
 
 def test_bench_stores_paired_intervals(tmp_path):

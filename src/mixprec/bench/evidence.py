@@ -29,7 +29,7 @@ from mixprec.bench import rundata
 from mixprec.measure.metrics import latency_stats
 from mixprec.measure.stats import TARGET_WIDTH, paired_ratio
 
-__all__ = ["Interval", "REFERENCE", "reference", "ratio_text", "speedup", "latency", "change", "regression", "FASTER", "SLOWER",
+__all__ = ["Interval", "REFERENCE", "reference", "ratio_text", "speedup", "speedup_cell", "MIN_PAIRS", "latency", "change", "regression", "FASTER", "SLOWER",
            "WITHIN_NOISE", "UNDECIDED", "OTHER_DEVICE"]
 
 #: The configuration every other one in a run is timed against.
@@ -78,6 +78,43 @@ class Interval:
 def ratio_text(value: float) -> str:
     """A ratio with two decimals, or two significant digits below 0.1 (``0.068``, not ``0.07``)."""
     return f"{value:.2f}" if not math.isfinite(value) or value == 0 or abs(value) >= 0.1 else f"{value:.2g}"
+
+
+#: Fewer paired rounds than this support no speed-up (a ratio from one or two rounds is a sample, not a result).
+MIN_PAIRS = 3
+
+
+def speedup_cell(interval: Interval | None, *, unstable: bool = False, reference: bool = False) -> str:
+    """A speed-up against fp32 as every table shows it (terminal, HTML report, web UI, ``compare``):
+    a figure only where its interval supports one.
+
+    - ``1.42x (1.31–1.55)``: at least :data:`MIN_PAIRS` paired rounds whose interval lies wholly
+      above 1 (faster) or below 1 (slower);
+    - ``undecided (0.90–1.07)``: the interval holds 1, so neither faster nor slower is supported;
+    - ``undecided (n=1)``: too few paired rounds for an interval;
+    - ``undecided (no interval)``: a ratio stored without an interval or samples;
+    - ``unstable (0.52–3.10)``: the timings were flagged too spread to trust (the run's notes say why);
+    - ``reference``: the fp32 reference itself; ``—``: nothing was timed.
+
+    Only the first form shows a ratio alone, so no cell can be read as a speed-up its
+    interval does not support.
+    """
+    if reference:
+        return "reference"
+    if interval is None or not math.isfinite(interval.value):
+        return "—"
+    bounds = f"{ratio_text(interval.low)}–{ratio_text(interval.high)}"
+    if interval.n == 0:
+        return "undecided (no interval)"
+    if interval.n is not None and interval.n < MIN_PAIRS:
+        return f"undecided (n={interval.n})"
+    if not interval.usable:
+        return "undecided (no interval)"
+    if unstable:
+        return f"unstable ({bounds})"
+    if interval.low <= 1.0 <= interval.high:
+        return f"undecided ({bounds})"
+    return f"{ratio_text(interval.value)}x ({bounds})"
 
 
 def _make(value: float, low: float, high: float, n: int | None, exact: bool) -> Interval:

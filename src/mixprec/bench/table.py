@@ -151,21 +151,18 @@ def _policy_name(config: Mapping[str, Any]) -> str:
     return MISSING
 
 
-def _speedup(metrics: Mapping[str, Any]) -> str:
-    """``1.42x (1.31–1.55)`` from paired rounds; ``undecided`` where the interval holds 1,
-    ``unstable`` where the samples were too spread to trust."""
-    value = rundata.num(metrics.get("speedup"))
-    if value is None:
+def _speedup(run: Mapping[str, Any], config: Mapping[str, Any]) -> str:
+    """The speed-up cell (:func:`mixprec.bench.evidence.speedup_cell`): a figure only where its
+    interval supports it, else ``undecided``/``unstable`` with what was measured."""
+    from mixprec.bench import evidence  # numpy/scipy: loaded when a table is rendered, not on import
+
+    if rundata.num(rundata.metrics(config).get("speedup")) is None and not config.get("samples"):
         return MISSING
-    low, high = rundata.num(metrics.get("speedup_ci_low")), rundata.num(metrics.get("speedup_ci_high"))
-    text = f"{value:.2f}x"
-    if low is not None and high is not None and not (low == high == value):
-        text += f" ({low:.2f}–{high:.2f})"
-        if low <= 1.0 <= high and value != 1.0:
-            text += " undecided"
-    if rundata.num(metrics.get("unstable")):
-        text += " unstable"
-    return text
+    ref = evidence.reference(run, config.get("batch"))
+    is_reference = ref is not None and ref.get("name") == config.get("name")
+    interval = None if is_reference else evidence.speedup(run, config)
+    unstable = bool(rundata.num(rundata.metrics(config).get("unstable")))
+    return evidence.speedup_cell(interval, unstable=unstable, reference=is_reference)
 
 
 def render_table_rows(run: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -204,7 +201,7 @@ def render_table_rows(run: Mapping[str, Any]) -> list[dict[str, str]]:
             "policy": _policy_name(config),
             "latency": latency,
             "ci": ci,
-            "speedup": _speedup(metrics),
+            "speedup": _speedup(run, config),
             "throughput": _fmt_sig(" items/s")(metrics.get("throughput_items_per_s")),
         }
         for key, _, metric, fmt in metric_columns:

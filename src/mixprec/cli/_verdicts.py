@@ -34,15 +34,13 @@ def _quality(value: float | None) -> str | None:
     return "exact" if value == math.inf else f"{value:.1f} dB"
 
 
-def _speedup(value: dict[str, Any] | None) -> str | None:
-    from mixprec.bench.evidence import ratio_text  # numpy and torch load with the benchmark, not the CLI
+def _speedup(value: dict[str, Any] | None, unstable: Any = False) -> str | None:
+    from mixprec.bench.evidence import Interval, speedup_cell  # numpy and torch load with the benchmark, not the CLI
 
     if value is None:
         return None
-    if value.get("n") == 0:
-        return f"{ratio_text(value['value'])}x (no interval)"
-    range_note = "" if value.get("exact") else ", range"
-    return f"{ratio_text(value['value'])}x ({ratio_text(value['low'])}-{ratio_text(value['high'])}{range_note})"
+    interval = Interval(value["value"], value["low"], value["high"], value.get("n"), bool(value.get("exact", True)))
+    return speedup_cell(interval, unstable=bool(unstable))
 
 
 def _change(row: dict[str, Any]) -> str | None:
@@ -76,7 +74,7 @@ def print_compare(console: Console, run_a: int, run_b: int, rows: list[dict[str,
     """The table of :func:`mixprec.bench.gate.compare`, with what its verdicts rest on."""
     console.print(table(f"run {run_a} -> run {run_b}", _COLUMNS, [
         [r["config"], r["batch"], _seconds(r.get("latency_a")), _seconds(r.get("latency_b")), _change(r),
-         r.get("latency_verdict"), _speedup(r.get("speedup_a")), _speedup(r.get("speedup_b")), _beyond(r),
+         r.get("latency_verdict"), _speedup(r.get("speedup_a"), r.get("unstable_a")), _speedup(r.get("speedup_b"), r.get("unstable_b")), _beyond(r),
          _quality(r.get("quality_a")), _quality(r.get("quality_b"))] for r in rows]))
     say(console, "  beyond noise: each configuration's speed-up against its own run's fp32 (paired rounds, 95% "
                  "intervals) differs between the runs only where the intervals do not overlap. Latencies are "
