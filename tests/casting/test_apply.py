@@ -112,7 +112,7 @@ def test_tied_parameters_stay_tied():
 
 def test_unmatched_rule_warns_with_closest_names_or_errors_when_strict(block):
     policy = Policy((Rule("nrom", keep_fp32=True),))
-    with pytest.warns(UserWarning, match=r"'nrom' matches no module; closest: norm"):
+    with pytest.warns(UserWarning, match=r"'nrom' matches no module; closest: 'norm'"):
         mixprec.apply(block, policy).revert()
     state = _state(block)
     with pytest.raises(PolicyError, match="matches no module"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager
@@ -16,6 +17,7 @@ from typing import Any, Callable, ContextManager
 import torch
 
 from mixprec.casting.apply import apply
+from mixprec.casting.explain import explain_unmatched
 from mixprec.casting.compile import check_compiler
 from mixprec.device.backends import apply_settings
 from mixprec.device.hardware import Hardware
@@ -23,8 +25,9 @@ from mixprec.device.settings import NumericSettings, did_you_mean
 from mixprec.diagnose.guard import guard
 from mixprec.policy import CompileSettings, Policy
 from mixprec.policy.presets import preset
+from mixprec.policy.select import UnmatchedRuleWarning, summarise_unmatched
 
-__all__ = ["ConfigSpec", "BUILTIN", "parse_configs", "default_configs", "setup", "UnknownConfigError"]
+__all__ = ["ConfigSpec", "BUILTIN", "parse_configs", "default_configs", "setup", "unmatched_notes", "UnknownConfigError"]
 
 #: name -> (kind, argument, description)
 BUILTIN: dict[str, tuple[str, Any, str]] = {
@@ -204,7 +207,32 @@ def _configure(spec: ConfigSpec, pipe: Any, hardware: Hardware | None) -> tuple[
         policy = Policy.load(spec.arg)
     if spec.compile and policy.compile is None:
         policy = dataclasses.replace(policy, compile=CompileSettings())
-    applied = apply(pipe, policy, keep_original="cpu")
+    with warnings.catch_warnings():
+        # Rules that match no module are reported once, before the run (unmatched_notes), not by every worker.
+        warnings.simplefilter("ignore", UnmatchedRuleWarning)
+        applied = apply(pipe, policy, keep_original="cpu")
     info["policy"] = policy.to_dict()
     info["guard"] = guard(applied, on_nonfinite="fallback", hardware=hardware, remember=False)
     return contextlib.nullcontext, info
+
+
+def unmatched_notes(specs: list[ConfigSpec], pipeline: str, *, size: str = "default", seed: int = 0) -> list[str]:
+    """For each policy-file configuration, its rules that match no module of ``pipeline``
+    (summarised when many), as notes for the run: checked once here, before any worker
+    starts, on the pipeline built on the ``meta`` device (no weight memory); a factory that
+    refuses ``meta`` is built as the workers build it."""
+    files = [spec for spec in specs if spec.kind == "policy"]
+    if not files:
+        return []
+    from mixprec.pipelines import get
+    from mixprec.pipelines._sizes import build_on_meta
+
+    try:
+        pipe = build_on_meta(pipeline, size=size, seed=seed)
+    except Exception:  # a factory that cannot build on meta; the real build reports its own errors
+        pipe = get(pipeline, size=size, seed=seed)
+    notes = []
+    for spec in files:
+        unmatched = explain_unmatched(pipe, Policy.load(spec.arg))
+        notes += [f"{spec.name}: {line}" for line in summarise_unmatched(unmatched)]
+    return notes

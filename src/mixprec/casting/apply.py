@@ -26,7 +26,8 @@ from mixprec.casting.follow import WeightChanges, replaced_by_app
 from mixprec.casting.hooks import own_tensors
 from mixprec.casting.install import install_wrappers
 from mixprec.casting.targets import DTYPES, ApplyError, components_of, refuse_meta, refuse_unsupported, weight_bytes
-from mixprec.policy import ModulePlan, Policy, PolicyError, closest_names, resolve_modules
+from mixprec.policy import ModulePlan, Policy, PolicyError, resolve_modules
+from mixprec.policy.select import UnmatchedRule, UnmatchedRuleWarning, summarise_unmatched, unmatched_rules
 
 __all__ = ["apply", "Applied", "RevertError"]
 
@@ -48,6 +49,7 @@ class Applied:
         plans: the per-module resolution (see :func:`~mixprec.casting.explain.explain`).
         keep_original: where the original tensors are kept.
         original_bytes: bytes the kept originals cost (RAM for ``cpu``, disk for ``disk``).
+        unmatched: the policy's rules that matched no module (warned once, summarised when many).
     """
 
     def __init__(self, policy: Policy, components: dict[str, nn.Module], plans: list[ModulePlan], keep_original: str):
@@ -56,6 +58,7 @@ class Applied:
         self.plans = plans
         self.keep_original = keep_original
         self.original_bytes = 0
+        self.unmatched: list[UnmatchedRule] = []
         self._handles: list[Any] = []
         self._pinned: list[nn.Module] = []
         self._originals: dict[int, tuple[torch.Tensor, Any]] = {}
@@ -192,7 +195,7 @@ class Applied:
             raise ApplyError("cannot re-apply a policy applied with keep_original='none': the original weights are gone")
         if not isinstance(policy, Policy):
             raise ApplyError(f"policy must be a mixprec Policy, got {type(policy).__name__}")
-        plans = _validate(self.components, policy, strict)
+        plans, unmatched = _validate(self.components, policy, strict)
         if policy.compile is not None:
             check_compiler(policy.compile, any_on_cpu(self.components))
         if self._active:
@@ -201,7 +204,7 @@ class Applied:
                 self.revert()
             finally:
                 self._reapplying = False
-        self.policy, self.plans, self.original_bytes = policy, plans, 0
+        self.policy, self.plans, self.original_bytes, self.unmatched = policy, plans, 0, unmatched
         _materialize(self)
 
     # The table `mixprec explain` prints.
@@ -258,13 +261,14 @@ def apply(
                     f"component {name or '(root)'!r} already has a mixprec policy applied to it or to a part of it "
                     f"({type(module).__name__}); revert that one before applying another"
                 )
-    plans = _validate(comps, policy, strict)
+    plans, unmatched = _validate(comps, policy, strict)
     refuse_meta([(f"{p.qualname}.{key[2:]}".lstrip("."), t) for p in plans for key, t in own_tensors(p.module)
                  if t.is_floating_point() and t.dtype != DTYPES[p.storage]])
     if policy.compile is not None:
         check_compiler(policy.compile, any_on_cpu(comps))
 
     applied = Applied(policy, comps, plans, keep_original)
+    applied.unmatched = unmatched
     _materialize(applied)
     return applied
 
@@ -283,17 +287,17 @@ def flatten_rnns(comps: dict[str, nn.Module]) -> None:
                 module.flatten_parameters()
 
 
-def _validate(comps: dict[str, nn.Module], policy: Policy, strict: bool) -> list[ModulePlan]:
-    plans, unmatched = resolve_modules(comps, policy)
-    if unmatched:
-        names = [p.qualname for p in plans] + sorted({p.type_name for p in plans})
-        for index in unmatched:
-            rule = policy.rules[index]
-            message = f"policy rule #{index} {rule.match!r} matches no module; closest: {', '.join(closest_names(rule.match, names)) or 'none'}"
-            if strict:
-                raise PolicyError(message)
-            warnings.warn(message, stacklevel=3)
-    return plans
+def _validate(comps: dict[str, nn.Module], policy: Policy, strict: bool) -> tuple[list[ModulePlan], list[UnmatchedRule]]:
+    """The plans, and the rules that match nothing: one warning (an error with ``strict``)
+    per rule, or one line for them all when there are many."""
+    plans, indices = resolve_modules(comps, policy)
+    unmatched = unmatched_rules(plans, policy, indices)
+    lines = summarise_unmatched(unmatched)
+    if lines and strict:
+        raise PolicyError("\n".join(lines))
+    for line in lines:
+        warnings.warn(line, UnmatchedRuleWarning, stacklevel=3)
+    return plans, unmatched
 
 
 def _materialize(applied: Applied) -> None:

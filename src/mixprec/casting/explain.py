@@ -13,8 +13,9 @@ from mixprec.casting.upcast import is_attention_module, sdpa_overflows
 from mixprec.policy.roles import dtype_property_source
 from mixprec.policy.tree import called_children, first_weight_owner, token_decoder
 from mixprec.policy import ModulePlan, Policy, resolve_modules
+from mixprec.policy.select import UnmatchedRule, unmatched_rules
 
-__all__ = ["explain", "explain_warnings", "explain_rows", "dtype_read_warnings", "compile_advice"]
+__all__ = ["explain", "explain_warnings", "explain_unmatched", "explain_rows", "dtype_read_warnings", "compile_advice"]
 
 
 def _island_share(plan: ModulePlan, total: int) -> str:
@@ -116,6 +117,14 @@ def explain_warnings(target: Any, policy: Policy) -> list[str]:
     comps, _ = components_of(target)
     plans, _ = resolve_modules(comps, policy)
     return dtype_read_warnings(plans)
+
+
+def explain_unmatched(target: Any, policy: Policy) -> list[UnmatchedRule]:
+    """The rules of ``policy`` that match no module of ``target``, with the closest names
+    (what :func:`mixprec.apply` warns about; see :func:`mixprec.policy.select.summarise_unmatched`)."""
+    comps, _ = components_of(target)
+    plans, indices = resolve_modules(comps, policy)
+    return unmatched_rules(plans, policy, indices)
 
 
 def compile_advice(target: Any, policy: Policy, device_type: str) -> list[str]:

@@ -101,7 +101,7 @@ def bench(
 
     from mixprec.device import hardware
     from mixprec.bench import plan
-    from mixprec.bench.configs import parse_configs
+    from mixprec.bench.configs import parse_configs, unmatched_notes
     from mixprec.bench.runner import BenchOptions, run_bench
     from mixprec.bench.store import StoreError
 
@@ -124,6 +124,8 @@ def bench(
         names = [checked_pipeline(p.strip(), size, run_seed, batches[0], device) for p in pipeline.split(",") if p.strip()]
         hw = hardware.probe(device) if executor == "local" else None  # on a cluster: probed on each node
         specs, notes = parse_configs(configs, hw, compiled_twins=compiled) if hw is not None else ([], [])
+        # A policy file's rules that match no module: said now and kept in the run's notes.
+        unmatched = {name: unmatched_notes(specs, name, size=size, seed=run_seed) for name in names}
         if any(s.compile for s in specs):
             from mixprec.casting.compile import check_compiler
 
@@ -138,6 +140,9 @@ def bench(
                              pipeline=name, configs=specs, batches=batches, repeat=n_repeat, warmup=n_warmup, timeout=timeout,
                              size=size, seed=run_seed, device=device, notes=notes, command=command, budget=share))
         return
+    for name in names:
+        for line in unmatched[name]:
+            say(err_console, ("warning:", "yellow"), f" {name}: {line}")
     store = open_store(db)
     if max(batches) > 1 and not force_batch:
         for name in names:
@@ -159,8 +164,8 @@ def bench(
 
             share = None if deadline is None else (deadline - time.monotonic()) / (len(names) - index)
             options = BenchOptions(pipeline=name, configs=specs, batches=batches, repeat=n_repeat, warmup=n_warmup,
-                                   timeout=timeout, size=size, seed=run_seed, device=device, notes=notes, command=command,
-                                   budget=share, on_plan=planned)
+                                   timeout=timeout, size=size, seed=run_seed, device=device, notes=notes + unmatched[name],
+                                   command=command, budget=share, on_plan=planned)
             try:
                 run_ids.append(run_bench(options, hw, store, progress=step))
             except StoreError as exc:  # the disk filled, or the store stayed locked: what was stored is kept

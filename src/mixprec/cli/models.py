@@ -9,7 +9,8 @@ from typing import Annotated, Any, Iterator, Optional
 import typer
 
 import mixprec
-from mixprec.casting.explain import compile_advice
+from mixprec.casting.explain import compile_advice, explain_unmatched
+from mixprec.policy.select import summarise_unmatched
 from mixprec.cli._app import app
 from mixprec.cli._common import (
     MAX_BATCH,
@@ -75,6 +76,7 @@ def explain(
         pol = _policy_for(pipe, preset, policy, device)
         rows = mixprec.explain(pipe, pol)
         pitfalls = mixprec.explain_warnings(pipe, pol)
+        unmatched = explain_unmatched(pipe, pol)
         advice = compile_advice(pipe, pol, _device_type(device))
     except (ValueError, NotImplementedError) as exc:
         fail(exc)
@@ -82,14 +84,19 @@ def explain(
         owners = {name for name, m in _owners(pipe)}
         rows = [r for r in rows if r["module"] in owners]
     if as_json:
-        console.print_json(json.dumps({"device": device, "policy": pol.to_dict(), "modules": rows, "warnings": pitfalls,
-                                       "advice": advice}))
+        console.print_json(json.dumps({"device": device, "policy": pol.to_dict(), "modules": rows,
+                                       "warnings": summarise_unmatched(unmatched) + pitfalls,
+                                       "unmatched_rules": [u.to_dict() for u in unmatched], "advice": advice}))
         return
     console.print(table(f"{pipeline} under {pol.name} on {device}", ["module", "type", "storage", "compute", "attention", "rule"],
                         [[r["module"], r["type"], r["storage"], r["compute"], r["attention"] or None, r["rule"]] for r in rows]))
-    say(console, "rules: " + "; ".join(f"#{i} {r.match}: {r.reason}" for i, r in enumerate(pol.rules) if r.reason))
+    reasons = "; ".join(f"#{i} {r.match}: {r.reason}" for i, r in enumerate(pol.rules) if r.reason)
+    if reasons:
+        say(console, "rules: " + reasons)
     for pitfall in pitfalls:
         say(console, "warning: ", pitfall)
+    for message in summarise_unmatched(unmatched):  # on stderr too: a typo'd pin is not a table row
+        say(err_console, ("warning:", "yellow"), " ", message)
     for hint in advice:
         say(console, "advice: ", hint)
 

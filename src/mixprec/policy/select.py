@@ -14,9 +14,16 @@ from typing import Iterable, Iterator
 from torch import nn
 
 from mixprec.policy.roles import Declaration, custom_norm_layers, declarations, dtype_sources, norm_layers, output_heads
-from mixprec.policy.rules import RULE_FIELDS, Policy
+from mixprec._quote import quote
+from mixprec.policy.rules import RULE_FIELDS, Policy, nfc
 
-__all__ = ["ModulePlan", "iter_modules", "resolve_modules", "closest_names"]
+__all__ = ["ModulePlan", "iter_modules", "resolve_modules", "closest_names", "UnmatchedRule", "UnmatchedRuleWarning",
+           "unmatched_rules", "summarise_unmatched"]
+
+#: Unmatched rules listed one by one; more are summarised in one line.
+UNMATCHED_LISTED = 5
+#: Unmatched rules whose closest module names are looked up (each look-up compares every name).
+UNMATCHED_LOOKED_UP = 20
 
 
 
@@ -124,4 +131,56 @@ def _lookup(root: nn.Module, name: str) -> nn.Module:
 
 
 def closest_names(pattern: str, names: Iterable[str], n: int = 3) -> list[str]:
-    return difflib.get_close_matches(pattern.removeprefix("type:"), list(names), n=n, cutoff=0.4)
+    """The module (or class) names closest to ``pattern``, compared in Unicode NFC."""
+    return difflib.get_close_matches(nfc(pattern.removeprefix("type:")), [nfc(name) for name in names], n=n, cutoff=0.4)
+
+
+class UnmatchedRuleWarning(UserWarning):
+    """A policy rule that matches no module of the model it was applied to."""
+
+
+@dataclass(frozen=True)
+class UnmatchedRule:
+    """A rule of a policy that matched no module.
+
+    Attributes:
+        index: the rule's position in the policy.
+        match: its pattern.
+        closest: the closest module or class names (looked up for the first
+            :data:`UNMATCHED_LOOKED_UP` rules only; empty after those).
+    """
+
+    index: int
+    match: str
+    closest: tuple[str, ...] = ()
+
+    def message(self) -> str:
+        """``policy rule #3 'model.nett.2' matches no module; closest: 'model.net.2'``.
+
+        Names are quoted as :func:`ascii` writes them, so a look-alike character (a
+        Cyrillic ``е`` for a Latin ``e``) shows as an escape (``\\u0435``) beside its twin.
+        """
+        closest = ", ".join(quote(name) for name in self.closest) or "none"
+        return f"policy rule #{self.index} {quote(self.match)} matches no module; closest: {closest}"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"index": self.index, "match": self.match, "closest": list(self.closest)}
+
+
+def unmatched_rules(plans: list[ModulePlan], policy: Policy, unmatched: list[int]) -> list[UnmatchedRule]:
+    """The rules ``unmatched`` (indices from :func:`resolve_modules`) with the names closest to each."""
+    names = [p.qualname for p in plans] + sorted({p.type_name for p in plans})
+    return [UnmatchedRule(index, policy.rules[index].match,
+                          tuple(closest_names(policy.rules[index].match, names)) if n < UNMATCHED_LOOKED_UP else ())
+            for n, index in enumerate(unmatched)]
+
+
+def summarise_unmatched(rules: list[UnmatchedRule], *, listed: int = UNMATCHED_LISTED) -> list[str]:
+    """Lines that report ``rules``: one per rule up to ``listed`` of them; more are one
+    line with their count and the first few (a policy written for another model may have
+    thousands)."""
+    if len(rules) <= listed:
+        return [rule.message() for rule in rules]
+    first = "; ".join(rule.message().removeprefix("policy ") for rule in rules[:listed])
+    return [f"{len(rules):,} policy rules match no module (a typo, or a policy written for another model?); "
+            f"the first {listed}: {first}; and {len(rules) - listed:,} more"]
