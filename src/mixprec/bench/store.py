@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from mixprec.bench.store_checks import StoreError, check_location, default_store_folder, schema_problems, shown_path
+
 __all__ = ["Store", "StoreError", "SCHEMA_VERSION", "default_db_path"]
 
 APP_ID = "mixprec-bench"
@@ -107,18 +109,12 @@ MIGRATIONS: tuple[str, ...] = (
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-class StoreError(RuntimeError):
-    """The database file cannot be used; it was left untouched."""
-
-
 def default_db_path() -> Path:
     """``MIXPREC_DB`` or ``bench.sqlite`` in the user data dir."""
     override = os.environ.get("MIXPREC_DB")
     if override:
         return Path(override)
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir("mixprec")) / "bench.sqlite"
+    return default_store_folder() / "bench.sqlite"
 
 
 #: SQLite's own wait on a busy database before _begin takes over (and can say so).
@@ -180,12 +176,24 @@ class Store:
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, target_version: int = SCHEMA_VERSION,
-                 lock_wait_s: float = 600.0, on_wait: Callable[[str], None] | None = None):
+                 lock_wait_s: float = 600.0, on_wait: Callable[[str], None] | None = None, source: str | None = None):
+        """Open (or create) the store at ``path`` (default: :func:`default_db_path`).
+
+        ``source`` names where the path came from in messages (``--db``, a store box); by default
+        ``MIXPREC_DB`` or ``the default store`` when ``path`` is ``None``, else ``store path``.
+        The file is checked before it is opened (:mod:`mixprec.bench.store_checks`): a directory,
+        FIFO or device, a missing folder other than mixprec's own data folder, or a store lacking
+        a table or column of its schema version is refused with a :class:`StoreError`.
+        """
+        if source is None:
+            source = ("MIXPREC_DB" if os.environ.get("MIXPREC_DB") else "the default store") if path is None \
+                else "store path"
         self.path = Path(path) if path is not None else default_db_path()
+        self.source = source
         self.lock_wait_s = float(lock_wait_s)
         self.on_wait = on_wait if on_wait is not None else _warn
+        check_location(self.path, source)
         self._check_file()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         busy_s = max(0.05, min(_BUSY_S, self.lock_wait_s))
         self._conn = sqlite3.connect(self.path, timeout=busy_s, isolation_level=None)
         self._conn.row_factory = sqlite3.Row
@@ -261,12 +269,19 @@ class Store:
                                  "refusing to use or overwrite it")
             version = 0
             if "meta" in tables:
+                if lacking := schema_problems(db, MIGRATIONS[:1], 1, only=("meta",)):
+                    raise self._damaged("an app and schema version", lacking)
                 meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
                 if meta.get("app") != APP_ID:
                     raise StoreError(f"{self.path} is not a mixprec benchmark database; refusing to use or overwrite it")
-                version = int(meta.get("schema_version", 0))
+                version = _schema_version(meta.get("schema_version"))
+                if version is None:
+                    raise self._damaged(f"schema version {shown_path(str(meta.get('schema_version')))} (not a whole "
+                                        f"number from 1 to {SCHEMA_VERSION})", [])
             if version > SCHEMA_VERSION:
                 raise StoreError(f"{self.path} has schema version {version}, newer than this mixprec ({SCHEMA_VERSION}); upgrade mixprec")
+            if version and (lacking := schema_problems(db, MIGRATIONS, version)):
+                raise self._damaged(f"schema version {version}", lacking)
             for index in range(version, target):
                 for statement in MIGRATIONS[index].split(";"):
                     if statement.strip():
@@ -274,6 +289,13 @@ class Store:
             if version < target:
                 db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('app', ?)", (APP_ID,))
                 db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)", (str(target),))
+
+    def _damaged(self, claim: str, lacking: list[str]) -> StoreError:
+        what = f" but lacks {', '.join(lacking[:8])}{f' and {len(lacking) - 8} more' if len(lacking) > 8 else ''}" \
+            if lacking else ""
+        return StoreError(f"{self.source} {shown_path(self.path)}: a mixprec store that claims {claim}{what}: it was "
+                          "damaged or changed by another program, and was left untouched. Move it aside to start a new "
+                          "store there (mixprec creates one where none exists), or choose another path")
 
     @property
     def schema_version(self) -> int:
@@ -418,6 +440,12 @@ class Store:
                 "pipeline": row["pipeline"], "size": row["size"], "command": row["command"],
                 "machine": json.loads(row["machine_json"]), "machine_fingerprint": row["machine_fingerprint"],
                 "versions": json.loads(row["versions_json"]), "notes": json.loads(row["notes_json"]), "configs": configs}
+
+
+def _schema_version(value: Any) -> int | None:
+    """The meta table's ``schema_version`` as a whole number >= 1, or ``None`` when it is anything else."""
+    text = str(value).strip() if value is not None else ""
+    return int(text) if text.isascii() and text.isdigit() and int(text) >= 1 else None
 
 
 #: The largest id SQLite keeps (a signed 64-bit integer).

@@ -28,7 +28,7 @@ PipelineFlag = Annotated[str, typer.Option("--pipeline", help="Pipeline name (se
 DeviceFlag = Annotated[Optional[str], typer.Option("--device", help="cpu | cuda | cuda:N | mps (default: best available)")]
 #: ``--device`` of the commands that measure and store (``bench``, ``tune``): the CPU unless asked.
 MeasureDeviceFlag = Annotated[str, typer.Option("--device", help="cpu | cuda | cuda:N | mps: where the pipeline is built and measured; stored with the run.")]
-DbFlag = Annotated[Optional[str], typer.Option("--db", help="SQLite file (default: bench.sqlite in the user data dir, or MIXPREC_DB).")]
+DbFlag = Annotated[Optional[str], typer.Option("--db", help="SQLite file (default: MIXPREC_DB, else bench.sqlite in the user data dir); created if missing, in a folder that must exist.")]
 
 
 def fail(exc: Exception | str) -> None:
@@ -131,9 +131,9 @@ def _check_writable(target: Path, flag: str, shown: str) -> None:
 def open_store(db: str | None):
     from mixprec.bench.store import Store, StoreError
 
-    try:
-        writable_path(db, "--db")
-        return Store(db, on_wait=lambda message: say(err_console, ("waiting:", "yellow"), " ", message))
+    try:  # the store checks its path (kind, folder, permissions) and schema before any work
+        return Store(db, source="--db" if db is not None else None,
+                     on_wait=lambda message: say(err_console, ("waiting:", "yellow"), " ", message))
     except (StoreError, ValueError) as exc:
         fail(exc)
 
