@@ -62,6 +62,15 @@ class Candidate:
                 "memory_bytes": self.evaluation.memory_bytes, "quality": self.evaluation.quality}
 
 
+def literal(name: str) -> str:
+    """A rule pattern matching the module ``name`` only: the glob characters a module name
+    may hold (``*``, ``?``, ``[``, as in a ``ModuleDict`` key ``"a[0]"``) written as classes.
+    The group ``*`` (every module of a bare model) stays a glob."""
+    if name == "*":
+        return name
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
 @dataclass(frozen=True)
 class Config:
     """A point of the search space, turned into a :class:`Policy` by :meth:`policy`.
@@ -88,12 +97,12 @@ class Config:
         """The policy: base rule, per-group storage and upcast overrides, then the fp32 pins."""
         rules = [Rule("*", storage=self.base, compute=self.compute, reason=f"{self.base} weights everywhere by default")]
         for group, dtype in self.storage:
-            rules.append(Rule(group, storage=dtype, reason=f"{group} stored in {dtype}: improved the objective within the bound"))
+            rules.append(Rule(literal(group), storage=dtype, reason=f"{group} stored in {dtype}: improved the objective within the bound"))
         for group, on in self.upcast:
             where = "fp32" if on else "the storage dtype"
-            rules.append(Rule(group, upcast_attention=on, reason=f"attention scores in {where}"))
+            rules.append(Rule(literal(group), upcast_attention=on, reason=f"attention scores in {where}"))
         for unit in self.keep:
-            rules.append(Rule(unit, keep_fp32=True, reason="the bound fails when this module is 16-bit"))
+            rules.append(Rule(literal(unit), keep_fp32=True, reason="the bound fails when this module is 16-bit"))
         numerics = NumericSettings(matmul=self.matmul) if self.matmul else None
         return Policy(tuple(rules), numerics, name=name, compile=CompileSettings() if self.compile else None)
 
