@@ -29,13 +29,14 @@ def test_probe_tells_fast_from_emulated_on_this_cpu(hw):
     fp32 on an AMD EPYC with avx512_bf16); with AVX512-BF16 or AMX-BF16, bf16 is fast.
     """
     flags = set(hw.cpu_flags)
-    # On a loaded machine the rounds may disagree: "undecided" is then the honest answer,
-    # never the opposite class.
+    # On a loaded machine the rounds may disagree or scatter: "undecided" or "unstable" is
+    # then the honest answer, never the opposite class.
+    unsettled = (hardware.UNDECIDED, hardware.UNSTABLE)
     if flags & {"avx512_bf16", "amx_bf16"}:
-        assert hw.dtypes["bf16"].klass in ("fast", hardware.UNDECIDED), hw.dtypes
-        assert hw.dtypes["bf16"].klass == hardware.UNDECIDED or "bf16" in hw.fast_16bit()
+        assert hw.dtypes["bf16"].klass in ("fast", *unsettled), hw.dtypes
+        assert hw.dtypes["bf16"].klass in unsettled or "bf16" in hw.fast_16bit()
     if not flags & {"avx512_fp16", "amx_fp16"}:
-        assert hw.dtypes["fp16"].klass in ("emulated", hardware.UNDECIDED), hw.dtypes
+        assert hw.dtypes["fp16"].klass in ("emulated", *unsettled), hw.dtypes
         assert not hw.is_fast("fp16")
     else:
         assert hw.dtypes["fp16"].klass != "emulated", hw.dtypes
@@ -148,3 +149,101 @@ def test_cuda_probe():
     assert hw.capability is not None
     if hw.capability >= (8, 0):
         assert hw.dtypes["tf32"].supported and hw.dtypes["bf16"].supported
+
+
+def _by_round(monkeypatch, flags, seconds):
+    """The probe on a CPU with ``flags`` whose calls take ``seconds(dtype, level, round)``:
+    every call of a round reads the same, as the simulated machine is in that round."""
+    monkeypatch.setattr(hardware, "_cpu_info", lambda: ("Simulated CPU", tuple(flags)))
+    monkeypatch.setattr(hardware._MatmulCase, "_call", lambda case: seconds(case.a.dtype, case.level, len(case.rounds)))
+
+
+def _bf16(times):
+    """bf16 calls of ``times[round]`` seconds (the last one repeats), fp16 emulated, fp32 1 ms."""
+    return lambda dtype, level, r: {torch.bfloat16: times[min(r, len(times) - 1)], torch.float16: 0.1}.get(dtype, 0.001)
+
+
+class TestProbeKeepsOnlyTrustworthyFigures:
+    """A figure whose rounds scatter, or that claims more than the hardware allows, is
+    re-measured, then reported unstable: never cached, no evidence for the presets."""
+
+    @pytest.mark.parametrize(("flags", "times", "klass", "why"), [
+        (("avx2", "avx512_bf16"), [0.0004], "fast", None),  # 2.5x, steady: kept
+        (("avx2", "avx512_bf16"), [1.0e-3 / 52.983], hardware.UNSTABLE, "implausible: avx512_bf16 allows at most 4x"),
+        (("avx2", "avx512_bf16", "amx_bf16"), [1.0e-3 / 52.983], hardware.UNSTABLE, "implausible: amx_bf16 allows at most 32x"),
+        (("avx2", "avx512_bf16", "amx_bf16"), [1.0e-3 / 16], "fast", None),  # AMX: 16x is within what it does
+        (("avx2",), [0.0003], hardware.UNSTABLE, "3.33x fp32 is implausible: a cpu without native 16-bit units"),
+        # Every round says "fast", but from 1.7x to 7.7x: the rounds, re-measured to the last, never agree.
+        (("avx2", "amx_bf16"), [0.0006, 0.00013] * 4, hardware.UNSTABLE, "ranged from 1.67x to 7.69x fp32"),
+        # One burst in the first rounds: re-measured until the rounds agree, then kept.
+        (("avx2", "amx_bf16"), [0.0004, 0.0001, 0.0004, 0.0004, 0.0004], "fast", None),
+    ])
+    def test_scenarios(self, tmp_path, monkeypatch, flags, times, klass, why):
+        monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
+        _by_round(monkeypatch, flags, _bf16(times))
+        hw = hardware.probe("cpu", layers=False)
+        bf16 = hw.dtypes["bf16"]
+        assert bf16.klass == klass, bf16
+        assert (why is None and bf16.note is None) or why in bf16.note, bf16.note
+        assert hardware.cache_path(hw).exists() is (klass == "fast")
+        if klass == hardware.UNSTABLE:
+            policy, reasons = presets.resolve("fast", hw)
+            assert all(r.storage in (None, "fp32") for r in policy.rules)  # no evidence: the safe choice
+            assert any(r.startswith("bf16: the probe's figure is unstable") and "no evidence" in r for r in reasons), reasons
+        hardware._UNDECIDED_THIS_PROCESS.clear()
+
+    def test_the_probe_measures_again_while_the_rounds_scatter(self, tmp_path, monkeypatch):
+        monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
+        rounds_seen = []
+
+        def seconds(dtype, level, r):
+            rounds_seen.append(r)
+            return _bf16([0.0004, 0.0001, 0.0004, 0.0004, 0.0004])(dtype, level, r)
+
+        _by_round(monkeypatch, ("amx_bf16",), seconds)
+        hw = hardware.probe("cpu", layers=False)
+        assert hw.dtypes["bf16"].klass == "fast" and max(rounds_seen) + 1 > hardware.ROUNDS
+
+    def test_an_implausible_cached_figure_is_measured_again(self, tmp_path, monkeypatch):
+        """A cache written under load by an older probe: "bf16 52.983x fp32" is not believed."""
+        import dataclasses
+        import json
+
+        monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
+        _by_round(monkeypatch, ("avx2", "avx512_bf16"), _bf16([0.0004]))
+        quiet = hardware.probe("cpu", layers=False)
+        loaded = dataclasses.replace(quiet, dtypes={**quiet.dtypes, "bf16": dataclasses.replace(
+            quiet.dtypes["bf16"], ratio=52.983, gflops=52.983 * quiet.dtypes["fp32"].gflops)})
+        hardware.cache_path(quiet).write_text(json.dumps(loaded.to_dict()))
+        again = hardware.probe("cpu", layers=False)
+        assert not again.cached and again.dtypes["bf16"].ratio == pytest.approx(2.5)
+        assert hardware.probe("cpu", layers=False).cached  # the new, plausible figure is kept
+
+    @pytest.mark.parametrize(("ratios", "island", "unstable"), [
+        ([2.11] * 5, True, False),  # every round: the fp32 island is faster
+        ([2.11, 0.9, 2.11, 0.9, 2.11, 0.9, 2.11, 0.9, 2.11, 0.9], False, True),  # under load: no evidence
+        ([1.0] * 5, False, False),
+    ])
+    def test_layer_figures(self, tmp_path, monkeypatch, ratios, island, unstable):
+        from mixprec.device import layers
+
+        monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
+        _by_round(monkeypatch, ("avx2", "avx512_bf16"), _bf16([0.0004]))
+        monkeypatch.setattr(layers, "KINDS", {"ConvTranspose1d": layers.KINDS["ConvTranspose1d"]})
+        calls = []
+
+        def best(call, sync, budget_s):  # native, island, native, island, ...: one kind per round
+            calls.append(call)
+            return ratios[min(len(calls) // 2, len(ratios) - 1)] if len(calls) % 2 else 1.0
+
+        monkeypatch.setattr(layers, "_best", best)
+        hw = hardware.probe("cpu")
+        info = hw.layers["bf16"]["ConvTranspose1d"]
+        assert (info["island"], info["unstable"]) == (island, unstable), info
+        assert hardware.cache_path(hw).exists() is not unstable
+        policy, reasons = presets.resolve("fast", hw)
+        assert any(r.match == "type:ConvTranspose1d" for r in policy.rules) is island
+        if unstable:
+            assert len(calls) == 2 * 10  # re-measured up to twice the planned rounds
+            assert any("ConvTranspose1d layers: no fp32 island" in r and "unstable" in r for r in reasons), reasons
+        hardware._UNDECIDED_THIS_PROCESS.clear()

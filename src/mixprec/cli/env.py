@@ -88,10 +88,14 @@ def env(
         [d.name, "yes" if d.supported else "no", d.gflops, f"{d.ratio:.2f}x" if d.ratio else None, d.klass]
         for d in hw.dtypes.values()
     ]))
+    for d in hw.dtypes.values():
+        if d.note:  # an undecided or unstable figure: why it is no evidence, and that it was not cached
+            say(console, f"  {d.name} {d.klass}: {d.note}; not cached, used as not fast")
     if hw.layers:
         console.print(table("Layer kinds: the 16-bit layer's time over an fp32 island's, casts included", [
             "dtype", "layer", "fp32 island gain", "presets keep it fp32"], [
-            [dtype, kind, f"{info['gain']:.2f}x", "yes" if info.get("island") else "no"]
+            [dtype, kind, f"{info['gain']:.2f}x", "yes" if info.get("island") else
+             "no (unstable: {:.2f}x to {:.2f}x)".format(*info["range"]) if info.get("unstable") else "no"]
             for dtype, kinds in hw.layers.items() for kind, info in kinds.items()]))
     console.print(table("Effective numerics (read back from torch)", ["flag", "value"], [
         ["float32 matmul precision", state["float32_matmul_precision"]],

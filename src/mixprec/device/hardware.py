@@ -27,9 +27,10 @@ from typing import Any, Callable
 import torch
 
 from mixprec.device import backends
+from mixprec.device.trust import ceiling, holds, settled, tight
 
 __all__ = ["DtypeSpeed", "Hardware", "probe", "resolve_device", "cache_dir", "available_memory", "DTYPES", "classify", "contradiction", "forget", "cache_path",
-           "UNDECIDED"]
+           "UNDECIDED", "UNSTABLE", "ceiling"]
 
 #: The precisions the probe measures, by short name.
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -41,8 +42,14 @@ EMULATED_RATIO = 0.5
 #: The class of a precision whose timing rounds disagreed (a busy machine): used as if
 #: it were not fast, said as such, and never cached.
 UNDECIDED = "undecided"
+#: The class of a precision whose figure is not to be trusted: its rounds scattered more
+#: than :data:`mixprec.device.trust.TIGHT` apart even after re-measuring, or it claims
+#: more speed than the device's hardware allows (:func:`ceiling`). No evidence either way:
+#: used as if not fast, said with its reason (``DtypeSpeed.note``), never cached.
+UNSTABLE = "unstable"
 
-_PROBE_VERSION = 3
+_PROBE_VERSION = 4  # 4: figures checked for spread and physical bounds; older caches are measured again
+
 
 
 #: Undecided probes of this process, by cache path (never written to disk).
@@ -69,7 +76,9 @@ class DtypeSpeed:
         supported: the device can compute in it at all (for ``tf32``: it changes anything).
         gflops: measured matmul throughput, GFLOP/s.
         ratio: throughput relative to fp32.
-        klass: ``fast``, ``no_speedup``, ``emulated`` or ``unsupported``.
+        klass: ``fast``, ``no_speedup``, ``emulated`` or ``unsupported``; ``undecided``
+            or ``unstable`` where the measurement gives no evidence (never cached).
+        note: why the class is ``undecided`` or ``unstable``.
     """
 
     name: str
@@ -77,6 +86,7 @@ class DtypeSpeed:
     gflops: float | None
     ratio: float | None
     klass: str
+    note: str | None = None
 
     @property
     def fast(self) -> bool:
@@ -344,8 +354,10 @@ def _measure(dev: torch.device, n: int, budget_s: float, rounds: int = ROUNDS) -
             except (RuntimeError, TypeError):
                 cases[key] = None
         round_index += 1
-        undecided = [k for k in ("high", "bf16", "fp16") if cases.get(k) is not None and _verdict(ratios(k)) is None]
-        if round_index >= MAX_ROUNDS or (round_index >= rounds and not undecided):
+        # Rounds are added while a class is in doubt or a figure's rounds scatter (re-measured, not kept).
+        unsettled = [k for k in ("high", "bf16", "fp16") if cases.get(k) is not None
+                     and (_verdict(ratios(k)) is None or not tight(ratios(k)))]
+        if round_index >= MAX_ROUNDS or (round_index >= rounds and not unsettled):
             break
     rate = {k: (c.gflops if c is not None else None) for k, c in cases.items()}
     levels = {k: rate[k] or 0.0 for k in ("highest", "high", "medium")}
@@ -378,11 +390,14 @@ def _cache_key(dev: torch.device, name: str, flags: tuple[str, ...], threads: in
 
 
 def _load_cached(path: Path) -> Hardware | None:
+    """The cached probe at ``path``; None where there is none, it does not parse, or it holds a
+    figure no measurement may keep (an unsettled class, a ratio above :func:`ceiling`): measured again."""
     try:
         data = json.loads(path.read_text())
-        return dataclasses.replace(Hardware.from_dict(data), cached=True)
+        hw = dataclasses.replace(Hardware.from_dict(data), cached=True)
     except (OSError, ValueError, TypeError, KeyError):
         return None
+    return hw if holds(hw, (UNDECIDED, UNSTABLE)) else None
 
 
 def probe(device: str | torch.device | None = None, *, use_cache: bool = True, budget_s: float = 0.05,
@@ -447,30 +462,29 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
         if dname == "bf16" and dev.type == "cuda":
             supported = supported and torch.cuda.is_bf16_supported()
         klass = "fast" if dname == "fp32" else classify(ratio, supported)
+        note = None
+        doubt = settled(ratio, per_round, ceiling(dname, dev.type, flags, capability)) \
+            if dname != "fp32" and supported else None
         if dname != "fp32" and supported and per_round and _verdict(per_round) is None:
-            klass, undecided = UNDECIDED, True
+            klass, undecided, note = UNDECIDED, True, "its timing rounds disagreed on the class"
+        elif doubt is not None:
+            klass, undecided, note = UNSTABLE, True, doubt
         elif dname in single and supported and single[dname] not in (None, klass):
             klass, undecided = UNDECIDED, True  # the threads' verdict and one thread's disagree
-        dtypes[dname] = DtypeSpeed(dname, supported, round(rate, 2) if rate else None, round(ratio, 3) if ratio else None, klass)
+            note = f"timed on all threads it looked {classify(ratio, supported)}, on one thread {single[dname]}"
+        dtypes[dname] = DtypeSpeed(dname, supported, round(rate, 2) if rate else None, round(ratio, 3) if ratio else None,
+                                   klass, note)
 
-    hw = Hardware(
-        device_type=dev.type,
-        name=name,
-        capability=capability,
-        memory_bytes=memory,
-        cpu_flags=flags,
-        threads=threads,
-        torch_version=torch.__version__,
-        dtypes=dtypes,
-        matmul_levels={k: round(v, 2) for k, v in levels.items()},
-        matmul_size=n,
-        seconds=round(seconds, 3),
-    )
+    hw = Hardware(device_type=dev.type, name=name, capability=capability, memory_bytes=memory, cpu_flags=flags,
+                  threads=threads, torch_version=torch.__version__, dtypes=dtypes,
+                  matmul_levels={k: round(v, 2) for k, v in levels.items()}, matmul_size=n, seconds=round(seconds, 3))
     if layers:
         from mixprec.device.layers import island_gains
 
         fast = {d: island_gains(DTYPES[d], dev, sync=_sync(dev)) for d in ("bf16", "fp16") if dtypes[d].klass == "fast"}
         hw = dataclasses.replace(hw, layers=fast, seconds=round(time.perf_counter() - start, 3))
+        # A layer figure whose rounds scattered is kept in this process (as no island), never on disk.
+        undecided = undecided or any(info.get("unstable") for kinds in fast.values() for info in kinds.values())
     # A verdict the rounds disagreed on is not kept on disk: the next process measures
     # again. This process keeps it, so its decisions (presets, the guard's fallback
     # ladder) do not change from one call to the next.

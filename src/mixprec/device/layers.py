@@ -12,7 +12,9 @@ the measurement).
 :func:`island_gains` times both for each kind in :data:`KINDS` on shapes typical of the
 models mixprec serves, in interleaved rounds (each round's fastest call kept). A kind
 counts as faster in fp32 only where every round says so by more than
-:data:`MARGIN`: noise never adds an island. The 16-bit copy is made with ``.to(dtype)``,
+:data:`MARGIN`: noise never adds an island. Rounds are added while a kind's ratios
+scatter (:func:`mixprec.device.trust.tight`); a kind whose rounds still scatter is
+flagged ``unstable`` and gets no island (a probe holding one is never cached). The 16-bit copy is made with ``.to(dtype)``,
 which re-flattens an RNN's weights into cuDNN's single buffer: the state ``apply`` leaves
 a cast RNN in (:func:`mixprec.casting.apply.flatten_rnns`), never the re-packing per call
 that weights cast one by one would cost.
@@ -26,6 +28,8 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+
+from mixprec.device.trust import interval, tight
 
 __all__ = ["KINDS", "MARGIN", "island_gains"]
 
@@ -62,11 +66,13 @@ def _best(call: Callable[[], Any], sync: Callable[[], None], budget_s: float) ->
 
 
 def island_gains(dtype: torch.dtype, device: torch.device, *, rounds: int = 5, budget_s: float = 0.5,
-                 sync: Callable[[], None] = lambda: None) -> dict[str, dict[str, Any]]:
+                 sync: Callable[[], None] = lambda: None, max_rounds: int | None = None) -> dict[str, dict[str, Any]]:
     """Per layer kind: ``gain`` (median over rounds of the 16-bit layer's time over the
-    fp32 island's: above 1, the island is faster) and ``island`` (whether every round
-    found it faster by more than :data:`MARGIN`). ``budget_s`` bounds the whole
-    measurement; kinds the device cannot run in ``dtype`` are left out.
+    fp32 island's: above 1, the island is faster), ``island`` (whether every round
+    found it faster by more than :data:`MARGIN`, on rounds that agree), ``unstable``
+    (the rounds scattered beyond :data:`~mixprec.device.trust.TIGHT` even after up to
+    ``max_rounds``, default twice ``rounds``) and ``range`` (the rounds' range).
+    ``budget_s`` bounds the planned rounds; kinds the device cannot run in ``dtype`` are left out.
     """
     cases = {}
     gen_state = torch.random.get_rng_state()
@@ -95,16 +101,24 @@ def island_gains(dtype: torch.dtype, device: torch.device, *, rounds: int = 5, b
         torch.random.set_rng_state(gen_state)
     per_call = budget_s / max(1, rounds * 2 * len(cases))
     ratios: dict[str, list[float]] = {kind: [] for kind in cases}
+    limit = max_rounds if max_rounds is not None else 2 * rounds
     with torch.no_grad():
-        for _ in range(rounds):
-            for kind, (native, island) in cases.items():
+        for index in range(limit):
+            # Re-measured only where the rounds so far scatter; every kind keeps its interleaving.
+            todo = cases if index < rounds else {k: c for k, c in cases.items() if not tight(ratios[k])}
+            if not todo:
+                break
+            for kind, (native, island) in todo.items():
                 t16 = _best(native, sync, per_call)
                 t32 = _best(island, sync, per_call)
                 ratios[kind].append(t16 / t32)
     result = {}
     for kind, values in ratios.items():
         ordered = sorted(values)
+        steady = tight(values)
+        low, high = interval(values) or (0.0, 0.0)
         result[kind] = {"gain": round(ordered[len(ordered) // 2], 3),
-                        "island": bool(values) and all(v > 1 + MARGIN for v in values)}
+                        "island": steady and all(v > 1 + MARGIN for v in values),
+                        "unstable": not steady, "range": [round(low, 3), round(high, 3)]}
     return result
 

@@ -41,7 +41,7 @@ import warnings
 from typing import Any, Mapping
 
 from mixprec._quote import quote
-from mixprec.device.hardware import Hardware
+from mixprec.device.hardware import UNDECIDED, UNSTABLE, Hardware
 from mixprec.policy import CompileSettings, Policy, PolicyError, Rule
 from mixprec.policy.roles import TORCH_NORMS
 from mixprec.device.settings import NumericSettings, did_you_mean
@@ -66,7 +66,8 @@ def _fast16(hw: Hardware) -> str | None:
     fast = hw.fast_16bit()
     if hw.device_type == "cuda" and hw.capability is not None and hw.capability < (8, 0):
         # No bf16 tensor cores before Ampere: fp16 is the 16-bit type there.
-        return "fp16" if hw.dtypes["fp16"].supported and not hw.dtypes["fp16"].emulated else None
+        fp16 = hw.dtypes["fp16"]
+        return "fp16" if fp16.supported and not fp16.emulated and fp16.klass not in (UNDECIDED, UNSTABLE) else None
     return fast[0] if fast else None
 
 
@@ -114,6 +115,11 @@ def _island_rules(hardware: Hardware, dtype: str) -> tuple[list[Rule], list[str]
     weights would re-cast them on every call), with the figure."""
     rules, reasons = [], []
     for kind, info in sorted(hardware.layers.get(dtype, {}).items()):
+        if info.get("unstable"):  # no evidence either way: no island, and said
+            low, high = info.get("range") or (info["gain"], info["gain"])
+            reasons.append(f"{kind} layers: no fp32 island, their timing rounds in {dtype} ranged from {low:.2f}x to "
+                           f"{high:.2f}x (unstable, not used as evidence)")
+            continue
         if not info.get("island"):
             continue
         why = f"{kind} measured {info['gain']:.2f}x faster in fp32 than in {dtype} on {hardware.name} (casts included)"
@@ -148,10 +154,14 @@ def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = 
         reasons.append(f"{' and '.join(emulated)} measured emulated on {hardware.name} "
                        f"({', '.join(f'{hardware.dtypes[d].ratio}x fp32' for d in emulated)}): never used for compute")
 
-    undecided = [d for d in ("bf16", "fp16") if hardware.dtypes[d].klass == "undecided"]
+    undecided = [d for d in ("bf16", "fp16") if hardware.dtypes[d].klass == UNDECIDED]
     if undecided:
         reasons.append(f"{' and '.join(undecided)}: the probe's timing rounds disagreed on {hardware.name} (a busy "
                        "machine?), so treated as not fast and not cached; the next process measures again")
+    for d in ("bf16", "fp16"):
+        if hardware.dtypes[d].klass == UNSTABLE:
+            reasons.append(f"{d}: the probe's figure is unstable on {hardware.name} ({hardware.dtypes[d].note}), so it "
+                           "is no evidence: treated as not fast and not cached; the next process measures again")
 
     if hardware.device_type == "cuda" and key != "quality":
         reasons.append("a pipeline that decodes token by token is launch-bound on a GPU (hundreds of small kernels per "
