@@ -16,10 +16,11 @@ def test_run_to_file_wav(tmp_path):
     path = tmp_path / "speech.wav"
     info = pipelines.run_to_file("tts", path, seed=0, size="test")
     assert info["path"] == str(path) and info["sample_rate"] == 24000
-    assert info["seconds"] > 0
+    assert info["wall_seconds"] > 0 and "seconds" not in info  # how long the run took, named as such
     meta = soundfile.info(str(path))
     assert meta.samplerate == 24000 and meta.channels == 1 and meta.subtype == "PCM_16"
     assert meta.frames == info["shape"][1]
+    assert info["audio_seconds"] == pytest.approx(meta.frames / 24000, abs=1e-4)  # the audio's own length
     data, rate = soundfile.read(str(path))
     assert rate == 24000 and np.abs(data).max() > 0
 

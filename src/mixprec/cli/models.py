@@ -279,6 +279,10 @@ def pipelines_cmd(size: SizeFlag = "default", as_json: JsonFlag = False) -> None
         say(err_console, ("warning:", "yellow"), f" plugin {name!r} failed to load: {error}")
 
 
+#: ``run``'s timed fields, labelled so that the run's wall time never reads as the output's length.
+_RUN_FIELDS = {"wall_seconds": "wall time (the run)", "audio_seconds": "audio length"}
+
+
 @app.command()
 def run(
     pipeline: PipelineFlag,
@@ -307,5 +311,6 @@ def run(
         fail(exc)
     if result:
         result["path"] = out  # written under a temporary name first, then renamed
-        console.print(table(f"mixprec run --pipeline {pipeline}", ["field", "value"], [[k, v] for k, v in result.items()]))
+        console.print(table(f"mixprec run --pipeline {pipeline}", ["field", "value"], [
+            [_RUN_FIELDS.get(k, k), f"{v:.2f} s" if k in _RUN_FIELDS and v is not None else v] for k, v in result.items()]))
     outputs.finish()

@@ -77,7 +77,8 @@ def write_output(pipeline: Pipeline, output: PipelineOutput, path: str | Path) -
     embeddings to ``.npy`` (NumPy) or ``.json``.
 
     Returns:
-        ``{"path", "shape"}`` plus ``"sample_rate"`` or ``"image_size"`` (width, height).
+        ``{"path", "shape"}`` plus ``"sample_rate"`` and ``"audio_seconds"`` (the written
+        audio's length) or ``"image_size"`` (width, height).
 
     Raises:
         ValueError: If the extension does not suit the pipeline's output kind.
@@ -94,6 +95,7 @@ def write_output(pipeline: Pipeline, output: PipelineOutput, path: str | Path) -
         wave = data.reshape(data.shape[0], -1)[0].clamp(-1.0, 1.0).numpy()
         soundfile.write(str(path), wave, rate, subtype="PCM_16", format="WAV")
         info["sample_rate"] = rate
+        info["audio_seconds"] = round(wave.shape[0] / rate, 4) if rate else None
     elif pipeline.output_kind == "image":
         from PIL import Image
 
@@ -137,7 +139,8 @@ def run_to_file(
 
     Returns:
         A summary: ``pipeline``, ``device``, ``path``, ``shape`` (of the whole output),
-        ``seconds`` (the run alone), and ``sample_rate`` or ``image_size``.
+        ``wall_seconds`` (how long the run alone took), and ``sample_rate`` with
+        ``audio_seconds`` (the audio's length) or ``image_size``.
 
     Raises:
         ValueError: For an unknown pipeline, a bad extension, batch or seed.
@@ -166,4 +169,4 @@ def run_to_file(
     except Exception as exc:  # the pipeline's own code; an OSError here is not about the output file
         raise PipelineRunError(f"pipeline {name!r} raised {type(exc).__name__}: {exc}") from exc
     info = write_output(pipeline, output, out_path)
-    return {"pipeline": pipeline.name, "device": str(pipeline.device), **info, "seconds": round(seconds, 4)}
+    return {"pipeline": pipeline.name, "device": str(pipeline.device), **info, "wall_seconds": round(seconds, 4)}
