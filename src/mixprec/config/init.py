@@ -69,6 +69,8 @@ def init(
     )
     for message in resolved.warnings:
         logger.warning(message)
+    for item in resolved.unused:  # seen and not used: another app's prefix, lower case, a skipped .env folder...
+        logger.info("not used: %s", item)
     numeric = resolved.numeric
     policy = resolved.policy()  # None unless a preset or policy file is configured
     if policy is not None and policy.numerics is not None:

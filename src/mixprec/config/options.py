@@ -45,6 +45,9 @@ class Option:
         parse: turns a raw value into a valid one or raises ``ValueError``.
         valid: the valid values, in words.
         field: the ``NumericSettings`` field it feeds, if any.
+        is_path: the value is a path (a relative one in a settings file is read from
+            that file's folder); any other value is a word from a fixed set, so a
+            non-ASCII character in it (a Cyrillic ``і`` in ``hіgh``) is refused.
     """
 
     key: str
@@ -53,6 +56,11 @@ class Option:
     parse: Callable[[Any], Any]
     valid: str
     field: str | None = None
+    is_path: bool = False
+
+    @property
+    def ascii_only(self) -> bool:
+        return not self.is_path
 
     @property
     def flag(self) -> str:
@@ -68,7 +76,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("bf16_reduced_precision_reduction", "BF16_REDUCED_PRECISION_REDUCTION",
            "bf16 reduced-precision reduction", parse_bool, "true/false", field="bf16_reduced_precision_reduction"),
     Option("preset", "PRESET", "precision preset", parse_preset, ", ".join(PRESETS)),
-    Option("policy", "POLICY", "policy file", parse_policy_file, "path of a policy .toml or .json file"),
+    Option("policy", "POLICY", "policy file", parse_policy_file, "path of a policy .toml or .json file",
+           is_path=True),
 )
 
 _DEFAULTS = NumericSettings()

@@ -13,6 +13,18 @@ Sources, lowest to highest priority:
 Every value is parsed and validated before anything is returned, and every
 error names its source (env var, file and key, or flag), the bad value and the
 valid values. Nothing here touches torch.
+
+What was seen and not used is said, with the reason (:attr:`Resolved.unused`): a
+``.env`` or config file name in the search folder that is a directory (a virtual
+environment made with ``python -m venv .env``) is skipped; a setting under another
+app's prefix (``ACE_STEP_FLOAT32_MATMUL_PRECISION`` without ``app="ACE_STEP"``), a name
+in lower or mixed case (``mixprec_float32_matmul_precision``: names are matched exactly,
+in upper case, as POSIX environments keep them; on Windows the environment itself
+ignores case, so such a variable arrives upper-cased and is read), a spelling the app's
+own one shadows, and a value a higher source overrode.
+
+A relative path in a file (``MIXPREC_POLICY`` in a ``.env``, ``policy`` in TOML) is read
+from that file's folder; from the environment, flags and code, from the working directory.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ from typing import Any, Mapping
 
 from dotenv.parser import parse_stream
 
+from mixprec._quote import quote
 from mixprec.config.options import OPTIONS, Option, default_value, option_for_key
 from mixprec.device.settings import NumericSettings, did_you_mean
 from mixprec.policy import Policy
@@ -38,7 +51,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-__all__ = ["ConfigError", "Source", "Setting", "Resolved", "resolve", "env_names", "normalise_app"]
+__all__ = ["ConfigError", "Source", "Setting", "Resolved", "Unused", "resolve", "env_names", "normalise_app"]
 
 ENV_PREFIX = "MIXPREC"
 
@@ -81,6 +94,27 @@ class Source:
 
 
 @dataclass(frozen=True)
+class Unused:
+    """Something a source held that was seen and not used.
+
+    Attributes:
+        where: the file and line (``/app/.env line 3``), ``env``, or the skipped file.
+        name: the key or variable name (the file's name for a skipped file).
+        reason: why it was not used, and what would use it.
+    """
+
+    where: str
+    name: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{quote(self.name)} ({self.where}): {self.reason}"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"where": self.where, "name": self.name, "reason": self.reason}
+
+
+@dataclass(frozen=True)
 class Setting:
     option: Option
     value: Any
@@ -96,6 +130,8 @@ class Resolved:
     app: str | None = None
     files: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    #: What the sources held that was not used, and why (see :class:`Unused`).
+    unused: tuple[Unused, ...] = ()
     #: After ``mixprec.init``: the backends snapshot taken before applying, for ``mixprec.restore``.
     previous: Any = None
     #: After ``mixprec.init``: the configured policy (or ``None``) and the numerics applied.
@@ -187,14 +223,37 @@ class _Collector:
     values: dict[str, Setting] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    unused: list[Unused] = field(default_factory=list)
 
-    def offer(self, option: Option, raw: Any, source: Source) -> None:
-        try:
-            value = option.parse(raw)
-        except ValueError as exc:
-            self.problems.append(f"{option.label} from {source.where}: {exc}")
+    def offer(self, option: Option, raw: Any, source: Source, *, file: Path | None = None) -> None:
+        """Parse ``raw`` for ``option``; ``file``: the settings file it was read from, whose
+        folder a relative path is read from."""
+        if option.ascii_only and isinstance(raw, str) and not raw.isascii():
+            self.problems.append(f"{option.label} from {source.where}: {quote(raw)} holds non-ASCII characters "
+                                 f"({_non_ascii(raw)}), which can look like ASCII ones; valid values: {option.valid}")
             return
+        value_in, looked = raw, ""
+        if option.is_path and isinstance(raw, str) and raw.strip() and not Path(raw.strip()).is_absolute():
+            if file is not None:  # a path in a settings file is read from that file's folder
+                value_in = str(file.parent / raw.strip())
+                looked = f" (relative to the folder of {_name(file)}: looked for {_name(value_in)})"
+            else:
+                looked = f" (relative to the working directory {_name(Path.cwd())})"
+        try:
+            value = option.parse(value_in)
+        except ValueError as exc:
+            self.problems.append(f"{option.label} from {source.where}{looked}: {exc}")
+            return
+        previous = self.values.get(option.key)
+        if previous is not None and previous.source.layer != "default":
+            self.unused.append(Unused(previous.source.where, option.key, f"overridden by {source.where}"))
         self.values[option.key] = Setting(option, value, source, raw)
+
+
+def _non_ascii(text: str, shown: int = 3) -> str:
+    """``\\u0456 at position 1``: the first non-ASCII characters of ``text``, escaped."""
+    found = [f"{ascii(c)[1:-1]} at position {i}" for i, c in enumerate(text) if not c.isascii()]
+    return ", ".join(found[:shown]) + (f" and {len(found) - shown} more" if len(found) > shown else "")
 
 
 def read_text(path: Path, what: str) -> str:
@@ -242,18 +301,32 @@ def _file_layer(paths: list[Path], col: _Collector) -> list[str]:
             if option is None:
                 col.problems.append(f"{where}: unknown key {key!r}{did_you_mean(key, known)}; valid keys: {', '.join(known)}")
                 continue
-            col.offer(option, raw, Source("file", f"{where} key {key}"))
+            col.offer(option, raw, Source("file", f"{where} key {key}"), file=path)
     return used
 
 
-def _config_paths(config_file: str | os.PathLike[str] | None, search_dir: Path) -> list[Path]:
+def _config_paths(config_file: str | os.PathLike[str] | None, search_dir: Path, col: _Collector) -> list[Path]:
     if config_file is not None:
         path = Path(config_file)
         if (problem := file_problem(path)) is not None:
             raise ConfigError([f"config file {_name(path)} {problem}"])
         return [path]
-    # Looked up, not named: only files that exist are read (and then must be regular files).
-    return [p for p in (search_dir / "pyproject.toml", search_dir / "mixprec.toml") if p.exists()]
+    # Looked up, not named: only files that exist are read, and a directory is skipped with a note.
+    return [p for p in (search_dir / "pyproject.toml", search_dir / "mixprec.toml") if _found(p, col)]
+
+
+def _found(path: Path, col: _Collector) -> bool:
+    """Whether ``path``, looked up (not named by the user), is a settings file to read.
+    A directory of that name (``python -m venv .env`` makes one) is not a settings file:
+    skipped with a note. Any other kind (a FIFO, a device) is read, and so refused."""
+    if not path.exists():
+        return False
+    problem = file_problem(path)
+    if problem is None or not path.is_dir():
+        return True
+    venv = " (a virtual environment?)" if path.is_dir() and (path / "pyvenv.cfg").exists() else ""
+    col.unused.append(Unused(_name(path), path.name, f"{problem}{venv}: skipped, not read as a settings file"))
+    return False
 
 
 def _dotenv_layer(path: Path, app: str | None, col: _Collector) -> bool:
@@ -265,17 +338,21 @@ def _dotenv_layer(path: Path, app: str | None, col: _Collector) -> bool:
             col.problems.append(f"{path} line {binding.original.line}: malformed .env line {first!r}")
         elif binding.key is not None:
             entries[binding.key] = (binding.value, binding.original.line)
-    _env_like(entries, app, col, layer="dotenv", where=lambda name, line: f"{path} line {line} {name}")
+    _env_like(entries, app, col, layer="dotenv", where=lambda name, line: f"{path} line {line} {name}", file=path)
     return True
 
 
-def _env_like(entries: Mapping[str, tuple[str | None, int]], app: str | None, col: _Collector, *, layer: str, where: Any) -> None:
+def _env_like(entries: Mapping[str, tuple[str | None, int]], app: str | None, col: _Collector, *, layer: str, where: Any,
+              file: Path | None = None) -> None:
+    used: dict[str, str] = {}  # option key -> the name read
     for option in OPTIONS:
         for name in env_names(option, app):
             if name in entries:
                 raw, line = entries[name]
-                col.offer(option, "" if raw is None else raw, Source(layer, where(name, line)))
+                col.offer(option, "" if raw is None else raw, Source(layer, where(name, line)), file=file)
+                used[option.key] = name
                 break
+    _not_used(entries, app, used, col, where=(lambda line: str(file) + f" line {line}") if file is not None else (lambda _: layer))
     # A misspelt MIXPREC_ variable is almost always a mistake worth pointing out. Only
     # mixprec's own prefix is checked: an app's prefix also carries the app's settings.
     known = [n for o in OPTIONS for n in env_names(o, None)]
@@ -287,6 +364,38 @@ def _env_like(entries: Mapping[str, tuple[str | None, int]], app: str | None, co
     if len(unknown) > MAX_LISTED:
         col.warnings.append(f"... and {len(unknown) - MAX_LISTED} more unknown {ENV_PREFIX}_* settings from {layer}; "
                             f"ignored (valid: {', '.join(known)})")
+
+
+def _not_used(entries: Mapping[str, tuple[str | None, int]], app: str | None, used: dict[str, str], col: _Collector,
+              *, where: Any) -> None:
+    """Names that look like a setting and were not read, each with the reason: a spelling the
+    app's own one shadowed, lower or mixed case, or another app's prefix."""
+    readable = {name: option for option in OPTIONS for name in env_names(option, app)}
+    prefixes = ", ".join(f"{p}_*" for p in ([app] if app and app != ENV_PREFIX else []) + [ENV_PREFIX])
+    found = 0
+    for name in entries:
+        if name in used.values() or name in _RESERVED_ENV or len(name) > MAX_QUOTED:
+            continue
+        upper = name.upper()
+        option = readable.get(upper)
+        if option is not None and name == upper:
+            reason = f"{used[option.key]} is read instead (the app's own spelling wins)"
+        elif option is not None or (upper.startswith(f"{ENV_PREFIX}_") and upper != name):
+            reason = (f"names are matched in upper case: write {upper}" if option is not None else
+                      f"names are matched in upper case, and {upper} is not a setting either")
+        else:
+            option = next((o for o in OPTIONS if upper.endswith("_" + o.env)), None)
+            prefix = upper[: -len(option.env) - 1] if option is not None else ""
+            if option is None or not re.fullmatch(r"[A-Z][A-Z0-9_]*", prefix) or prefix in (app, ENV_PREFIX):
+                continue
+            reason = (f"prefix {prefix}_ is not this app's (read: {prefixes}); pass --app {prefix} "
+                      f"(mixprec.init(app={prefix!r}))" + ("" if name == upper else f" and write the name as {upper}"))
+        found += 1
+        if found <= MAX_LISTED:
+            col.unused.append(Unused(where(entries[name][1]), name, reason))
+    if found > MAX_LISTED:
+        col.unused.append(Unused(where(0).rsplit(" line ", 1)[0], f"{found - MAX_LISTED} more names",
+                                 "names like a setting's that were not read (see above)"))
 
 
 #: Environment variables mixprec reads elsewhere (not settings).
@@ -325,12 +434,12 @@ def resolve(
     for option in OPTIONS:
         col.values[option.key] = Setting(option, default_value(option), Source("default", "default"))
 
-    files = _file_layer(_config_paths(config_file, base), col)
+    files = _file_layer(_config_paths(config_file, base, col), col)
 
     dotenv_path = Path(env_file) if env_file is not None else base / ".env"
     if env_file is not None and (problem := file_problem(dotenv_path)) is not None:
         col.problems.append(f".env file {_name(dotenv_path)} {problem}")
-    elif dotenv_path.exists():
+    elif env_file is not None or _found(dotenv_path, col):
         _dotenv_layer(dotenv_path, app, col)
         files.append(str(dotenv_path))
 
@@ -350,4 +459,5 @@ def resolve(
 
     if col.problems:
         raise ConfigError(col.problems)
-    return Resolved(settings=dict(col.values), app=app, files=tuple(files), warnings=tuple(col.warnings))
+    return Resolved(settings=dict(col.values), app=app, files=tuple(files), warnings=tuple(col.warnings),
+                    unused=tuple(col.unused))

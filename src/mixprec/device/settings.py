@@ -12,6 +12,8 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
+from mixprec._quote import quote
+
 __all__ = [
     "MATMUL_LEVELS",
     "NumericSettings",
@@ -43,10 +45,10 @@ def parse_matmul(value: Any) -> str:
         ValueError: for anything but ``highest``, ``high`` or ``medium``.
     """
     if not isinstance(value, str):
-        raise ValueError(f"expected a string, one of: {', '.join(MATMUL_LEVELS)}; got {type(value).__name__} {value!r}")
+        raise ValueError(f"expected a string, one of: {', '.join(MATMUL_LEVELS)}; got {type(value).__name__} {quote(value)}")
     level = value.strip().lower()
     if level not in MATMUL_LEVELS:
-        raise ValueError(f"invalid value {value!r}{did_you_mean(level, MATMUL_LEVELS)}; valid values: {', '.join(MATMUL_LEVELS)}")
+        raise ValueError(f"invalid value {quote(value)}{did_you_mean(level, MATMUL_LEVELS)}; valid values: {', '.join(MATMUL_LEVELS)}")
     return level
 
 
@@ -65,7 +67,7 @@ def parse_bool(value: Any) -> bool:
         if word in _FALSE:
             return False
     valid = "true/false (also 1/0, yes/no, on/off)"
-    raise ValueError(f"invalid value {value!r}; valid values: {valid}")
+    raise ValueError(f"invalid value {quote(value)}; valid values: {valid}")
 
 
 @dataclass(frozen=True)
