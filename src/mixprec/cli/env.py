@@ -127,13 +127,16 @@ def config_show(
     except (ConfigError, ValueError) as exc:
         fail(exc)
     if as_json:
-        console.print_json(json.dumps({"app": resolved.app, "files": list(resolved.files), "settings": resolved.rows()}))
+        console.print_json(json.dumps({"app": resolved.app, "files": list(resolved.files), "settings": resolved.rows(),
+                                       "unused": [u.to_dict() for u in resolved.unused]}))
         return
     for message in resolved.warnings:
         say(err_console, ("warning:", "yellow"), " ", message)
     console.print(table("mixprec configuration", ["setting", "value", "source"], [[r["key"], r["value"], r["source"]] for r in resolved.rows()]))
     if resolved.files:
         say(console, "files read: " + ", ".join(resolved.files))
+    for item in resolved.unused:
+        say(console, "not used: ", str(item))
 
 
 @app.command("presets")
