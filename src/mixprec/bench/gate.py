@@ -19,6 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mixprec.bench import evidence, rundata
+from mixprec.bench.comparable import baseline_problems, comparable, main_quality, nothing_in_common
+from mixprec.bench.comparable import failure as _failure
+from mixprec.bench.comparable import index as _index
+from mixprec.bench.comparable import number as _number
 from mixprec.measure.stats import MEMORY_FLOOR_BYTES, memory_beyond_noise
 
 __all__ = ["Thresholds", "GateResult", "check", "gate", "compare", "comparable", "main_quality", "parse_percent",
@@ -153,40 +157,6 @@ class GateResult:
         return not self.violations
 
 
-def main_quality(metrics: dict[str, Any]) -> tuple[str, float] | None:
-    """The metric a configuration's quality is judged by (higher is better)."""
-    for key in ("snr_db", "psnr_db", "sqnr_db"):
-        value = metrics.get(key)
-        if value is not None:
-            return key, float(value)
-    return None
-
-
-def _index(run: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
-    return {(c["name"], c["batch"]): c for c in run["configs"]}
-
-
-def comparable(run: dict[str, Any], baseline: dict[str, Any], *, allow_different_machine: bool = False) -> list[str]:
-    """Why two runs cannot be compared: another pipeline, size, batch or machine."""
-    problems = []
-    for key, what in (("pipeline", "pipeline"), ("size", "size")):
-        if key in run and key in baseline and run[key] != baseline[key]:
-            problems.append(f"run {run.get('id', '?')} is {what} {run[key]!r}, baseline {baseline.get('id', '?')} is {baseline[key]!r}")
-    batches, base_batches = {c["batch"] for c in run["configs"]}, {c["batch"] for c in baseline["configs"]}
-    if batches and base_batches and not batches & base_batches:
-        problems.append(f"no batch in common: run has {sorted(batches)}, baseline {sorted(base_batches)}")
-    fp, base_fp = run.get("machine_fingerprint"), baseline.get("machine_fingerprint")
-    devices = rundata.devices_differ(run, baseline)
-    if not allow_different_machine and devices is not None:
-        problems.append(f"measured on another device: run {run.get('id', '?')} on {devices[0]}, baseline "
-                        f"{baseline.get('id', '?')} on {devices[1]} (a device's timings say nothing about another's, "
-                        "even on one host); pass --allow-different-machine to compare anyway")
-    elif not allow_different_machine and fp and base_fp and fp != base_fp:
-        problems.append(f"measured on another machine (fingerprint {fp} vs {base_fp}); "
-                        "pass --allow-different-machine to compare anyway")
-    return problems
-
-
 def _distinct(a: float, b: float, decimals: int) -> tuple[str, str]:
     """``a`` and ``b`` rounded alike, with as many decimals as it takes to tell them apart
     (a message never shows two equal figures as a change)."""
@@ -206,35 +176,8 @@ def _pct_over(value: float, limit: float) -> str:
     return f"+{value!r} > {limit!r}"
 
 
-def _number(metrics: dict[str, Any], name: str) -> float | None:
-    value = metrics.get(name)
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def _db(value: float) -> str:
     return "exact (inf)" if value == math.inf else f"{value:.2f} dB"
-
-
-def _failure(cfg: dict[str, Any], ref: dict[str, Any] | None) -> str | None:
-    """Why a configuration of the run counts as failed, or ``None``."""
-    metrics = cfg["metrics"]
-    if cfg["status"] != "ok":
-        return cfg["status"]
-    if (_number(metrics, "nonfinite") or 0) > 0:
-        return "non-finite output"
-    if (_number(metrics, "shape_mismatch") or 0) > 0:
-        return "output shape differs from fp32's"
-    old = main_quality(ref["metrics"]) if ref is not None and ref["status"] == "ok" else None
-    if old is not None:
-        new = _number(metrics, old[0])
-        if new is None or math.isnan(new):
-            return "no quality figure"
-    return None
 
 
 def _quality(label: str, cfg: dict[str, Any], ref: dict[str, Any], t: Thresholds) -> list[str]:
@@ -350,7 +293,9 @@ def check(run: dict[str, Any], baseline: dict[str, Any], thresholds: Thresholds,
     """Check ``run`` against ``baseline``: every violation of ``thresholds``, and what could not be decided.
 
     The gate never passes what it could not check: a run or baseline that is not
-    ``complete``, a baseline that is not comparable (see :func:`comparable`), a
+    ``complete``, a baseline that is not comparable (see :func:`comparable`) or holds the
+    run to nothing (no configuration, every one failed, no fp32 reference at the run's
+    batches: :func:`~mixprec.bench.comparable.baseline_problems`), a
     configuration of the baseline missing from the run, a configuration with fewer
     samples than asked (``partial``), a quality, latency or memory figure the baseline
     has and the run lacks, and a run in which every configuration failed (whatever
@@ -374,6 +319,7 @@ def check(run: dict[str, Any], baseline: dict[str, Any], thresholds: Thresholds,
         if status != "complete":
             violations.append(f"{label} {which.get('id', '?')} is {status}, not complete: it cannot be gated")
     violations += comparable(run, baseline, allow_different_machine=allow_different_machine)
+    violations += baseline_problems(run, baseline)
     if not run["configs"]:
         violations.append(f"run {run.get('id', '?')} has no configuration")
     missing = sorted(set(_index(baseline)) - set(_index(run)))
@@ -434,10 +380,16 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     never compared as one machine: every row then carries ``device_a`` and ``device_b``,
     and its ``latency_verdict`` is :data:`~mixprec.bench.evidence.OTHER_DEVICE` (the
     seconds are shown, not judged); only the speed-ups against each run's own fp32 compare.
+
+    Raises:
+        ValueError: runs of another pipeline or size, or runs with no (configuration, batch)
+            in common, with the reason (:func:`~mixprec.bench.comparable.nothing_in_common`).
     """
     problems = comparable(b, a, allow_different_machine=True)
     if any("pipeline" in p or "size" in p for p in problems):
         raise ValueError("cannot compare these runs: " + "; ".join(problems))
+    if (reason := nothing_in_common(a, b)) is not None:
+        raise ValueError(f"nothing to compare between run {a.get('id', '?')} and run {b.get('id', '?')}: {reason}")
     devices = rundata.devices_differ(a, b)
     rows = []
     index_a = _index(a)

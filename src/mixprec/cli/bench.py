@@ -266,6 +266,9 @@ def compare(run_a: Annotated[int, typer.Argument(help="Earlier run id.")], run_b
             matrix: Annotated[bool, typer.Option("--matrix", help="Show the hardware x configuration matrix of the runs (each machine against its own fp32).")] = False) -> None:
     """Per-configuration changes from run A to run B, and which exceed the noise.
 
+    Runs with nothing to compare (another pipeline or size, no batch or configuration in
+    common) exit with status 2 and the reason (with --json, also as {"comparable": false, "reason": ...}).
+
     Runs measured on different machines (a --hardware run on a cluster) are also shown
     as a hardware x configuration matrix; three or more runs, or --matrix, show only that.
     """
@@ -279,6 +282,8 @@ def compare(run_a: Annotated[int, typer.Argument(help="Earlier run id.")], run_b
     try:
         rows = compare_runs(store.load_run(run_a), store.load_run(run_b))
     except (StoreError, ValueError) as exc:
+        if as_json and not isinstance(exc, StoreError):  # the runs exist but cannot be compared: say why in the JSON too
+            console.print_json(json.dumps({"comparable": False, "reason": str(exc), "rows": []}))
         fail(exc)
     if as_json:
         console.print_json(rows_json(rows))
