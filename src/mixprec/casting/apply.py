@@ -25,6 +25,7 @@ from mixprec.casting.explain import dtype_read_warnings, explain_rows
 from mixprec.casting.follow import WeightChanges, replaced_by_app
 from mixprec.casting.hooks import own_tensors
 from mixprec.casting.install import install_wrappers
+from mixprec.casting.kinds import fits_file, stored_bytes
 from mixprec.casting.targets import DTYPES, ApplyError, components_of, refuse_meta, refuse_unsupported, weight_bytes
 from mixprec.policy import ModulePlan, Policy, PolicyError, resolve_modules
 from mixprec.policy.select import UnmatchedRule, UnmatchedRuleWarning, summarise_unmatched, unmatched_rules
@@ -72,6 +73,8 @@ class Applied:
         # Weights the app changed after apply (load_state_dict, in place): the new originals.
         self._followed: dict[int, torch.Tensor] = {}
         self._original_dtypes: dict[int, torch.dtype] = {}
+        # Each cast parameter's .grad as apply found it, set aside while the policy is applied.
+        self._grads: dict[int, torch.Tensor | None] = {}
         self._changes: WeightChanges | None = None
         #: Counts the weight changes followed since apply (a fingerprint of the weights is stale after one).
         self.weights_version = 0
@@ -114,7 +117,7 @@ class Applied:
                 raise RevertError(f"cannot read the original weights back from {path} ({type(exc).__name__}: {exc}); "
                                   f"the policy is still applied and nothing was changed; {len(self._originals)} tensors "
                                   "have no other copy: reload the model from its checkpoint") from None
-            missing = [key for key in self._originals if str(key) not in loaded]
+            missing = [key for key, (_, saved) in self._originals.items() if not isinstance(saved, tuple) and str(key) not in loaded]
             if missing:
                 raise RevertError(f"{path} lacks {len(missing)} of the {len(self._originals)} original tensors; the policy "
                                   "is still applied and nothing was changed: reload the model from its checkpoint")
@@ -131,6 +134,7 @@ class Applied:
                 module.__dict__.pop(_MARK, None)
         if self._numerics is not None:
             backends.restore(self._numerics)
+            self._numerics = None
         if self._plain is not None:
             self._plain.restore()
             self._plain = None
@@ -141,10 +145,16 @@ class Applied:
                 "reload the model, or apply with keep_original='cpu' or 'disk'"
             )
         replaced = []
+        dropped = []
         for key, (tensor, saved) in self._originals.items():
-            original, device = (loaded[str(key)], saved) if self._disk is not None else saved
+            # (values, device) kept in memory, or the device of values kept on disk
+            original, device = saved if isinstance(saved, tuple) else (loaded[str(key)], saved)
             original = self._followed.get(key, original).to(device)
             tensor.data = original
+            if key in self._grads:
+                if tensor.grad is not None:
+                    dropped.append(self._locations.get(key, [(None, "?")])[0])
+                tensor.grad = self._grads[key]  # as it was before apply (None for most models)
             for module, slot in self._locations.get(key, ()):
                 table = module._parameters if slot.startswith("p:") else module._buffers
                 current = table.get(slot[2:])
@@ -160,7 +170,14 @@ class Applied:
         self._originals.clear()
         self._locations.clear()
         self._followed.clear()
+        self._grads.clear()
         self._changes = None
+        if dropped:
+            qualnames = {id(p.module): p.qualname for p in self.plans}
+            names = [f"{qualnames.get(id(module), type(module).__name__)}.{slot[2:]}".lstrip(".") for module, slot in dropped]
+            warnings.warn(f"revert dropped the gradients computed under the policy for {len(names)} parameter(s) "
+                          f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}): they are gradients of the 16-bit "
+                          "weights; each .grad is back as it was before apply", stacklevel=2)
         if replaced and not self._reapplying:  # a re-apply casts the app's new object afresh
             warnings.warn(f"{len(replaced)} parameter(s) were replaced after the policy was applied ({', '.join(replaced[:4])}"
                           f"{', ...' if len(replaced) > 4 else ''}): left as the app set them", stacklevel=2)
@@ -174,7 +191,8 @@ class Applied:
             from safetensors.torch import load_file
 
             loaded = load_file(str(Path(self._disk.name) / "originals.safetensors"))
-            return {key: self._followed.get(key, loaded[str(key)]) for key in self._originals}
+            return {key: self._followed.get(key, saved[0] if isinstance(saved, tuple) else loaded[str(key)])
+                    for key, (_, saved) in self._originals.items()}
         return {key: self._followed.get(key, saved[0]) for key, (_, saved) in self._originals.items()}
 
     def _follow(self, key: int, value: torch.Tensor) -> None:
@@ -199,11 +217,16 @@ class Applied:
         if policy.compile is not None:
             check_compiler(policy.compile, any_on_cpu(self.components))
         if self._active:
+            # The same numerics stay in force (and the app's own later change to them with them).
+            kept = self._numerics if policy.numerics == self.policy.numerics else None
+            if kept is not None:
+                self._numerics = None
             self._reapplying = True
             try:
                 self.revert()
             finally:
                 self._reapplying = False
+                self._numerics = kept
         self.policy, self.plans, self.original_bytes, self.unmatched = policy, plans, 0, unmatched
         _materialize(self)
 
@@ -336,27 +359,34 @@ def _materialize(applied: Applied) -> None:
     # Phase 2: keep originals, then swap data in (Parameter objects keep their identity,
     # so tied weights stay tied and optimizers keep their references).
     if keep_original != "none":
+        # Tensors a safetensors file cannot hold as they are (sparse ones) stay in memory with "disk".
+        on_disk = {k: t for k, (t, _) in new_data.items() if keep_original == "disk" and fits_file(t)}
         for key, (t, _) in new_data.items():
-            applied.original_bytes += t.numel() * t.element_size()
-            if keep_original == "cpu":
-                applied._originals[key] = (t, (t.data if t.device.type == "cpu" else t.data.to("cpu"), t.device))
-            else:
+            applied.original_bytes += stored_bytes(t)
+            if key in on_disk:
                 applied._originals[key] = (t, t.device)
-        if keep_original == "disk" and new_data:
+            else:
+                applied._originals[key] = (t, (t.data if t.device.type == "cpu" else t.data.to("cpu"), t.device))
+        if on_disk:
             from safetensors.torch import save_file
 
             applied._disk = tempfile.TemporaryDirectory(prefix="mixprec-originals-")
-            save_file({str(k): t.data.detach().to("cpu").contiguous() for k, (t, _) in new_data.items()},
+            save_file({str(k): t.data.detach().to("cpu").contiguous() for k, t in on_disk.items()},
                       str(Path(applied._disk.name) / "originals.safetensors"))
+        # A .grad of the full-precision weight does not fit its 16-bit self: set aside, put back at revert.
+        applied._grads = {key: t.grad for key, (t, _) in new_data.items()}
     applied._original_dtypes = {key: t.dtype for key, (t, _) in new_data.items()}
     for t, data in new_data.values():
         t.data = data
+        if keep_original != "none":
+            t.grad = None
     flatten_rnns(comps)
     applied._active = True
 
     try:
-        if policy.numerics is not None:
-            applied._numerics = backends.apply_settings(policy.numerics, owner=f"the numerics of policy {policy.name!r}")
+        if policy.numerics is not None and applied._numerics is None:  # a re-apply may keep them in force
+            applied._numerics = backends.apply_settings(policy.numerics, owner=f"the numerics of policy {policy.name!r}",
+                                                        keep_app_changes=True)
         install_wrappers(comps, by_module, policy, applied._entry_dtypes, applied._handles, applied._pinned)
         if keep_original != "none":
             applied._changes = WeightChanges({key: t for key, (t, _) in new_data.items()}, applied._locations, applied._follow)

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from mixprec.casting.kinds import stored_elements
 from mixprec.casting.targets import DTYPES, components_of
 from mixprec.casting.upcast import is_attention_module, sdpa_overflows
 from mixprec.policy.roles import dtype_property_source
@@ -20,14 +21,14 @@ __all__ = ["explain", "explain_warnings", "explain_unmatched", "explain_rows", "
 
 def _island_share(plan: ModulePlan, total: int) -> str:
     """What an fp32 island holds, as a figure for its reason: its share of the weights."""
-    own = sum(p.numel() for p in plan.module.parameters())
+    own = sum(stored_elements(p) for p in plan.module.parameters())
     return f" ({own / total:.2%} of the weights; casts at its edges on every call)" if total and own else ""
 
 
 def explain_rows(plans: list[ModulePlan], policy: Policy) -> list[dict[str, Any]]:
     rows = []
     mixed = any(p.storage != "fp32" for p in plans)
-    total = sum(p.numel() for p in {id(t): t for plan in plans for t in plan.module.parameters(recurse=False)}.values())
+    total = sum(stored_elements(p) for p in {id(t): t for plan in plans for t in plan.module.parameters(recurse=False)}.values())
     for plan in plans:
         index = plan.decided_by.get("storage")
         rule = policy.rules[index] if index is not None else None

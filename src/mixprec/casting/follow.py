@@ -13,6 +13,10 @@ Three ways an app changes weights under an applied policy:
   app's. ``revert`` leaves it as the app set it, and a re-apply casts it afresh.
 * Changing a cast parameter in place (``weight.copy_(w)``, an optimizer step): its
   values exist only in 16 bits; they become the original, upcast, with a warning.
+  A write through ``weight.data`` moves no version counter; it is recognised by a
+  sample of the values (:func:`~mixprec.casting.kinds.digest`, 4,096 evenly spaced
+  values) taken when the weight was cast: a change to the whole weight, or to any
+  sampled value, is followed the same way.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from mixprec.casting.kinds import digest
 from mixprec.casting.targets import ApplyError
 
 __all__ = ["WeightChanges", "replaced_by_app"]
@@ -42,6 +47,20 @@ def _version(t: torch.Tensor) -> int | None:
     return None if t.is_inference() else t._version
 
 
+def _digest(t: torch.Tensor) -> tuple[torch.dtype, torch.device, bytes]:
+    return t.dtype, t.device, digest(t)
+
+
+def _written(t: torch.Tensor, before: tuple[torch.dtype, torch.device, bytes] | None) -> bool:
+    """Whether ``t``'s values changed with no version counter to say so (a write through ``.data``).
+
+    A new dtype or device is the app converting the model (``.half()``, ``.to()``), not a write.
+    """
+    if before is None or (t.dtype, t.device) != before[:2]:
+        return False
+    return digest(t) != before[2]
+
+
 class WeightChanges:
     """Keeps the originals of one applied model in step with the app's weight changes.
 
@@ -57,6 +76,9 @@ class WeightChanges:
         self.locations = locations
         self.follow = follow
         self.versions = {key: _version(t) for key, t in originals.items()}
+        # What each cast parameter held, for writes through .data (which move no version counter).
+        self.digests = {key: _digest(t) for key, t in originals.items()
+                        if any(slot.startswith("p:") for _, slot in locations.get(key, ()))}
         self._loading: dict[int, tuple[torch.Tensor, int | None]] = {}
 
     def install(self, components: dict[str, nn.Module]) -> list[Any]:
@@ -108,6 +130,8 @@ class WeightChanges:
                     continue  # not copied (a shape mismatch, reported by torch)
                 self.follow(key, loaded.detach())
                 self.versions[key] = after
+                if key in self.digests:
+                    self.digests[key] = _digest(tensor)
         return hook
 
     def sync(self, original_dtypes: dict[int, torch.dtype]) -> list[str]:
@@ -121,10 +145,11 @@ class WeightChanges:
             if not any(slot.startswith("p:") for _, slot in where):
                 continue  # buffers (running statistics) are the model's own business, put back as they were
             now = _version(tensor)
-            if now is None or now == self.versions.get(key):
+            if (now is None or now == self.versions.get(key)) and not _written(tensor, self.digests.get(key)):
                 continue
             self.follow(key, tensor.detach().to(original_dtypes[key]))
             self.versions[key] = now
+            self.digests[key] = _digest(tensor)
             module, slot = where[0]
             changed.append(f"{type(module).__name__}.{slot[2:]}")
         if changed:

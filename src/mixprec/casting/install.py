@@ -197,4 +197,4 @@ def _install_spectral_scopes(root: nn.Module, handles: list[Any]) -> None:
 
 def policy_matches_directly(policy: Policy, plan: ModulePlan) -> bool:
     index = plan.decided_by["upcast_attention"]
-    return policy.rules[index].matches(plan.qualname, plan.module)
+    return any(policy.rules[index].matches(name, plan.module) for name in (plan.qualname, *plan.aliases))

@@ -10,6 +10,8 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from mixprec.casting.kinds import is_lazy, stored_bytes
+
 __all__ = ["ApplyError", "DTYPES", "components_of", "refuse_meta", "refuse_unsupported", "weight_bytes"]
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -52,10 +54,16 @@ def refuse_unsupported(comps: Mapping[str, nn.Module]) -> None:
 
     Raises:
         ApplyError: for a TorchScript module (``torch.jit.script``/``trace``: no Python
-            forward to wrap, its tensors are the compiled graph's).
+            forward to wrap, its tensors are the compiled graph's), or a lazy module's
+            parameter that has no shape yet (``nn.LazyLinear`` before its first forward).
     """
     for cname, root in comps.items():
         label = repr(cname) if cname else "(root)"
+        lazy = [name for name, t in [*root.named_parameters(), *root.named_buffers()] if is_lazy(t)]
+        if lazy:
+            raise ApplyError(f"component {label} has {len(lazy)} uninitialised lazy parameter(s) or buffer(s) (first: "
+                             f"{lazy[0]!r}, of a lazy module such as nn.LazyLinear): they have no shape or values to cast "
+                             "yet; nothing was changed. Run one forward of the model first (it initialises them), then apply")
         scripted = next((name for name, m in root.named_modules() if isinstance(m, torch.jit.ScriptModule)), None)
         if scripted is not None:
             where = f" (submodule {scripted!r})" if scripted else ""
@@ -79,7 +87,8 @@ def refuse_meta(cast: list[tuple[str, torch.Tensor]]) -> None:
 
 
 def weight_bytes(target: Any) -> int:
-    """Bytes of all unique parameters and buffers of a target."""
+    """Bytes of all unique parameters and buffers of a target, as each kind stores them
+    (a sparse tensor's indices and values, nothing for a meta tensor: :mod:`mixprec.casting.kinds`)."""
     comps, _ = components_of(target)
     seen: set[int] = set()
     total = 0
@@ -87,5 +96,5 @@ def weight_bytes(target: Any) -> int:
         for t in list(root.parameters()) + list(root.buffers()):
             if id(t) not in seen:
                 seen.add(id(t))
-                total += t.numel() * t.element_size()
+                total += stored_bytes(t)
     return total

@@ -190,8 +190,9 @@ def _print_tune(result, pipeline: str) -> None:
     if result.met:
         base = result.path[0].evaluation
         chosen = result.chosen.evaluation
+        weights = f"{chosen.memory_bytes / base.memory_bytes:.0%} of fp32" if base.memory_bytes else "none (the model holds no weights)"
         say(console, f"chosen: #{result.chosen.index} ({result.chosen.step}): {result.speed_text()}, "
-            f"weights {chosen.memory_bytes / base.memory_bytes:.0%} of fp32, {key} {q(result.chosen)}; "
+            f"weights {weights}, {key} {q(result.chosen)}; "
             f"kept fp32: {', '.join(result.keep_fp32) or 'none'}")
 
 

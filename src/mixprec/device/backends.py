@@ -29,6 +29,13 @@ first-in-first-out) withdraws only its own choices: each setting it chose goes b
 what it was before it, unless a later owner chose that setting too, the later owners
 will put back the right values when they end, and a warning says so.
 
+An owner started with ``keep_app_changes=True`` (an applied policy's numerics) leaves a
+setting the application changed directly while it held it (``torch.set_float32_matmul_precision``
+called after ``apply``) as the application set it when it ends, and warns naming the
+setting, the application's value, the owner's and the one before it: the application's
+later choice is its own, as a parameter it replaced is. ``numerics()`` blocks and other
+owners put back exactly what was there before them.
+
 Everything here takes an optional ``torch_module`` so the legacy-only path can be
 exercised against a stand-in for an older torch.
 """
@@ -231,7 +238,8 @@ def _restore(snap: Snapshot, torch_module: Any | None = None) -> None:
                     node.fp32_precision = snap.tree[key]
 
 
-def apply_settings(settings: NumericSettings, torch_module: Any | None = None, *, owner: str | None = None) -> Snapshot:
+def apply_settings(settings: NumericSettings, torch_module: Any | None = None, *, owner: str | None = None,
+                   keep_app_changes: bool = False) -> Snapshot:
     """Write ``settings`` to torch and return the snapshot taken just before.
 
     All values are validated (``NumericSettings`` is already validated) before
@@ -239,9 +247,11 @@ def apply_settings(settings: NumericSettings, torch_module: Any | None = None, *
     afterwards, the previous state is restored and the error re-raised, so a
     setting is never left half-applied. ``restore`` of the returned snapshot ends
     this change; ``owner`` names it in the warning about owners ending out of order.
+    With ``keep_app_changes``, a setting the application changes directly before that
+    ``restore`` is left as the application set it (with a warning; see the module docstring).
     """
     label = owner or "apply_settings(" + ", ".join(f"{k}={getattr(settings, k)!r}" for k in _LEGACY_OF) + ")"
-    return _acquire(settings, _FIELDS, label, torch_module)
+    return _acquire(settings, _FIELDS, label, torch_module, keep_app_changes)
 
 
 def _write(settings: NumericSettings, torch_module: Any | None = None) -> Snapshot:
@@ -294,6 +304,8 @@ class _Owner:
     before: dict[str, Any]  # each field's value just before it wrote (from `handle`)
     #: Fields whose value in `handle` belonged to an owner that has ended since: put back after it.
     corrections: dict[str, Any] = field(default_factory=dict)
+    #: What it wrote for each chosen field, where the app's direct changes are kept (else empty).
+    wrote: dict[str, Any] = field(default_factory=dict)
 
 
 #: The owners not ended yet, oldest first, per torch module (tests drive stand-ins for older torch).
@@ -314,19 +326,37 @@ def _values(snap: Snapshot) -> dict[str, Any]:
     return values
 
 
-def _acquire(settings: NumericSettings, chosen: frozenset[str], label: str, torch_module: Any | None) -> Snapshot:
+def _acquire(settings: NumericSettings, chosen: frozenset[str], label: str, torch_module: Any | None,
+             keep_app_changes: bool = False) -> Snapshot:
     with _owners_lock:
         before = _write(settings, torch_module)
-        _owners(torch_module).append(_Owner(before, label, chosen, _values(before)))
+        wrote = {name: getattr(settings, name) for name in chosen} if keep_app_changes else {}
+        _owners(torch_module).append(_Owner(before, label, chosen, _values(before), wrote=wrote))
         return before
+
+
+def _app_changes(owner: _Owner, torch_module: Any | None) -> dict[str, Any]:
+    """The settings ``owner`` wrote that now read otherwise: the application changed them directly."""
+    if not owner.wrote or read_legacy(torch_module)[1]:
+        return {}  # not asked for, or the app mixed the flag APIs: the snapshot puts back the tree as it was
+    current = _values(snapshot(torch_module))
+    return {name: current[name] for name, value in owner.wrote.items() if name in current and current[name] != value}
 
 
 def _release(owners: list[_Owner], index: int, torch_module: Any | None) -> None:
     owner = owners.pop(index)
     if index == len(owners):  # the newest: everything goes back as it was before it
+        kept = _app_changes(owner, torch_module)
         _restore(owner.handle, torch_module)
         if owner.corrections:
             _write_fields(owner.corrections, torch_module)
+        if kept:
+            _write_fields(kept, torch_module)
+            before = {**owner.before, **owner.corrections}
+            warnings.warn(f"mixprec numerics: {owner.label} ended; kept "
+                          + ", ".join(f"{name}={value!r} (set by the application after it started; it set "
+                                      f"{owner.wrote[name]!r}, {before.get(name)!r} before it)" for name, value in kept.items())
+                          + ": a setting the application changes itself stays as it set it", stacklevel=4)
         return
     # Ended while later owners hold settings: withdraw only this owner's own choices.
     withdrawn = {f: owner.corrections.get(f, owner.before.get(f)) for f in _LEGACY_OF

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import torch
 
 from mixprec.casting.apply import Applied
+from mixprec.casting.kinds import sample
 from mixprec.device.hardware import Hardware, cache_dir
 from mixprec.policy import iter_modules
 
@@ -36,11 +37,9 @@ def fingerprint(applied: Applied, hardware: Hardware) -> str:
             if t is None:
                 continue
             t = originals.get(id(t), t)
-            h.update(f"{key}:{tuple(t.shape)}:{t.dtype}".encode())
-            if t.numel():
-                flat = t.detach().reshape(-1)
-                step = max(1, flat.numel() // 64)
-                h.update(flat[::step][:64].to("cpu", torch.float64).numpy().tobytes())
+            layout = "" if t.layout == torch.strided else f":{t.layout}"
+            h.update(f"{key}:{tuple(t.shape)}:{t.dtype}{layout}".encode())
+            h.update(sample(t).numpy().tobytes())  # every kind: sparse, quantized, complex, meta, subclasses
     return h.hexdigest()[:24]
 
 

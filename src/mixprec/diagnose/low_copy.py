@@ -4,13 +4,13 @@ weights rounded to the policy's storage dtype, arithmetic in its compute dtype.
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from mixprec.casting.hooks import cast_floats
+from mixprec.casting.kinds import copy_module, stored_bytes
 from mixprec.casting.targets import DTYPES
 from mixprec.policy import ModulePlan
 
@@ -42,7 +42,7 @@ class LowCopy:
 
         self.casts: list[tuple[torch.Tensor, torch.dtype]] = []
         with torch.inference_mode(False), torch.no_grad():
-            clone = copy.deepcopy(module)
+            clone = copy_module(module)  # sparse parameters too
             sub_plans: dict[int, ModulePlan] = {id(clone): plan}
             for (name, original), sub in zip(module.named_modules(), clone.modules()):
                 for table in _HOOK_TABLES:  # the profile's own hooks were copied along
@@ -65,7 +65,7 @@ class LowCopy:
         self.module = clone
         self.compute = DTYPES[plan.compute_dtype]
         self.min_ndim = _min_ndim(module)
-        self.nbytes = sum(t.numel() * t.element_size() for sub in clone.modules() for t in module_tensors(sub))
+        self.nbytes = sum(stored_bytes(t) for sub in clone.modules() for t in module_tensors(sub))
 
     def __call__(self, args: Any, kwargs: Any) -> Any:
         saved = []

@@ -58,6 +58,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from mixprec.casting.apply import apply
+from mixprec.casting.kinds import stored_elements
 from mixprec.casting.targets import components_of
 from mixprec.diagnose.capture import (absmax, cast_owned, first_float, fresh_inputs, int_fingerprint, sample, shared_model_memo,
                                       snapshot)
@@ -217,7 +218,7 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
         stats[id(plan.module)].owns_weights = _owns_weights(plan.module)
     copies: dict[int, LowCopy] = {}
     # Block copies are kept up to half the model's fp32 weight bytes; beyond that, made per call.
-    copy_budget = [sum(t.numel() * 4 for root in comps.values() for t in root.parameters() if t.is_floating_point()) // 2]
+    copy_budget = [sum(stored_elements(t) * 4 for root in comps.values() for t in root.parameters() if t.is_floating_point()) // 2]
     model_memo = shared_model_memo(comps) if block_ids else {}
     hook_ids: set[int] = set()
 
@@ -278,13 +279,11 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
             if key in block_ids:
                 # its own copies of stateful inputs (a KV cache) hold what the policy would: cast them too
                 cast_owned((call.args, call.kwargs), low_copy.compute, low_copy.min_ndim)
-                try:
-                    low = first_float(low_copy(call.args, call.kwargs))
-                except Exception as exc:  # reported on the block; the layers inside keep their own errors
-                    s.own_skipped = f"its {by_id[key].compute_dtype} copy failed on the fp32 input ({type(exc).__name__}: {exc})"[:300]
-                    return
-            else:
+            try:
                 low = first_float(low_copy(call.args, call.kwargs))
+            except Exception as exc:  # reported on the module (an op without a 16-bit kernel); the run goes on
+                s.own_skipped = f"its {by_id[key].compute_dtype} copy failed on the fp32 input ({type(exc).__name__}: {exc})"[:300]
+                return
         finally:
             after.restore()
         if low is not None and low.shape == y.shape:

@@ -41,6 +41,8 @@ class ModulePlan:
     decided_by: dict[str, int] = field(default_factory=dict)
     #: The model's own declaration that pinned this module to fp32, if one did.
     declared: str | None = None
+    #: The other names the module is reachable by (``self.dec = self.enc``): rules match them too.
+    aliases: tuple[str, ...] = ()
 
     @property
     def compute_dtype(self) -> str:
@@ -72,12 +74,17 @@ def resolve_modules(components: dict[str, nn.Module], policy: Policy) -> tuple[l
     counting rules are then applied in policy order, so the last one that sets a
     field wins, whether it matched the module itself or an ancestor.
 
+    A module reachable under several names (``self.dec = self.enc``, a block shared by
+    two parents) is one module with one plan: a rule matching any of its names counts
+    for it and for everything under it, and rules that disagree are settled the same
+    way (policy order; a keep-fp32 pin always wins). The plan's ``qualname`` is the first
+    name ``named_modules`` gives; the others are its ``aliases``.
+
     Returns:
         (plans in ``named_modules`` order, indices of rules that matched nothing).
     """
     matched: set[int] = set()
     plans: list[ModulePlan] = []
-    counting: dict[int, frozenset[int]] = {}
     wanted = {r.role for r in policy.rules if r.role}
     roles = {role: finder(components) for role, finder in (("head", output_heads), ("norm", norm_layers),
                                                                    ("custom-norm", custom_norm_layers)) if role in wanted} \
@@ -85,13 +92,22 @@ def resolve_modules(components: dict[str, nn.Module], policy: Policy) -> tuple[l
     declared = declarations(components) if policy.model_declarations else []
     sources = dtype_sources(components) if policy.model_declarations else {}
     for cname, root in components.items():
+        occurrences = [(_qualify(cname, name), module, parent) for name, module, parent in _occurrences(root)]
+        own: dict[int, set[int]] = {}
+        names: dict[int, list[str]] = {}
+        for qualname, module, _ in occurrences:
+            own.setdefault(id(module), set()).update(i for i, rule in enumerate(policy.rules)
+                                                    if rule.matches(qualname, module, roles))
+            names.setdefault(id(module), []).append(qualname)
+        counting: dict[int, frozenset[int]] = {}
+        for _, module, parent in occurrences:  # parents first; a parent seen again is followed by its subtree again
+            counting[id(module)] = (counting.get(id(module), frozenset()) | own[id(module)]
+                                    | (counting[id(parent)] if parent is not None else frozenset()))
         for name, module in root.named_modules():
-            qualname = (f"{cname}.{name}" if name else cname) if cname else name
-            parent = _lookup(root, name.rpartition(".")[0]) if name else None
-            own = {i for i, rule in enumerate(policy.rules) if rule.matches(qualname, module, roles)}
-            matched |= own
-            rules = counting[id(module)] = frozenset(own) | (counting[id(parent)] if parent is not None else frozenset())
-            plan = ModulePlan(qualname, module)
+            qualname = _qualify(cname, name)
+            matched |= own[id(module)]
+            rules = counting[id(module)]
+            plan = ModulePlan(qualname, module, aliases=tuple(n for n in names[id(module)] if n != qualname))
             for index in sorted(rules):
                 rule = policy.rules[index]
                 for f in RULE_FIELDS:
@@ -126,8 +142,22 @@ def _apply_declarations(plan: ModulePlan, declared: list[Declaration]) -> None:
             return
 
 
-def _lookup(root: nn.Module, name: str) -> nn.Module:
-    return root.get_submodule(name) if name else root
+def _qualify(cname: str, name: str) -> str:
+    return (f"{cname}.{name}" if name else cname) if cname else name
+
+
+def _occurrences(root: nn.Module) -> list[tuple[str, nn.Module, nn.Module | None]]:
+    """(name, module, parent) for every name a module of ``root`` is reachable by, parents first
+    (``named_modules(remove_duplicate=False)``, skipping a child that is its own ancestor)."""
+    out: list[tuple[str, nn.Module, nn.Module | None]] = []
+    stack: list[tuple[str, nn.Module, nn.Module | None, frozenset[int]]] = [("", root, None, frozenset({id(root)}))]
+    while stack:
+        name, module, parent, path = stack.pop()
+        out.append((name, module, parent))
+        children = [(f"{name}.{key}" if name else key, child) for key, child in module._modules.items()
+                    if child is not None and id(child) not in path]
+        stack.extend((child_name, child, module, path | {id(child)}) for child_name, child in reversed(children))
+    return out
 
 
 def closest_names(pattern: str, names: Iterable[str], n: int = 3) -> list[str]:

@@ -164,6 +164,9 @@ def tune(
                          + ("16-bit storage with fp32 compute only" if objective == "memory"
                             else "16-bit compute cannot win on latency here, so the search covers fp32 settings and the presets"))
         units = evaluator.units()
+        if not units:
+            notes.append("the model holds no floating-point weights: there is nothing to store in 16 bits, so the "
+                         "candidates differ only in their numeric settings (float32 matmul precision) and compute")
         names = list(PRESETS) if presets is None and owned else list(presets or ())
         for name in names:
             if name not in PRESETS:
