@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import inspect
 import threading
 from typing import Any, Callable, Iterable
 
@@ -448,6 +449,13 @@ def add_method_hook(module: nn.Module, name: str, hook: Callable[..., Any], *, p
 
             return call(0, args, kwargs)
 
+        # The method's own signature, resolved now: code that inspects the method (transformers'
+        # ``apply_chunking_to_forward`` counts its parameters) then stops at the wrapper instead
+        # of unwrapping ``__wrapped__``, whose ``id()`` of a bound method Dynamo cannot trace.
+        try:
+            wrapper.__signature__ = inspect.signature(method)
+        except (TypeError, ValueError):
+            pass  # a builtin without a signature: inspect unwraps as before
         table[name] = (hooks, wrapper, previous)
         module.__dict__[name] = wrapper
     hooks = table[name][0]
