@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from mixprec.tuning.bounds import Bound
 from mixprec.tuning.candidates import Candidate
 from mixprec.tuning.result import TuneResult
 
-__all__ = ["render_tune_html", "tune_plot_png", "validation_text"]
+__all__ = ["label_offsets", "plot_limits", "render_tune_html", "tune_plot_png", "validation_text"]
 
 
 #: Plot colours: meets the bound, misses it, the chosen / best ring, the bound line.
@@ -38,21 +38,27 @@ def tune_plot_png(path: Sequence[Candidate], bound: Bound, best: Candidate | Non
     def value(c: Candidate) -> float:
         return c.evaluation.quality.get(bound.key, math.nan)
 
-    finite = [v for v in map(value, path) if math.isfinite(v)]
-    top = max(finite + [bound.value])
-    cap = top + max(abs(top) * 0.1, 1e-3)
+    low, high, cap = plot_limits([value(c) for c in path], bound.value)
     points = {c.index: (c.evaluation.latency_s * 1e3, cap if math.isinf(value(c)) else value(c))
               for c in path if not math.isnan(value(c))}
     fig = Figure(figsize=(7, 4.2), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
+    ax.set_ylim(low, high)
     shown = [c for c in path if c.index in points]
     if shown:
         xs, ys = zip(*(points[c.index] for c in shown))
         ax.plot(xs, ys, color="#cccccc", linewidth=0.8, zorder=1, label="search path")
         ax.scatter(xs, ys, s=28, zorder=2, c=[_MET if c.met else _MISSED for c in shown])
-        for c in shown:
-            ax.annotate(str(c.index), points[c.index], fontsize=7, xytext=(3, 3), textcoords="offset points")
+        x_low, x_high = min(xs), max(xs)
+        pad = max((x_high - x_low) * 0.08, x_high * 0.02, 1e-3)
+        ax.set_xlim(x_low - pad, x_high + pad)
+        # Labelled first, so they win a crowded spot: the chosen one, the frontier, then the search order.
+        wanted = ([best.index] if best is not None else []) + [c.index for c in frontier] + [c.index for c in shown]
+        order = list(dict.fromkeys(i for i in wanted if i in points))
+        placed = label_offsets({i: points[i] for i in order}, (x_low - pad, x_high + pad), (low, high))
+        for index, offset in placed.items():
+            ax.annotate(str(index), points[index], fontsize=7, xytext=offset, textcoords="offset points")
     front = [points[c.index] for c in frontier if c.index in points]
     if front:
         ax.scatter(*zip(*front), marker="s", s=70, facecolors="none", edgecolors="black", linewidths=1, zorder=3,
@@ -70,6 +76,64 @@ def tune_plot_png(path: Sequence[Candidate], bound: Bound, best: Candidate | Non
     fig.savefig(buffer, format="png")
     fig.clear()
     return buffer.getvalue()
+
+
+def plot_limits(values: Sequence[float], bound: float) -> tuple[float, float, float]:
+    """The y range of the plot, and where an infinite value (output identical to fp32) is drawn.
+
+    The range spans the finite values and the bound with a margin of a tenth of that span on each
+    side (not of the values themselves: cosines of 0.9995 and 0.9999 would otherwise share one
+    pixel row under a line drawn at 1.1); infinite values sit in the top margin. NaN is left out.
+
+    Returns:
+        ``(low, high, cap)`` with ``low < every finite value and the bound < cap < high``.
+    """
+    finite = [v for v in values if math.isfinite(v)] + [bound]
+    bottom, top = min(finite), max(finite)
+    span = top - bottom
+    if span <= 0:
+        span = max(abs(top) * 1e-3, 1e-6)
+    margin = span * 0.1
+    cap = top + 1.5 * margin
+    return bottom - margin, cap + margin, cap
+
+
+def label_offsets(points: Mapping[int, tuple[float, float]], xlim: tuple[float, float], ylim: tuple[float, float], *,
+                  size: tuple[float, float] = (560.0, 300.0), char: tuple[float, float] = (4.5, 8.0),
+                  tries: Sequence[tuple[float, float]] = ((4, 4), (4, -11), (-8, 4), (-8, -11), (10, -4), (-14, -4)),
+                  ) -> dict[int, tuple[float, float]]:
+    """Where each point's number goes, in points from the point, so that no two labels overlap.
+
+    Points are labelled in the order given (put the important ones first); a label that fits at
+    none of ``tries`` is left out (its point stays drawn).
+
+    Args:
+        points: candidate index -> (x, y) in data units.
+        xlim, ylim: the axes' limits.
+        size: the axes' size in points (about that of the 7 x 4.2 inch figure's plot area).
+        char: width and height of one label character in points.
+        tries: offsets tried in turn.
+
+    Returns:
+        index -> offset, for the points that get a label.
+    """
+    def to_pt(x: float, y: float) -> tuple[float, float]:
+        fx = (x - xlim[0]) / ((xlim[1] - xlim[0]) or 1.0)
+        fy = (y - ylim[0]) / ((ylim[1] - ylim[0]) or 1.0)
+        return fx * size[0], fy * size[1]
+
+    boxes: list[tuple[float, float, float, float]] = []
+    placed: dict[int, tuple[float, float]] = {}
+    for index, (x, y) in points.items():
+        px, py = to_pt(x, y)
+        width, height = char[0] * len(str(index)), char[1]
+        for dx, dy in tries:
+            box = (px + dx, py + dy, px + dx + width, py + dy + height)
+            if all(box[2] <= b[0] or b[2] <= box[0] or box[3] <= b[1] or b[3] <= box[1] for b in boxes):
+                boxes.append(box)
+                placed[index] = (dx, dy)
+                break
+    return placed
 
 
 def _num(value: float) -> str:

@@ -19,6 +19,7 @@ import ipaddress
 import json
 import math
 import os
+import threading
 import time
 import warnings
 from contextlib import ExitStack
@@ -30,7 +31,7 @@ import mixprec
 from mixprec import pipelines
 from mixprec.ui.bench_tab import build_bench_tab, list_runs, show_run
 from mixprec.ui.controls import (DTYPES, NO_PRESET, build_policy, defaults_message, dtype_selector_update, matmul_info,
-                                 precision_controls, preset_choices)
+                                 precision_controls, preset_choices, preset_storage)
 from mixprec.ui.forms import SIZES, check_choice, devices, error_text, markdown_table
 from mixprec.ui.i18n import DEFAULT_LANGUAGE, LANGUAGES, check_language, direction, t
 from mixprec.ui.tune_tab import build_tune_tab
@@ -45,6 +46,9 @@ _MIB = 1024 * 1024
 
 #: A session's loaded pipelines: ``(name, size, device) -> pipeline``.
 Cache = dict[tuple[str, str, str], Any]
+#: Pipelines are built one at a time: two handlers importing a model library at once (the page's
+#: load event and a quick first click) can see it half imported.
+_BUILDING = threading.Lock()
 
 _DIR_JS = """(lang) => {{
   const rtl = {rtl};
@@ -54,16 +58,39 @@ _DIR_JS = """(lang) => {{
 }}"""
 
 
+#: The page's own styles. Gradio marks every block ``dir="ltr"``; in a right-to-left page the blocks
+#: follow the page (labels, help texts, fields, checkbox rows), while code and players stay
+#: left-to-right. Table cells keep whole words (the table scrolls sideways instead) and lay out
+#: each cell by its own first strong letter, so a cell of numbers keeps its parentheses.
+CSS = """
+html[dir="rtl"] .gradio-container [dir="ltr"] { direction: rtl; }
+html[dir="rtl"] .gradio-container label, html[dir="rtl"] .gradio-container [data-testid="block-info"],
+html[dir="rtl"] .gradio-container [data-testid="block-label"], html[dir="rtl"] .gradio-container .prose,
+html[dir="rtl"] .gradio-container input, html[dir="rtl"] .gradio-container textarea { text-align: start; }
+html[dir="rtl"] .gradio-container .cm-editor, html[dir="rtl"] .gradio-container .cm-editor *,
+html[dir="rtl"] .gradio-container [data-testid="waveform-controls"],
+html[dir="rtl"] .gradio-container #run-fp32-audio .component-wrapper,
+html[dir="rtl"] .gradio-container #run-mixed-audio .component-wrapper { direction: ltr; }
+html[dir="rtl"] .gradio-container .icon-wrap { right: auto; left: var(--size-5, 20px); }
+.gradio-container .prose table { display: block; max-width: 100%; overflow-x: auto; }
+.gradio-container .prose th, .gradio-container .prose td, #diagnose-profile th, #diagnose-profile td {
+  white-space: nowrap; word-break: keep-all; unicode-bidi: plaintext; text-align: start; }
+.mixprec-note { font-size: 0.9em; opacity: 0.85; }
+"""
+
+
 def _pipeline(cache: Cache | None, name: str, size: str, device: str = "cpu") -> tuple[Any, Cache]:
     """The session's pipeline ``name``/``size`` on ``device``, built on first use (returns a new cache dict)."""
     cache = dict(cache or {})
     if (name, size, device) not in cache:
-        cache[(name, size, device)] = pipelines.get(name, size=size, seed=0, device=device)
+        with _BUILDING:
+            cache[(name, size, device)] = pipelines.get(name, size=size, seed=0, device=device)
     return cache[(name, size, device)], cache
 
 
 def _header(lang: str) -> str:
-    return (f'<div id="mixprec-header" dir="{direction(lang)}" lang="{lang}">'
+    return (f"<style>{CSS}</style>"
+            f'<div id="mixprec-header" dir="{direction(lang)}" lang="{lang}">'
             f"<h2>{html.escape(t('app.title', lang))}</h2><p>{html.escape(t('app.subtitle', lang))}</p></div>")
 
 
@@ -154,14 +181,28 @@ def run_comparison(
             [label, f"{mixed_s:.3f}", f"{mixed_bytes / _MIB:.2f}", _quality_text(q, kind, lang)]]
     summary = t("run.speedup", lang, speedup=f"{fp32_s / max(mixed_s, 1e-9):.2f}",
                 ratio=f"{100 * mixed_bytes / max(fp32_bytes, 1):.0f}") + " " + t("run.timing_note", lang)
+    if kind == "audio":
+        summary += "\n\n" + t("run.audio_length", lang, seconds=_audio_seconds(ref), rate=rate)
     return {"kind": kind, "fp32": _media(ref, kind), "mixed": _media(out, kind), "figures": markdown_table(headers, rows) + "\n\n" + summary,
             "latency_s": (fp32_s, mixed_s), "weight_bytes": (fp32_bytes, mixed_bytes), "quality": q, "cache": cache}
 
 
+def _audio_seconds(out: Any) -> str:
+    """The length of the first waveform of an audio output, in seconds (two decimals)."""
+    return f"{out.output[0].shape[-1] / out.sample_rate:.2f}"
+
+
 def _media(out: Any, kind: str) -> Any:
-    """Audio as ``(rate, float32 ndarray)``, an image as HWC float array in [0, 1], else ``None``."""
+    """Audio as ``(rate, int16 ndarray of samples)``, an image as HWC float array in [0, 1], else ``None``.
+
+    The waveform goes out as 16-bit PCM at its true level: Gradio would otherwise scale each float
+    waveform to its own peak, so the two players would not compare levels.
+    """
+    import torch
+
     if kind == "audio":
-        return out.sample_rate, out.output[0].detach().float().clamp(-1, 1).cpu().numpy()
+        wave = out.output[0].detach().float().clamp(-1, 1).reshape(-1)
+        return int(out.sample_rate), (wave * 32767).round().to(torch.int16).cpu().numpy()
     if kind == "image":
         return out.output[0].detach().float().clamp(0, 1).permute(1, 2, 0).cpu().numpy()
     return None
@@ -237,7 +278,7 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
                                    label="run.size_label", info="run.size_info")
                     run_device = device_picker(reg, lang, "run", label="run.device_label", info="run.device_info")
                 controls = precision_controls(app, lang=lang, language=language)
-                reg(controls.matmul, label="controls.matmul_label", info=lambda lg: matmul_info(app, lg))
+                reg(controls.matmul, label="controls.matmul_label")  # its info follows the preset too (below)
                 reg(controls.preset, label="controls.preset_label", info="controls.preset_info", choices=preset_choices)
                 reg(controls.upcast_attention, label="controls.upcast_label", info="controls.upcast_info")
                 reg(controls.button, value="controls.init_button")
@@ -272,20 +313,25 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
                 diag_button = reg(gr.Button(t("diag.button", lang), variant="primary", elem_id="diag-button"), value="diag.button")
                 diag_summary = gr.Markdown(elem_id="diag-summary")
                 diag_table = gr.HTML(elem_id="diagnose-table")
-                diag_toml = reg(gr.Code(language=None, label=t("diag.suggest_label", lang), elem_id="diag-toml"),
+                diag_toml = reg(gr.Code(language=None, lines=12, max_lines=40, wrap_lines=True, label=t("diag.suggest_label", lang), elem_id="diag-toml"),
                                 label="diag.suggest_label")
             with reg(gr.Tab(t("tab.tune", lang), id="tune", elem_id="tab-tune"), label="tab.tune"):
                 build_tune_tab(lang, reg, language)
 
         def slot_updates(name: str, size: str, lg: str, state: Cache, preset: str = NO_PRESET,
                          device: str = "cpu") -> tuple[list[Any], Cache]:
+            given: dict[str, tuple[str, tuple[str, ...]]] = {}
             try:
                 pipe, state = _pipeline(state, name, size, device if device in devices() else "cpu")
                 comps = list(pipe.components)[:MAX_COMPONENTS]
+                if preset and preset != NO_PRESET:
+                    given = preset_storage(preset, pipe.components, tuple(pipe.sensitive))
             except (ValueError, RuntimeError, OSError, ImportError):
                 comps = []
-            # A preset decides the weight types: the selectors are locked and say so (not "fp32" under "fast").
-            ups = [{**dtype_selector_update(preset, lg), "visible": i < len(comps), "value": "fp32",
+            # A preset decides the weight types: the selectors are locked, show what the preset gives
+            # each component and say so; with "none" they start at fp32.
+            ups = [{"value": "fp32", **dtype_selector_update(preset, lg, given.get(comps[i]) if i < len(comps) else None),
+                    "visible": i < len(comps),
                     "label": t("controls.dtype_label", lg, component=comps[i]) if i < len(comps) else None}
                    for i in range(MAX_COMPONENTS)]
             return ups, state
@@ -293,9 +339,6 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
         def on_pipeline(name: str, size: str, lg: str, state: Cache, preset: str = NO_PRESET, device: str = "cpu") -> list[Any]:
             ups, state = slot_updates(name, size, lg, state, preset, device)
             return [*ups, state]
-
-        def on_preset(preset: str, lg: str) -> list[Any]:
-            return [dtype_selector_update(preset, lg) for _ in range(MAX_COMPONENTS)]
 
         def on_language(lg: str, name: str, size: str, state: Cache, status: str, shown: str, preset: str, device: str,
                         *slot_values: str) -> list[Any]:
@@ -307,8 +350,9 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
             for _component, spec in texts:
                 out.append(gr.update(**{prop: (key(lg) if callable(key) else t(key, lg)) for prop, key in spec.items()}))
             ups, state = slot_updates(name, size, lg, state, preset, device)
-            for up, value in zip(ups, slot_values):
-                up["value"] = value
+            if not preset or preset == NO_PRESET:
+                for up, value in zip(ups, slot_values):
+                    up["value"] = value  # the user's own choices stay
             return [*out, *ups, state]
 
         def on_run(lg: str, name: str, size: str, device: str, preset: str, upcast: bool, *rest: Any) -> list[Any]:
@@ -322,8 +366,17 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
                 hidden = gr.update(visible=False)
                 return [hidden] * 4 + [error_text("run.error", lg, exc), state]
             audio, image = result["kind"] == "audio", result["kind"] == "image"
-            return [gr.update(value=result["fp32"] if audio else None, visible=audio),
-                    gr.update(value=result["mixed"] if audio else None, visible=audio),
+
+            def player(which: str, key: str) -> Any:
+                if not audio:
+                    return gr.update(value=None, visible=False)
+                rate, wave = result[which]
+                # The player's clock shows whole seconds: the label gives the exact length.
+                return gr.update(value=result[which], visible=True,
+                                 label=t("run.audio_label", lg, output=t(key, lg), seconds=f"{wave.shape[0] / rate:.2f}",
+                                         rate=rate))
+
+            return [player("fp32", "run.fp32_output"), player("mixed", "run.mixed_output"),
                     gr.update(value=result["fp32"] if image else None, visible=image),
                     gr.update(value=result["mixed"] if image else None, visible=image),
                     result["figures"], result["cache"]]
@@ -345,7 +398,10 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
                     outputs=[*slots, cache])
         demo.load(on_pipeline, inputs=[run_pipe, run_size, language, cache, controls.preset, run_device],
                   outputs=[*slots, cache])
-        controls.preset.change(on_preset, inputs=[controls.preset, language], outputs=slots)
+        controls.preset.change(on_pipeline, inputs=[run_pipe, run_size, language, cache, controls.preset, run_device],
+                               outputs=[*slots, cache])
+        language.change(lambda lg, chosen: gr.update(info=matmul_info(app, lg, preset=chosen)),
+                        inputs=[language, controls.preset], outputs=controls.matmul)
         run_button.click(on_run, inputs=[language, run_pipe, run_size, run_device, controls.preset, controls.upcast_attention,
                                          *slots, cache],
                          outputs=[fp32_audio, mixed_audio, fp32_image, mixed_image, figures, cache])

@@ -25,9 +25,9 @@ from mixprec.device import hardware
 from mixprec.bench.configs import BUILTIN
 from mixprec.ui.forms import (SIZES, cancel_job, check_choice, check_whole, devices, error_text, markdown_table, png_html,
                               status_html, store_location)
-from mixprec.ui.i18n import DEFAULT_LANGUAGE, messages, t
+from mixprec.ui.i18n import DEFAULT_LANGUAGE, bidi, messages, t
 from mixprec.ui.jobs import Job
-from mixprec.ui.widgets import device_picker, pipeline_pickers, start_cancel, store_path
+from mixprec.ui.widgets import device_picker, pipeline_pickers, start_cancel, store_path, wire_cancel
 
 __all__ = ["CONFIGS", "DEFAULT_CONFIGS", "MAX_RUNS", "TABLE_COLUMNS", "bench_cancel", "bench_run", "build_bench_tab",
            "devices", "list_runs", "results_table", "show_run"]
@@ -63,11 +63,29 @@ def results_table(run: dict[str, Any], lang: str) -> str:
         keys = [k for k in keys if k != "sqnr"]
     if not any(r.get("error") for r in rows):
         keys = [k for k in keys if k != "error"]
-    body = [[_status(r[k], lang) if k == "status" else r[k] for k in keys] for r in rows]
+    body = [[_status(r[k], lang) if k == "status" else _speedup(r[k], lang) if k == "speedup" else r[k] for k in keys]
+            for r in rows]
     table = markdown_table([t(f"bench.tcol_{k}", lang) for k in keys], body)
+    # What a speed-up cell's word means is said under the table, in the table's language.
+    cells = [r["speedup"] for r in rows] if "speedup" in keys else []
+    notes = ["\\* " + t(f"bench.note_{word}", lang) for word in ("undecided", "unstable")
+             if any(c.startswith(word) for c in cells)]
+    if any(c not in ("reference", "—") for c in cells):
+        notes.append(t("bench.note_paired", lang))
     # What makes the figures less than certain is said beside them, as the CLI and the report do.
     doubts = [n for n in run.get("notes") or () if any(w in n for w in _DOUBTS)]
-    return table + "".join(f"\n\n> {html.escape(_short(n))}" for n in doubts)
+    return (table + "".join(f"\n\n{n}" for n in notes)
+            + "".join(f"\n\n> {bidi(html.escape(_short(n)), lang)}" for n in doubts))
+
+
+def _speedup(cell: str, lang: str) -> str:
+    """A speed-up cell (:func:`mixprec.bench.evidence.speedup_cell`) with its verdict word in ``lang``
+    and a mark pointing to the note under the table."""
+    for word in ("undecided", "unstable", "reference"):
+        if cell.startswith(word):
+            mark = "" if word == "reference" else " \\*"
+            return t(f"bench.cell_{word}", lang) + cell[len(word):] + mark
+    return cell
 
 
 #: Run notes that qualify the table's figures.
@@ -272,8 +290,9 @@ def build_bench_tab(lang: str, reg: Callable[..., Any], language: gr.components.
         text, choices = list_runs(where, lang=lg)
         return text, gr.update(choices=choices, value=choices[0][1] if choices else None)
 
-    run_button.click(bench_run, inputs=[language, pipe, size, configs, repeat, warmup, device, path, job],
-                     outputs=[status, table, plot, runs_md, run_pick], show_progress="hidden")
+    started = run_button.click(bench_run, inputs=[language, pipe, size, configs, repeat, warmup, device, path, job],
+                               outputs=[status, table, plot, runs_md, run_pick], show_progress="hidden")
+    wire_cancel(run_button, started, cancel_button, job)
     cancel_button.click(bench_cancel, inputs=[language, job], outputs=status, show_progress="hidden")
     load_button.click(on_load_runs, inputs=[language, path], outputs=[runs_md, run_pick])
     show_button.click(lambda lg, where, run_id: show_run(where, run_id, lang=lg), inputs=[language, path, run_pick],

@@ -20,8 +20,9 @@ from typing import Any, Callable, Mapping, Sequence
 import gradio as gr
 
 import mixprec
+from mixprec._quote import clip
 from mixprec.policy import PolicyError
-from mixprec.ui.i18n import check_language, t
+from mixprec.ui.i18n import bidi, check_language, t
 
 __all__ = [
     "DTYPES",
@@ -32,6 +33,9 @@ __all__ = [
     "defaults_message",
     "initialize_service",
     "matmul_info",
+    "matmul_update",
+    "preset_matmul",
+    "preset_storage",
     "preset_choices",
     "precision_controls",
     "policy_line",
@@ -58,12 +62,57 @@ def default_matmul(app: str | None) -> tuple[str, str, str | None]:
     return resolved.numeric.matmul, str(resolved.source_of("float32_matmul_precision")), None
 
 
-def matmul_info(app: str | None, lang: str) -> str:
-    """The matmul dropdown's info text, naming the source of its default."""
+def preset_matmul(preset: str | None) -> str | None:
+    """The float32 matmul precision ``preset`` sets on this machine, or ``None`` for :data:`NO_PRESET`."""
+    if not preset or preset == NO_PRESET:
+        return None
+    return mixprec.preset(preset).numerics.matmul
+
+
+def matmul_info(app: str | None, lang: str, *, preset: str | None = None) -> str:
+    """The matmul dropdown's info text: what ``preset`` sets (and that another value overrides it),
+    else the source of its default."""
+    chosen = preset_matmul(preset)
+    if chosen is not None:
+        return t("controls.matmul_info_preset", lang, preset=preset, value=chosen)
     source = default_matmul(app)[1]
     if source == "default":
         return t("controls.matmul_info_builtin", lang)
     return t("controls.matmul_info", lang, source=source)
+
+
+def matmul_update(app: str | None, preset: str | None, lang: str) -> dict[str, Any]:
+    """The matmul dropdown when the preset changes: the preset's level (its info says another value
+    overrides it), or with "none" the default of the configuration sources again."""
+    chosen = preset_matmul(preset)
+    value = chosen if chosen is not None else default_matmul(app)[0]
+    return gr.update(value=value, info=matmul_info(app, lang, preset=preset))
+
+
+def preset_storage(preset: str, components: Mapping[str, Any], hints: Sequence[str] = ()) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """What ``preset`` stores each component's weights in on this machine.
+
+    Args:
+        preset: a name of :data:`mixprec.PRESETS`.
+        components: the pipeline's components (name -> module).
+        hints: the pipeline's precision-sensitive module hints.
+
+    Returns:
+        component -> ``(type of most of its weights, modules whose weights are kept in another type)``.
+    """
+    from mixprec.policy.select import resolve_modules
+
+    plans, _ = resolve_modules(dict(components), mixprec.preset(preset, hints=tuple(hints)))
+    out: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for name in components:
+        own = [(plan, sum(p.numel() for p in plan.module.parameters(recurse=False))) for plan in plans
+               if plan.qualname == name or plan.qualname.startswith(f"{name}.")]
+        weighed: dict[str, int] = {}
+        for plan, count in own:
+            weighed[plan.storage] = weighed.get(plan.storage, 0) + count
+        main = max(weighed, key=lambda k: weighed[k]) if any(weighed.values()) else "fp32"
+        out[name] = main, tuple(plan.qualname for plan, count in own if count and plan.storage != main)
+    return out
 
 
 def defaults_message(app: str | None, lang: str) -> str:
@@ -156,7 +205,7 @@ def initialize_service(
     except ValueError as exc:
         return t("controls.error_config", lang, message=str(exc))
     if matmul not in mixprec.MATMUL_LEVELS:
-        return t("controls.error_choice", lang, value=matmul, field=t("controls.matmul_label", lang),
+        return t("controls.error_choice", lang, value=clip(matmul, escape=True), field=t("controls.matmul_label", lang),
                  choices=", ".join(mixprec.MATMUL_LEVELS))
     try:
         resolved = mixprec.init(app, matmul=matmul)
@@ -172,11 +221,16 @@ def initialize_service(
     state = mixprec.describe()
     backends = ", ".join(f"`{name}`: {value}" for name, value in state["backends"].items())
     lines = [t("controls.status_applied", lang), ""]
+    # The log lines are English: in a right-to-left language each is isolated (bidi).
     # The model policy is the one these controls chose, not the preset/policy settings of the
     # config sources ("precision preset = not set" while a preset was applied).
-    lines += [f"- {line}" for key, line in zip(resolved.settings, resolved.log_lines()) if key not in ("preset", "policy")]
+    lines += [f"- {bidi(line, lang)}" for key, line in zip(resolved.settings, resolved.log_lines())
+              if key not in ("preset", "policy")]
     lines += [f"- {policy_line(preset, upcast_attention, dtypes, lang)}"]
-    lines += ["", t("controls.status_backends", lang, backends=backends)]
+    from_preset = preset_matmul(preset)
+    if from_preset is not None and from_preset != matmul:
+        lines += [f"- {t('controls.status_matmul_override', lang, value=matmul, preset=preset, preset_value=from_preset)}"]
+    lines += ["", t("controls.status_backends", lang, backends=bidi(backends, lang))]
     if isinstance(loaded, str) and loaded:
         lines += ["", loaded]
     return "\n".join(lines)
@@ -191,12 +245,21 @@ def policy_line(preset: str | None, upcast_attention: bool, dtypes: Mapping[str,
     return t("controls.status_policy_types", lang, types=types, upcast=upcast)
 
 
-def dtype_selector_update(preset: str | None, lang: str) -> dict[str, Any]:
+def dtype_selector_update(preset: str | None, lang: str, storage: tuple[str, tuple[str, ...]] | None = None) -> dict[str, Any]:
     """A per-component type selector under ``preset``: a preset decides the types, so the selector is
-    locked and says so; with "none" it is the user's choice again."""
+    locked, shows the type the preset gives the component (``storage``, an entry of
+    :func:`preset_storage`) and says so; with "none" it is the user's choice again."""
     if preset and preset != NO_PRESET:
-        return gr.update(interactive=False, info=t("controls.dtype_info_preset", lang, preset=preset,
-                                                   none=t("controls.preset_none", lang)))
+        kept = ""
+        extra: dict[str, Any] = {}
+        if storage is not None:
+            main, others = storage
+            extra["value"] = main
+            if others:
+                names = ", ".join(others[:3]) + (", …" if len(others) > 3 else "")
+                kept = t("controls.dtype_kept", lang, count=len(others), names=names)
+        return gr.update(interactive=False, info=t("controls.dtype_info_preset", lang, preset=preset, kept=kept,
+                                                   none=t("controls.preset_none", lang)), **extra)
     return gr.update(interactive=True, info=t("controls.dtype_info", lang))
 
 
@@ -290,9 +353,16 @@ def precision_controls(
         button.click(controls.initialize, inputs=controls.inputs, outputs=status)
     else:
         button.click(controls.initialize_in, inputs=[language, *controls.inputs], outputs=status)
+    def follow(chosen: str, lg: str = lang) -> dict[str, Any]:
+        return matmul_update(app, chosen, lg)
+
+    preset.change(follow, inputs=[preset] if language is None else [preset, language], outputs=matmul)
     if dtypes:
         def lock(chosen: str, lg: str = lang) -> list[dict[str, Any]]:
-            return [dtype_selector_update(chosen, lg)] * len(dtypes)
+            if not chosen or chosen == NO_PRESET:
+                return [{**dtype_selector_update(chosen, lg), "value": "fp32"} for _ in dtypes]
+            given = preset_storage(chosen, pipeline.components, tuple(getattr(pipeline, "sensitive", ())))
+            return [dtype_selector_update(chosen, lg, given[name]) for name in dtypes]
 
         preset.change(lock, inputs=[preset] if language is None else [preset, language], outputs=list(dtypes.values()))
     return controls

@@ -29,7 +29,7 @@ from mixprec.ui.forms import (SIZES, cancel_job, check_choice, check_whole, devi
                               status_html, store_location)
 from mixprec.ui.i18n import t
 from mixprec.ui.jobs import Job
-from mixprec.ui.widgets import device_picker, pipeline_pickers, start_cancel, store_path
+from mixprec.ui.widgets import device_picker, pipeline_pickers, start_cancel, store_path, wire_cancel
 
 __all__ = ["MAX_BUDGET", "OBJECTIVES", "build_tune_tab", "objective_choices", "tune_cancel", "tune_plot_png", "tune_run"]
 
@@ -58,9 +58,11 @@ def _shown(value: float, lang: str) -> str:
     return "—" if math.isnan(value) else f"{value:.6g}"
 
 
-def _plot(path: Sequence[Any], bound: mixprec.Bound, best: Any, lang: str) -> str:
-    return (png_html(tune_plot_png(path, bound, best), t("tune.plot_alt", lang, metric=bound.key), "tune-plot-img")
-            + f"<p>{html.escape(t('tune.plot_caption', lang, metric=bound.key, bound=bound))}</p>")
+def _plot(path: Sequence[Any], bound: mixprec.Bound, best: Any, lang: str, frontier: Sequence[Any] = ()) -> str:
+    caption = t("tune.plot_caption", lang, metric=bound.key, bound=bound)
+    return (png_html(tune_plot_png(path, bound, best, frontier=frontier), t("tune.plot_alt", lang, metric=bound.key),
+                     "tune-plot-img")
+            + f"<p>{html.escape(caption)} {html.escape(t('tune.plot_labels', lang))}</p>")
 
 
 def _best_text(best: Any, bound: mixprec.Bound, lang: str) -> str:
@@ -182,7 +184,8 @@ def tune_run(lang: str, pipeline: str, size: str, bound: str, objective: str, bu
         else:
             cancelled = job.should_stop()
             done = t("tune.done_cancelled" if cancelled else "tune.done", lang, evaluations=value.evaluations)
-            yield [status_html(done, 1.0), _plot(value.path, parsed, value.chosen, lang), _summary(value, cancelled, lang),
+            yield [status_html(done, 1.0), _plot(value.path, parsed, value.chosen, lang, value.frontier),
+                   _summary(value, cancelled, lang),
                    value.to_toml()]
 
 
@@ -209,12 +212,13 @@ def build_tune_tab(lang: str, reg: Callable[..., Any], language: gr.components.C
     start, cancel, status = start_cancel(reg, lang, "tune", start_key="tune.start_button", start_id="tune-start")
     plot = gr.HTML(elem_id="tune-plot")
     summary = gr.Markdown(elem_id="tune-summary")
-    toml_text = reg(gr.Code(language=None, label=t("tune.policy_label", lang), elem_id="tune-policy"),
+    toml_text = reg(gr.Code(language=None, lines=12, max_lines=40, wrap_lines=True, label=t("tune.policy_label", lang), elem_id="tune-policy"),
                     label="tune.policy_label")
     def on_start(lg: str, name: str, size_value: str, bound_text: str, goal: str, evaluations: Any, where: str | None,
                  session: Job, device_value: str) -> Iterator[Outputs]:
         yield from tune_run(lg, name, size_value, bound_text, goal, evaluations, where, session, device=device_value)
 
-    start.click(on_start, inputs=[language, pipe, size, bound, objective, budget, path, job, device],
-                outputs=[status, plot, summary, toml_text], show_progress="hidden")
+    started = start.click(on_start, inputs=[language, pipe, size, bound, objective, budget, path, job, device],
+                          outputs=[status, plot, summary, toml_text], show_progress="hidden")
+    wire_cancel(start, started, cancel, job)
     cancel.click(tune_cancel, inputs=[language, job], outputs=status, show_progress="hidden")

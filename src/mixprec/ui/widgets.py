@@ -15,7 +15,7 @@ from mixprec import pipelines
 from mixprec.ui.forms import SIZES, devices
 from mixprec.ui.i18n import t
 
-__all__ = ["device_picker", "pipeline_pickers", "start_cancel", "store_path"]
+__all__ = ["device_picker", "pipeline_pickers", "start_cancel", "store_path", "wire_cancel"]
 
 Reg = Callable[..., Any]
 
@@ -44,9 +44,21 @@ def store_path(reg: Reg, lang: str, prefix: str) -> gr.Textbox:
 
 
 def start_cancel(reg: Reg, lang: str, prefix: str, *, start_key: str, start_id: str) -> tuple[gr.Button, gr.Button, gr.HTML]:
-    """The Start and Cancel buttons in one row, and the status line (progress bar) under them."""
+    """The Start and Cancel buttons in one row, and the status line (progress bar) under them.
+
+    Cancel starts inactive: :func:`wire_cancel` makes it active only while the session's job runs.
+    """
     with gr.Row():
         start = reg(gr.Button(t(start_key, lang), variant="primary", elem_id=start_id), value=start_key)
-        cancel = reg(gr.Button(t("job.cancel_button", lang), variant="stop", elem_id=f"{prefix}-cancel"),
+        cancel = reg(gr.Button(t("job.cancel_button", lang), variant="stop", interactive=False, elem_id=f"{prefix}-cancel"),
                      value="job.cancel_button")
     return start, cancel, gr.HTML(elem_id=f"{prefix}-status")
+
+
+def wire_cancel(start: gr.Button, started: Any, cancel: gr.Button, job: gr.State) -> None:
+    """Make ``cancel`` active when ``start`` is clicked and inactive again once the job's handler
+    (the event ``started``) ends, unless this session's job still runs (a second click that was
+    refused while the first job runs leaves Cancel active)."""
+    start.click(lambda: gr.update(interactive=True), outputs=cancel, queue=False, show_progress="hidden")
+    started.then(lambda session: gr.update(interactive=session.running), inputs=job, outputs=cancel,
+                 show_progress="hidden")
