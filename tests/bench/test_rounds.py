@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from typer.testing import CliRunner
 
 from mixprec.bench.rounds import MIN_TIMED, RoundKeeper, paired, speed_metrics
@@ -38,22 +36,45 @@ def test_instability_and_memory_noise():
     assert memory_beyond_noise(36 * 2**20, 80 * 2**20, 0.1)
 
 
-def test_the_keeper_cuts_rounds_drops_the_slowest_and_adds_rounds_while_ratios_are_wide():
-    keeper = RoundKeeper(warmup=1, repeat=5, deadline=time.monotonic() + 80, batch=1)
-    keeper._last = 30.0  # a round takes 30 s: neither 5 nor 3 timed rounds fit in 80 s
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 500.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_keeper_cuts_warm_ups_then_rounds_then_configurations_and_adds_rounds_while_ratios_are_wide():
+    clock = _Clock()
+    keeper = RoundKeeper(warmup=2, repeat=5, deadline=clock.now + 80, batch=1, clock=clock)
+    keeper._last = 30.0  # a round takes 30 s: 7 rounds do not fit in 80 s
     assert keeper.go_on(0, list, list) == (True, [])
-    go, dropped = keeper.go_on(1, list, lambda: [("slow", "slot-slow"), ("fast", "slot-fast")])
-    assert go and dropped == ["slot-slow"] and "dropped slow" in keeper.notes[-1]
-    keeper._last = 50.0  # still behind after the minimum: the planned rounds left are cut
-    assert keeper.go_on(1 + MIN_TIMED, list, list) == (False, [])
-    assert f"planned timed round(s) dropped after {MIN_TIMED}" in keeper.notes[-1]
+    assert keeper.go_on(1, list, list) == (True, []) and keeper.warmup == 1  # the second warm-up is cut first
+    assert "1 warm-up round(s) left out" in keeper.notes[-1]
+    clock.now += 30
+    assert keeper.go_on(2, list, list) == (True, [])  # one more timed round still fits
+    clock.now += 30
+    assert keeper.go_on(3, list, list) == (False, [])  # after 2 timed rounds none fits: the rest are cut
+    assert "3 of 5 planned timed round(s) dropped after 2" in keeper.notes[-1]
+
+    # Not even one round fits before any was timed: the slowest configurations go, one always stays.
+    keeper = RoundKeeper(warmup=1, repeat=3, deadline=clock.now + 40, batch=1, clock=clock)
+    keeper._last = 60.0
+    slow = lambda: [("slow", "slot-slow", 30.0), ("mid", "slot-mid", 20.0), ("fast", "slot-fast", 5.0)]  # noqa: E731
+    go, dropped = keeper.go_on(1, list, slow)
+    assert go and dropped == ["slot-slow"] and "dropped slow before its first timed run" in keeper.notes[-1]
+    keeper._last = 500.0
+    assert keeper.go_on(1, list, slow)[1] == ["slot-slow", "slot-mid"]  # "fast" stays
 
     wide = lambda: [("fast", Ratio(1.05, 0.8, 1.3, 5))]  # noqa: E731
-    keeper = RoundKeeper(warmup=0, repeat=3, deadline=time.monotonic() + 1000, batch=2)
+    keeper = RoundKeeper(warmup=0, repeat=3, deadline=clock.now + 1000, batch=2, clock=clock)
     keeper._last = 0.01
     assert keeper.go_on(3, wide, list)[0] and keeper.go_on(5, wide, list)[0]  # adaptive rounds, up to 3 more
     assert keeper.go_on(6, wide, list) == (False, [])
     assert "batch 2: undecided after 6 timed rounds" in keeper.notes[-1] and "fast 1.05x (0.80-1.30)" in keeper.notes[-1]
+    keeper = RoundKeeper(warmup=0, repeat=3, deadline=clock.now + 10, batch=2, clock=clock)
+    keeper._last = 20.0
+    assert keeper.go_on(3, wide, list) == (False, [])  # no room for an adaptive round
     assert RoundKeeper(0, 3, None, 1).go_on(3, wide, list)[0] is False  # without a budget, no rounds are added
 
 

@@ -6,7 +6,14 @@ benchmark's length is estimated for each choice of warm-up and timed runs, and t
 richest choice that fits the budget is taken. When even one timed run per
 configuration does not fit, a pipeline that declares a work option (the diffusion
 pipeline's denoising ``steps``, the TTS pipeline's ``num_tokens``) is shortened in
-proportion, never below the option's smallest useful value.
+proportion, never below the option's smallest useful value; when even that does not
+fit, configurations are left out (the costliest first, fp32 never), each named as not
+measured with the reason.
+
+The estimate follows the load the calibration ran under: the other workers load in
+parallel, and on a machine where other processes compete for the cores they get only
+their share of it, so the load's CPU seconds (what the reference's load used) are spread
+over the cores in proportion to our workers among every runnable process.
 
 Every choice is explained in :attr:`Plan.reason`, which the run's notes carry.
 """
@@ -17,7 +24,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Calibration", "Plan", "plan_runs", "config_cost", "parse_budget", "batch_limit",
+__all__ = ["Calibration", "Plan", "plan_runs", "config_cost", "parse_budget", "batch_limit", "drop_order",
            "OTHER_CONFIG_COST", "PLAN_MARGIN"]
 
 #: A configuration other than fp32 may take this many times the reference's run time
@@ -38,6 +45,9 @@ class Calibration:
         peak_bytes: memory its reference run took above the loaded model (RSS or CUDA).
         work: the pipeline's work option and its value, e.g. ``("steps", 10)``, if it has one.
         work_min: that option's smallest useful value.
+        load_cpu_s: CPU seconds the reference worker used to load (``None``: not known;
+            the wall time ``load_s`` stands in).
+        busy: other processes ready to run on this machine when it was measured.
     """
 
     load_s: float
@@ -46,6 +56,8 @@ class Calibration:
     peak_bytes: int = 0
     work: tuple[str, int] | None = None
     work_min: int | None = None
+    load_cpu_s: float | None = None
+    busy: int = 0
 
 
 @dataclass
@@ -58,6 +70,7 @@ class Plan:
         work: ``{option: value}`` to rebuild the pipeline with (empty: as it is).
         estimate_s: the expected seconds for this batch size.
         reason: one line saying what was measured and why this was chosen.
+        dropped: positions (in the ``costs`` given) of configurations left out to fit.
     """
 
     warmup: int
@@ -65,6 +78,7 @@ class Plan:
     work: dict[str, int] = field(default_factory=dict)
     estimate_s: float = 0.0
     reason: str = ""
+    dropped: list[int] = field(default_factory=list)
 
 
 def parse_budget(text: str, source: str = "--budget") -> float:
@@ -82,7 +96,9 @@ def parse_budget(text: str, source: str = "--budget") -> float:
         total = hours * 3600 + minutes * 60 + seconds
         if math.isfinite(total) and total > 0:
             return total
-    raise ValueError(f"{source} {text!r}: expected a positive duration such as 420, 420s, 7m or 6m30s")
+    from mixprec._quote import quote
+
+    raise ValueError(f"{source} {quote(text)}: expected a positive duration such as 420, 420s, 7m or 6m30s")
 
 
 def config_cost(spec: Any, hardware: Any) -> float:
@@ -102,41 +118,74 @@ def config_cost(spec: Any, hardware: Any) -> float:
     return OTHER_CONFIG_COST
 
 
-def _estimate(cal: Calibration, costs: list[float], warmup: int, repeat: int, scale: float, cores: int) -> float:
+def loading_s(cal: Calibration, workers: int, cores: int) -> float:
+    """Seconds for ``workers`` more workers to load at once, after the reference.
+
+    On a quiet machine they load ``cores`` at a time, each as long as the reference did.
+    With ``cal.busy`` other runnable processes, the workers get ``workers / (busy +
+    workers)`` of the cores, so their CPU seconds of loading take that much longer.
+    """
+    if workers <= 0:
+        return 0.0
+    quiet = cal.load_s * math.ceil(workers / max(1, cores))
+    cpu = cal.load_cpu_s if cal.load_cpu_s is not None else cal.load_s
+    shared = cpu * workers * (cal.busy + workers) / (max(1, cores) * workers)
+    return max(quiet, shared)
+
+
+def _estimate(cal: Calibration, costs: list[float], warmup: int, repeat: int, scale: float, cores: int,
+              reload: bool = False) -> float:
     """Seconds for one batch size: loading the other workers, then every run.
 
     The reference's calibration run counts as its first warm-up run (it makes one more
-    run when there is no warm-up); the other workers load in parallel, ``cores`` at a time.
+    run when there is no warm-up); ``reload``: the reference is loaded and run again at
+    the new work size first.
     """
-    others = len(costs) - 1
-    loads = cal.load_s * math.ceil(others / max(1, cores)) if others else 0.0
+    loads = loading_s(cal, len(costs) - 1, cores)
     runs = warmup + repeat
     per_round = cal.run_s * scale * sum(costs)
     reference_extra = 0.0 if warmup > 0 else cal.run_s * scale
-    return loads + per_round * runs + reference_extra
+    again = cal.load_s + cal.run_s * scale if reload else 0.0
+    return again + loads + per_round * runs + reference_extra
+
+
+def drop_order(costs: list[float], protected: list[bool] | None = None) -> list[int]:
+    """Positions of configurations in the order a tight budget leaves them out.
+
+    The costliest first; among equal costs the unprotected ones (``protected[i]``
+    false, e.g. the alternatives users would pick by hand) before the protected ones
+    (mixprec's own presets and policy files), and later ones before earlier ones.
+    Position 0 (the fp32 reference) is never left out.
+    """
+    protected = protected or [False] * len(costs)
+    return sorted(range(1, len(costs)), key=lambda i: (-costs[i], protected[i], -i))
 
 
 def plan_runs(cal: Calibration, costs: list[float], *, budget_s: float, max_warmup: int, max_repeat: int,
-              cores: int = 1) -> Plan:
-    """The richest (warm-up, timed runs, work size) whose estimate fits ``budget_s``.
+              cores: int = 1, order: list[int] | None = None, can_shorten: bool = True) -> Plan:
+    """The richest (warm-up, timed runs, work size, configurations) whose estimate fits ``budget_s``.
 
     Preference: the asked warm-up and timed runs; then fewer timed runs (down to 2);
     then 2 timed runs without warm-up (a spread beats a warm-up on a 2-core CPU, where
-    first runs cost little extra); then one warm-up and one timed run; one timed run; then, with one timed run and no warm-up, the work option
-    lowered in proportion (not below its minimum). When nothing fits, the smallest
-    choice is taken and the reason says by how much the budget will be exceeded.
+    first runs cost little extra); then one warm-up and one timed run; one timed run;
+    then, with one timed run and no warm-up, the work option lowered in proportion (not
+    below its minimum); then configurations left out in ``order`` (default
+    :func:`drop_order`) until the rest fits. Only when fp32 alone does not fit is the
+    estimate above the budget, and the reason says by how much.
 
     Args:
-        cal: what the reference worker measured.
+        cal: what the reference worker measured (and the load it measured under).
         costs: per configuration (fp32 first), its run time in reference runs
             (see :func:`config_cost`).
         budget_s: seconds this batch size may take from now on.
         max_warmup, max_repeat: the most to make (the user's ``--warmup`` and ``--repeat``).
-        cores: how many workers load at once.
+        cores: how many cores the workers share.
+        order: positions to leave out first when configurations must go.
+        can_shorten: whether the work option may be lowered (not once the workers are built).
     """
     usable = budget_s * PLAN_MARGIN
     measured = (f"fp32 reference {cal.run_s:.2f} s per run, load {cal.load_s:.1f} s, {len(costs)} configurations, "
-                f"{budget_s:.0f} s of the budget left")
+                f"{budget_s:.0f} s of the budget left" + (f", {cal.busy} other runnable processes" if cal.busy else ""))
     candidates: list[tuple[int, int]] = []
     for repeat in range(max_repeat, 1, -1):
         candidates.append((max_warmup, repeat))
@@ -154,25 +203,58 @@ def plan_runs(cal: Calibration, costs: list[float], *, budget_s: float, max_warm
             return Plan(warmup, repeat, {}, estimate,
                         f"{warmup} warm-up + {_runs(repeat)} per configuration, about {estimate:.0f} s ({why}; {measured})")
     smallest = _estimate(cal, costs, 0, 1, 1.0, cores)
-    if cal.work is not None and cal.work_min is not None and cal.work[1] > cal.work_min:
+    work: dict[str, int] = {}
+    scale, head = 1.0, f"1 timed run, no warm-up: even that would take about {smallest:.0f} s"
+    if can_shorten and cal.work is not None and cal.work_min is not None and cal.work[1] > cal.work_min:
         option, value = cal.work
-        fixed = _estimate(cal, costs, 0, 1, 0.0, cores)
-        variable = smallest - fixed
-        scale = max(0.0, (usable - fixed) / variable) if variable > 0 else 1.0
-        new = max(cal.work_min, min(value, math.floor(value * scale)))
+        fixed = _estimate(cal, costs, 0, 1, 0.0, cores, reload=True)
+        variable = _estimate(cal, costs, 0, 1, 1.0, cores, reload=True) - fixed
+        fraction = max(0.0, (usable - fixed) / variable) if variable > 0 else 1.0
+        new = max(cal.work_min, min(value, math.floor(value * fraction)))
         if new < value:
-            estimate = _estimate(cal, costs, 0, 1, new / value, cores)
-            over = "" if estimate <= budget_s else f"; still about {estimate - budget_s:.0f} s over the budget at the smallest {option}"
-            return Plan(0, 1, {option: new}, estimate,
-                        f"{option} {value} -> {new} and 1 timed run, no warm-up, about {estimate:.0f} s: even one timed run "
-                        f"at {option}={value} would take about {smallest:.0f} s ({measured}){over}")
-    if cal.work is None:
-        why = "it has no work option to shorten"
-    else:
-        why = f"its {cal.work[0]} ({cal.work[1]}) cannot go lower"
-    return Plan(0, 1, {}, smallest,
-                f"1 timed run, no warm-up, about {smallest:.0f} s: the budget is too small for this pipeline on this "
-                f"machine and {why} ({measured})")
+            work, scale = {option: new}, new / value
+            estimate = _estimate(cal, costs, 0, 1, scale, cores, reload=True)
+            head = (f"{option} {value} -> {new} and 1 timed run, no warm-up: even one timed run at {option}={value} "
+                    f"would take about {smallest:.0f} s")
+            if estimate <= usable:
+                return Plan(0, 1, work, estimate, f"{head}; about {estimate:.0f} s ({measured})")
+    elif cal.work is None:
+        head += " and the pipeline has no work option to shorten"
+    elif can_shorten:
+        head += f" and its {cal.work[0]} ({cal.work[1]}) cannot go lower"
+    # Leave configurations out: at the shortened work size, and at the full one (which saves
+    # reloading the reference); the choice that keeps more configurations wins, the
+    # shortened one on a tie, as the preference order says.
+    options = [(work, scale)] + ([({}, 1.0)] if work else [])
+    best: tuple[list[int], list[int], dict[str, int], float, float] | None = None
+    for option_work, option_scale in options:
+        kept, dropped = _drop(cal, costs, option_scale, cores, bool(option_work), usable, order)
+        estimate = _estimate(cal, [costs[i] for i in kept], 0, 1, option_scale, cores, reload=bool(option_work))
+        if best is None or len(kept) > len(best[0]) or (len(kept) == len(best[0]) and estimate < best[3] and
+                                                         best[3] > usable):
+            best = (kept, dropped, option_work, estimate, option_scale)
+    assert best is not None
+    kept, dropped, work, estimate, _ = best
+    if not work and head.startswith(f"{cal.work[0] if cal.work else ''} "):
+        head = f"1 timed run, no warm-up: even that would take about {smallest:.0f} s"
+    over = "" if estimate <= budget_s else f"; still about {estimate - budget_s:.0f} s over the budget with fp32 alone"
+    left_out = (f"; {len(dropped)} of {len(costs)} configurations left out to fit (not measured)" if dropped else "")
+    return Plan(0, 1, work, estimate, f"{head}{left_out}; about {estimate:.0f} s ({measured}){over}", dropped)
+
+
+def _drop(cal: Calibration, costs: list[float], scale: float, cores: int, reload: bool, usable: float,
+          order: list[int] | None) -> tuple[list[int], list[int]]:
+    """(kept, left out) positions: configurations left out in ``order`` until the estimate fits."""
+    kept = list(range(len(costs)))
+    dropped: list[int] = []
+    for index in (order if order is not None else drop_order(costs)):
+        if index == 0 or index not in kept:
+            continue
+        if _estimate(cal, [costs[i] for i in kept], 0, 1, scale, cores, reload=reload) <= usable:
+            break
+        kept.remove(index)
+        dropped.append(index)
+    return kept, dropped
 
 
 def _runs(n: int) -> str:

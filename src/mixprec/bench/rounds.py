@@ -7,8 +7,9 @@ conditions: their ratio is one paired measurement (:func:`mixprec.measure.stats.
 :class:`RoundKeeper` decides, before each round, whether to run it:
 
 - **behind the budget**: when the rounds left would end past the deadline, the
-  planned rounds are cut (never below :data:`MIN_TIMED`), and if even those do not fit
-  the slowest configurations are dropped; both are named in the run's notes;
+  warm-ups left are cut, then the planned timed rounds as each stops fitting, and
+  only when not even one round fits before any was timed are the slowest
+  configurations dropped; each is named in the run's notes;
 - **adaptive rounds**: with a budget, after the planned rounds, rounds are added while
   some configuration's speed ratio interval is wider than
   :data:`~mixprec.measure.stats.TARGET_WIDTH` and the budget allows one more; those
@@ -92,7 +93,10 @@ def load_note(samples: Sequence[int], cores: int | None = None) -> str | None:
 
 @dataclass
 class RoundKeeper:
-    """Decides round by round; ``notes`` collects what it cut, dropped or could not decide."""
+    """Decides round by round; ``notes`` collects what it cut, dropped or could not decide.
+
+    ``clock`` gives the monotonic seconds the ``deadline`` is on (tests script it).
+    """
 
     warmup: int
     repeat: int
@@ -101,6 +105,7 @@ class RoundKeeper:
     extra: int = 0
     notes: list[str] = field(default_factory=list)
     busy: list[int] = field(default_factory=list)  # other runnable processes, sampled before each round
+    clock: Callable[[], float] = time.monotonic
     _last: float = 0.0
     _started: float | None = None
 
@@ -109,43 +114,58 @@ class RoundKeeper:
         self.extra = self.repeat if self.deadline is not None else 0
 
     def start_round(self) -> None:
-        self._started = time.monotonic()
+        self._started = self.clock()
         others = runnable_others()
         if others is not None:
             self.busy.append(others)
 
     def end_round(self) -> None:
         if self._started is not None:
-            self._last = time.monotonic() - self._started
+            self._last = self.clock() - self._started
 
     def fits(self, rounds: int, now: float | None = None) -> bool:
         if self.deadline is None:
             return True
-        return (now or time.monotonic()) + rounds * self._last * 1.1 <= self.deadline
+        return (self.clock() if now is None else now) + rounds * self._last * 1.1 <= self.deadline
 
     def go_on(self, index: int, wide: Callable[[], list[tuple[str, Ratio]]],
-              slow_first: Callable[[], list[tuple[str, Any]]]) -> tuple[bool, list[Any]]:
+              slow_first: Callable[[], list[tuple[str, Any, float]]]) -> tuple[bool, list[Any]]:
         """Whether to run round ``index`` (0-based, warm-ups included), and which slots
         to drop first. ``wide()``: (name, ratio) of configurations whose interval is
         wider than the target (bootstrapped only once the planned rounds are done);
-        ``slow_first()``: (name, slot) of droppable configurations, the slowest first
-        (asked only when the run falls behind)."""
+        ``slow_first()``: (name, slot, seconds of its last run) of droppable
+        configurations, the slowest first (asked only when not even one round fits
+        before any timed one ran).
+
+        Behind the budget, the warm-ups left are cut first, then the planned timed
+        rounds (as each stops fitting), and only then configurations.
+        """
         planned = self.warmup + self.repeat
-        timed = index - self.warmup  # timed rounds done so far
-        if index < planned:
-            if self.deadline is None or index == 0 or self.fits(planned - index):
-                return True, []
-            if timed < MIN_TIMED:
-                dropped, slow_first = [], slow_first()
-                while slow_first and not self.fits(MIN_TIMED - max(timed, 0) + max(0, self.warmup - index)):
-                    name, slot = slow_first.pop(0)
+        if index < planned and self.deadline is not None and index > 0 and not self.fits(planned - index):
+            if index < self.warmup:
+                self.notes.append(f"batch {self.batch}: behind the time budget: {self.warmup - index} warm-up round(s) "
+                                  "left out")
+                self.warmup = index
+                planned = self.warmup + self.repeat
+            timed = index - self.warmup  # timed rounds done so far
+            if not self.fits(1):
+                if timed > 0:
+                    self.notes.append(f"batch {self.batch}: behind the time budget: {planned - index} of {self.repeat} "
+                                      f"planned timed round(s) dropped after {timed}")
+                    return False, []
+                dropped = []
+                for name, slot, seconds in slow_first()[:-1]:  # one configuration beside fp32 stays
+                    if self.fits(1):
+                        break
                     dropped.append(slot)
-                    self._last *= 0.5  # a rough share: the slowest takes about half of a round
-                    self.notes.append(f"batch {self.batch}: behind the time budget: dropped {name}")
+                    self._last = max(0.0, self._last - seconds)
+                    self.notes.append(f"batch {self.batch}: behind the time budget: dropped {name} before its first "
+                                      "timed run")
                 return True, dropped
-            self.notes.append(f"batch {self.batch}: behind the time budget: {planned - index} of {self.repeat} planned "
-                              f"timed round(s) dropped after {timed}")
-            return False, []
+            return True, []
+        timed = index - self.warmup
+        if index < planned:
+            return True, []
         wide = wide()
         if not wide:
             return False, []

@@ -7,13 +7,21 @@ With a time budget that run is also the calibration the plan is made from
 after it; without one, all workers load at once. Then warm-up rounds, then timed
 rounds: each round runs every configuration once, so the noise of a shared machine
 spreads over all of them. A configuration that raises, dies or exceeds its time limit
-is recorded as failed or timed out and the run goes on. A configuration cut short (the
+is recorded as failed or timed out and the run goes on.
+
+With a budget the time is kept as the run goes, on :attr:`BenchOptions.clock`: after the
+other workers have loaded the plan is made again from the time actually left (fewer
+rounds, or configurations left out); before each call the configuration's last run time
+says whether the call ends before the deadline, and one that would not is not made (a
+configuration never timed is stored as ``skipped``, not measured, with the reason); a
+call still running at the deadline (plus :data:`GRACE` of the budget) is stopped. A configuration cut short (the
 run cancelled or interrupted) is ``partial``, never ``ok``; a run is ``complete`` only
 when it ran to its end, and a crash of the runner itself stores it as ``failed``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -23,8 +31,8 @@ import torch
 
 from mixprec.measure import metrics as bench_metrics
 from mixprec.bench.configs import ConfigSpec
-from mixprec.bench.plan import Calibration, Plan, config_cost, plan_runs
-from mixprec.bench.rounds import MIN_TIMED, RoundKeeper, load_note, paired, speed_metrics
+from mixprec.bench.plan import Calibration, Plan, config_cost, drop_order, plan_runs
+from mixprec.bench.rounds import MIN_TIMED, RoundKeeper, load_note, paired, runnable_others, speed_metrics
 from mixprec.bench.store import Store
 from mixprec.bench.worker import job_for, serve
 from mixprec.measure.executor import Executor, LocalProcessExecutor, WorkerError, WorkerTimeout
@@ -41,6 +49,8 @@ REFERENCE_LIMIT_S = 3600.0
 RELATIVE_LIMIT = 20.0
 #: ... and at least this many seconds.
 MIN_LIMIT_S = 30.0
+#: With a budget, a call still running this fraction of the budget past the deadline is stopped.
+GRACE = 0.05
 
 
 @dataclass
@@ -68,8 +78,10 @@ class BenchOptions:
             picks what fits, and may lower the pipeline's work option (see
             :attr:`mixprec.pipelines.Pipeline.work_option`); the choice is in the notes.
         overrides: pipeline options every worker builds the pipeline with.
-        on_plan: called with ``(batch, plan)`` when a budget plan is made.
+        on_plan: called with ``(batch, plan)`` when a budget plan is made (again after
+            the workers loaded, when the time left changes it).
         cores: how many workers load at once (for the plan's estimate).
+        clock: monotonic seconds the budget is kept on (tests give a scripted clock).
     """
 
     pipeline: str
@@ -87,6 +99,7 @@ class BenchOptions:
     overrides: dict[str, Any] = field(default_factory=dict)
     on_plan: Callable[[int, Plan], None] | None = None
     cores: int = field(default_factory=lambda: max(1, os.cpu_count() or 1))
+    clock: Callable[[], float] = time.monotonic
 
     @property
     def size_label(self) -> str:
@@ -123,6 +136,7 @@ class _Slot:
     rounds: list[int] = field(default_factory=list)  # the timed round of each sample
     fallbacks: int = 0
     untimed: int = 0  # timed rounds left out because a guard fallback ran in them
+    last_s: float | None = None  # seconds of its last run, warm-ups included
 
     @property
     def alive(self) -> bool:
@@ -136,17 +150,34 @@ def _fail(slot: _Slot, exc: BaseException) -> None:
         slot.worker.close()
 
 
-def _call(slot: _Slot, store: Store, timeout: float, command: str, payload: Any = None) -> Any:
-    start = time.perf_counter()
+def _out_of_time(slot: _Slot, why: str) -> None:
+    """Stop ``slot`` for the budget: ``skipped`` (not measured) without a timed run, else ``partial``."""
+    slot.status = "partial" if slot.samples else "skipped"
+    slot.error = why if slot.samples else f"not measured: {why}"
+    if slot.worker is not None:
+        slot.worker.close()
+
+
+def _call(slot: _Slot, timeout: float, command: str, payload: Any = None, *,
+          clock: Callable[[], float] = time.monotonic, until: float | None = None) -> Any:
+    """One request to ``slot``'s worker within its time limit and, with ``until``, the budget's."""
+    start = clock()
+    allowed = max(0.001, timeout - slot.spent)
+    by_budget = until is not None and until - start < allowed
+    if by_budget:
+        allowed = max(0.001, until - start)
     try:
-        return slot.worker.request(command, payload, timeout=max(0.001, timeout - slot.spent))
+        return slot.worker.request(command, payload, timeout=allowed)
     except (WorkerError, WorkerTimeout) as exc:
-        slot.spent += time.perf_counter() - start
-        _fail(slot, exc)
+        slot.spent += clock() - start
+        if by_budget and isinstance(exc, WorkerTimeout):
+            _out_of_time(slot, f"stopped at the time budget, {clock() - start:.0f} s into its {command} call")
+        else:
+            _fail(slot, exc)
         return None
     finally:
         if slot.alive:
-            slot.spent += time.perf_counter() - start
+            slot.spent += clock() - start
 
 
 def run_bench(
@@ -188,11 +219,12 @@ def run_bench(
                              versions=node["versions"] if node and node.get("versions") else versions(), notes=options.notes,
                              command=options.command)
     status, notes = "complete", list(options.notes)
-    deadline = time.monotonic() + options.budget if options.budget else None
+    clock = options.clock
+    deadline = clock() + options.budget if options.budget else None
     state = _RunState(dict(options.overrides))
     try:
         for index, batch in enumerate(options.batches):
-            share = None if deadline is None else (deadline - time.monotonic()) / (len(options.batches) - index)
+            share = None if deadline is None else (deadline - clock()) / (len(options.batches) - index)
             notes += _run_batch(options, batch, hardware, store, run_id, executor, step, share, state)
     except BenchCancelled:
         status = "cancelled"
@@ -248,21 +280,32 @@ def _start(options: BenchOptions, spec: ConfigSpec, position: int, batch: int, h
     return slot
 
 
-def _wait_ready(slot: _Slot) -> float:
-    """Wait for the worker's model; returns the seconds it took."""
-    start = time.perf_counter()
+def _wait_ready(slot: _Slot, clock: Callable[[], float] = time.perf_counter, until: float | None = None) -> float:
+    """Wait for the worker's model (with ``until``: no later than that); returns the seconds it took."""
+    start = clock()
+    allowed = LOAD_TIMEOUT_S if until is None else max(0.0, min(LOAD_TIMEOUT_S, until - start))
+    if allowed <= 0:
+        _out_of_time(slot, "still loading when the time budget ran out")
+        return 0.0
     try:
-        slot.ready = slot.worker.wait_ready(LOAD_TIMEOUT_S)
-    except (WorkerError, WorkerTimeout) as exc:
+        slot.ready = slot.worker.wait_ready(allowed)
+    except WorkerTimeout as exc:
+        if allowed < LOAD_TIMEOUT_S:
+            _out_of_time(slot, f"still loading when the time budget ran out ({clock() - start:.0f} s)")
+        else:
+            _fail(slot, exc)
+    except WorkerError as exc:
         _fail(slot, exc)
-    return time.perf_counter() - start
+    return clock() - start
 
 
-def _calibration(ready: dict[str, Any], load_s: float, run_s: float, peak_bytes: int = 0) -> Calibration:
+def _calibration(ready: dict[str, Any], load_s: float, run_s: float, peak_bytes: int = 0, busy: int = 0) -> Calibration:
     """A calibration from a worker's ``ready`` message and what its first run measured."""
     work = ready.get("work")
+    cpu = ready.get("load_cpu_s")
     return Calibration(load_s=load_s, run_s=run_s, weight_bytes=int(ready.get("weight_bytes") or 0), peak_bytes=peak_bytes,
-                       work=(work[0], int(work[1])) if work else None, work_min=int(work[2]) if work else None)
+                       work=(work[0], int(work[1])) if work else None, work_min=int(work[2]) if work else None,
+                       load_cpu_s=float(cpu) if cpu is not None else None, busy=busy)
 
 
 def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Store, run_id: int,
@@ -272,50 +315,76 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
     The fp32 reference worker's first run is the reference output. With a ``budget``
     it loads and runs alone, as the calibration the plan is made from, and the other
     workers load after it; without one, every worker loads at once. Then the rounds
-    begin.
+    begin; with a budget, every call is first checked against the time left.
     """
-    began = time.monotonic()
+    clock = options.clock
+    began = clock()
+    deadline = began + budget if budget is not None else None
+    until = deadline + GRACE * budget if deadline is not None and budget is not None else None
     notes: list[str] = []
     slots: list[_Slot] = []
     warmup, repeat = options.warmup, options.repeat
     ref_limit = options.timeout if options.timeout is not None else REFERENCE_LIMIT_S
     timed_rounds = repeat  # what a configuration that ran to the end has (a plan or the budget may change it)
+    costs = [config_cost(spec, hardware) for spec in options.configs]
+    order = drop_order(costs, [spec.kind in ("preset", "policy") for spec in options.configs])
+    left_out: dict[int, str] = {}  # position -> why the plan left it out
+
     def start_others() -> None:
         for position, spec in enumerate(options.configs[1:], start=1):
-            slots.append(_start(options, spec, position, batch, hardware, store, run_id, executor, state.overrides))
+            if position in left_out:
+                slot = _Slot(spec, store.add_config(run_id, position=position, name=spec.name, batch=batch))
+                slot.status, slot.error = "skipped", f"not measured: {left_out[position]}"
+                slots.append(slot)
+            else:
+                slots.append(_start(options, spec, position, batch, hardware, store, run_id, executor, state.overrides))
+
+    def replan(plan: Plan, positions: list[int], when: str) -> None:
+        """Take ``plan`` (made over the configurations at ``positions``) and say it."""
+        nonlocal warmup, repeat
+        warmup, repeat = plan.warmup, plan.repeat
+        notes.append(f"batch {batch}: {when}{plan.reason}")
+        for index in plan.dropped:
+            left_out[positions[index]] = (f"the time budget left no room for it ({when}{plan.reason.split(';')[0]}; "
+                                          f"about {plan.estimate_s:.0f} s for the rest)")
+        if options.on_plan is not None:
+            options.on_plan(batch, plan)
 
     try:
         reference = _start(options, options.configs[0], 0, batch, hardware, store, run_id, executor, state.overrides)
         slots.append(reference)
         if budget is None:
             start_others()  # nothing to calibrate: every worker loads at once
-        load_s = _wait_ready(reference)
+        # The reference's load and first run are the calibration and the reference output:
+        # without them nothing can be measured, so the budget does not stop them.
+        load_s = _wait_ready(reference, clock)
         step(f"batch {batch}: loaded {reference.spec.name}", 0)
         if reference.alive:
-            reference.first = _call(reference, store, ref_limit, "run", {"want_output": True})
+            reference.first = _call(reference, ref_limit, "run", {"want_output": True}, clock=clock)
             step(f"batch {batch}: fp32 reference", 1)
+        cal = None
         if budget is not None and reference.alive and reference.first:
-            costs = [config_cost(spec, hardware) for spec in options.configs]
-            plan = plan_runs(_calibration(reference.ready, load_s, float(reference.first["seconds"])), costs, budget_s=budget - (time.monotonic() - began), max_warmup=warmup,
-                             max_repeat=repeat, cores=options.cores)
-            warmup, repeat = plan.warmup, plan.repeat
-            notes.append(f"batch {batch}: {plan.reason}")
-            if options.on_plan is not None:
-                options.on_plan(batch, plan)
+            cal = _calibration(reference.ready, load_s, float(reference.first["seconds"]), busy=runnable_others() or 0)
+            plan = plan_runs(cal, costs, budget_s=deadline - clock(), max_warmup=warmup, max_repeat=repeat,
+                             cores=options.cores, order=order)
+            replan(plan, list(range(len(costs))), "")
             if plan.work:
                 # The reference is rebuilt at the smaller work size and run again.
                 state.overrides.update(plan.work)
                 reference.worker.close()
                 slots[0] = reference = _start(options, options.configs[0], 0, batch, hardware, store, run_id, executor,
                                               state.overrides, config_id=reference.config_id)
-                _wait_ready(reference)
+                _wait_ready(reference, clock, until)
                 if reference.alive:
-                    reference.first = _call(reference, store, ref_limit, "run", {"want_output": True})
+                    reference.first = _call(reference, ref_limit, "run", {"want_output": True}, clock=clock, until=until)
+                    if reference.first:
+                        cal = dataclasses.replace(cal, run_s=float(reference.first["seconds"]))
         if len(slots) == 1:
             start_others()
         for slot in slots[1:]:  # the other workers load in parallel; collect them in order
-            _wait_ready(slot)
-            step(f"batch {batch}: loaded {slot.spec.name}", 0)
+            if slot.worker is not None and slot.alive:
+                _wait_ready(slot, clock, until)
+                step(f"batch {batch}: loaded {slot.spec.name}", 0)
 
         limit = options.timeout
         if limit is None:
@@ -335,44 +404,69 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
             if slot.spec.compile:
                 # Its first call compiles: limited like a load, and not part of its runs' time limit.
                 spent = slot.spent
-                answer = _call(slot, store, spent + LOAD_TIMEOUT_S, "reference", forcing)
+                answer = _call(slot, spent + LOAD_TIMEOUT_S, "reference", forcing, clock=clock, until=until)
                 if slot.alive:
                     slot.compile_s = (answer or {}).get("compile_seconds")
                     slot.spent = spent
                 step(f"batch {batch}: compiled {slot.spec.name}", 0)
             else:
-                _call(slot, store, limit, "reference", forcing)
+                _call(slot, limit, "reference", forcing, clock=clock, until=until)
 
-        deadline = began + budget if budget is not None else None
-        keeper = RoundKeeper(warmup, repeat, deadline, batch)
+        if cal is not None and deadline is not None:
+            # Plan again from the time actually left: loading may have taken longer than estimated.
+            positions = [i for i, slot in enumerate(slots) if slot.alive]
+            again = plan_runs(dataclasses.replace(cal, load_s=0.0, load_cpu_s=0.0), [costs[i] for i in positions],
+                              budget_s=deadline - clock(), max_warmup=warmup, max_repeat=repeat, cores=options.cores,
+                              order=[positions.index(i) for i in order if i in positions], can_shorten=False)
+            if (again.warmup, again.repeat) != (warmup, repeat) or again.dropped:
+                replan(again, positions, f"after loading ({clock() - began:.0f} s in): ")
+                for index in again.dropped:
+                    slot = slots[positions[index]]
+                    _out_of_time(slot, left_out[positions[index]])
+
+        keeper = RoundKeeper(warmup, repeat, deadline, batch, clock=clock)
         round_index = 0
-        while True:
+        out_of_time = False
+        ref_run = float((reference.first or {}).get("seconds") or 0.0)
+        while not out_of_time:
             def wide() -> list[tuple[str, Any]]:
                 ratios = [(slot.spec.name, paired((reference.rounds, reference.samples), (slot.rounds, slot.samples)))
                           for slot in slots[1:] if slot.alive]
                 return [(name, r) for name, r in ratios if r is not None and (r.n < MIN_TIMED or r.width > TARGET_WIDTH)]
 
-            def slow_first() -> list[tuple[str, Any]]:
-                alive = sorted((s for s in slots[1:] if s.alive), key=lambda s: -(s.samples[-1] if s.samples else 0.0))
-                return [(s.spec.name, s) for s in alive]
+            def slow_first() -> list[tuple[str, Any, float]]:
+                alive = sorted((s for s in slots[1:] if s.alive), key=lambda s: -(s.last_s or 0.0))
+                return [(s.spec.name, s, s.last_s or 0.0) for s in alive]
 
             go, dropped = keeper.go_on(round_index, wide, slow_first)
             for slot in dropped:
-                slot.status, slot.error = "skipped", "dropped: the run fell behind its time budget"
-                slot.worker.close()
+                _out_of_time(slot, "the run fell behind its time budget before its first timed run")
             if not go:
                 break
-            timed = round_index >= warmup
+            timed = round_index >= keeper.warmup
             keeper.start_round()
             # Every other round runs in reverse order, so no configuration always runs in the
             # same place of the round (right after the reference, or last).
-            for slot in (slots if round_index % 2 == 0 else slots[::-1]):
-                if not slot.alive or (slot is reference and round_index == 0 and warmup > 0):
+            for position, slot in (list(enumerate(slots)) if round_index % 2 == 0 else list(enumerate(slots))[::-1]):
+                if not slot.alive or (slot is reference and round_index == 0 and keeper.warmup > 0):
                     continue  # fp32's reference run was its first warm-up
+                if deadline is not None:
+                    expected = slot.last_s if slot.last_s is not None else costs[position] * ref_run
+                    if clock() + expected > deadline:
+                        # This call would end past the deadline: not made, and no round after this one.
+                        out_of_time = True
+                        if not slot.samples:
+                            _out_of_time(slot, f"its {'first timed' if timed else 'warm-up'} run (about {expected:.1f} s) "
+                                               f"would have ended past the time budget "
+                                               f"({max(0.0, deadline - clock()):.0f} s left)")
+                        continue
                 want = slot.first is None
-                result = _call(slot, store, ref_limit if slot is reference else limit, "run", {"want_output": want})
+                result = _call(slot, ref_limit if slot is reference else limit, "run", {"want_output": want},
+                               clock=clock, until=until)
                 if result is None:
+                    out_of_time = out_of_time or slot.status in ("skipped", "partial")
                     continue
+                slot.last_s = float(result["seconds"])
                 if want:
                     slot.first = result
                 fallbacks = int(result.get("fallbacks") or 0)
@@ -382,25 +476,29 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
                     if timed:
                         slot.untimed += 1
                         keeper.notes.append(f"batch {batch}: {slot.spec.name}: a guard fallback ran during timed round "
-                                            f"{round_index - warmup + 1}; that run is not timed")
+                                            f"{round_index - keeper.warmup + 1}; that run is not timed")
                         continue
                 if timed:
-                    store.add_sample(slot.config_id, round_index - warmup, result["seconds"])
+                    store.add_sample(slot.config_id, round_index - keeper.warmup, result["seconds"])
                     slot.samples.append(result["seconds"])
-                    slot.rounds.append(round_index - warmup)
+                    slot.rounds.append(round_index - keeper.warmup)
                 step(f"batch {batch}: {'run' if timed else 'warm-up'} {slot.spec.name}", 1)
             keeper.end_round()
             round_index += 1
+        if out_of_time:
+            keeper.notes.append(f"batch {batch}: stopped after {max(0, round_index - keeper.warmup)} timed round(s): "
+                                "the next runs would have ended past the time budget")
         keeper.adaptive_note(round_index)
         loaded = load_note(keeper.busy)
         if loaded:
             keeper.notes.append(f"batch {batch}: {loaded}")
         notes += keeper.notes
-        timed_rounds = max(0, round_index - warmup)  # every round asked for ran: "ok" needs these
+        # every round asked for ran: "ok" needs these (a round cut short by the budget is not counted)
+        timed_rounds = max(0, round_index - keeper.warmup - (1 if out_of_time else 0))
 
         for slot in slots:
             if slot.alive:
-                slot.done = _call(slot, store, (ref_limit if slot is reference else limit) + 60, "finish") or {}
+                slot.done = _call(slot, (ref_limit if slot is reference else limit) + 60, "finish", clock=clock) or {}
     finally:
         notes += _record(timed_rounds, batch, slots, store, hardware)
         for slot in slots:
@@ -473,6 +571,9 @@ def _record(repeat: int, batch: int, slots: list[_Slot], store: Store, hardware:
             elif slot is reference and tokens is not None:
                 metrics["token_agreement"] = 1.0
         status, error = slot.status, slot.error
+        if status in ("skipped", "partial"):  # stopped for the time budget: the output says which and why
+            notes.append(f"batch {batch}: {slot.spec.name} {error}" if status == "skipped"
+                         else f"batch {batch}: {slot.spec.name} partly measured: {error}")
         if status == "running":
             # Cut short (cancel, Ctrl-C, a crash of the runner): "ok" only with every sample.
             status = "ok" if len(slot.samples) + slot.untimed >= repeat else "partial"

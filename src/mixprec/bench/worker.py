@@ -73,6 +73,7 @@ def serve(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs in
     settled = 0  # warm-up runs made until a GPU's run time stopped falling (before the first run)
     work = getattr(pipe, "work_option", None)
     conn.send(("ready", {"weight_bytes": weight_bytes(pipe), "policy": info["policy"], "pid": os.getpid(),
+                         "load_cpu_s": time.process_time(),  # CPU seconds of starting and loading, for the budget plan
                          "output_kind": pipe.output_kind,
                          "work": (work[0], int(getattr(pipe.config, work[0])), int(work[1])) if work else None}))
     while True:

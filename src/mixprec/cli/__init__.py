@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> None:
     Warnings (an ignored fallback store, a plugin that failed to load) quote paths and
     messages too: while the command runs they are printed like every other user text.
     """
+    from mixprec.cli import _clock
+
+    _clock.as_script = True
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         app(args=argv if argv is not None else sys.argv[1:], prog_name="mixprec")

@@ -40,6 +40,7 @@ from mixprec.cli._common import (
     table,
     writable_path,
 )
+from mixprec.cli._clock import process_started
 from mixprec.cli._files import Outputs, write_run_exports
 from mixprec.cli._text import clean, json_text, say
 from mixprec.cli._verdicts import print_compare, print_gate, rows_json
@@ -149,7 +150,9 @@ def bench(
             _check_batches(BenchOptions(pipeline=name, configs=specs, size=size, seed=run_seed, device=device,
                                         timeout=timeout), batches, hw)
     run_ids = []
-    deadline = time.monotonic() + budget_s if budget_s is not None else None
+    # The budget counts from the start of this process (starting Python and importing torch
+    # included), and keeps a little for printing the tables and writing the reports.
+    deadline = (process_started() + budget_s - min(REPORT_RESERVE_S, 0.05 * budget_s)) if budget_s is not None else None
     with Progress(TextColumn("{task.description}", markup=False), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, transient=False) as bar:
         for index, name in enumerate(names):
@@ -178,6 +181,10 @@ def bench(
     write_run_exports(outputs, console, runs, html=html, json_out=json_out, csv_out=csv_out)
     say(console, f"stored as run(s) {', '.join(map(str, run_ids))} in {store.path}")
     outputs.finish()
+
+
+#: Seconds of a --budget kept for printing the tables and writing --html/--json/--csv.
+REPORT_RESERVE_S = 8.0
 
 
 def _steps(configs: int, warmup: int, repeat: int) -> int:
