@@ -132,7 +132,8 @@ class EveryKindPipeline(Pipeline):
         return torch.randn(batch, 8, generator=torch.Generator().manual_seed(seed))
 
     def _run(self, inputs):
-        return EmbeddingOutput(output=self.components["net"](inputs).as_subclass(torch.Tensor).float())
+        net = self.components["net"]
+        return EmbeddingOutput(output=net(inputs.to(net.lin.weight.dtype)).as_subclass(torch.Tensor).float())
 
 
 def build(size: str = "default", seed: int = 0) -> EveryKindPipeline:

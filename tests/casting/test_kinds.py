@@ -144,9 +144,10 @@ class TestGuardProfileBench:
         pipe = EveryKindPipeline()
         fp32_bytes = mixprec.weight_bytes(pipe)
         spec = next(s for s in parse_configs(config, MACHINES["bf16-cpu"])[0] if s.name == config)
+        inputs = pipe.example_inputs(2, 0)  # made before the configuration is set up, as the worker does
         context, info = setup(spec, pipe, MACHINES["bf16-cpu"])
         with context():
-            out = pipe.run(pipe.example_inputs(2, 0))
+            out = pipe.run(inputs)
         assert torch.isfinite(out.output).all()
         held = mixprec.weight_bytes(pipe)
         assert held == expected_bytes(pipe.components["net"])
