@@ -14,13 +14,45 @@ import mixprec
 from mixprec.cli._common import console
 from mixprec.cli._text import clean, say
 
+#: What an option read as text (so that it can give its own error) takes, as ``--help`` shows it;
+#: a ``(command, option)`` row overrides the option's row. Flags take no value and show none.
+METAVARS: dict[Any, str] = {
+    "--repeat": "<int>", "--warmup": "<int>", "--seed": "<int>", "--top": "<int>", "--workers": "<int>",
+    "--worker-cpus": "<int>", "--port": "<int>", "--batch": "<int,...>", "--seeds": "<int|int,...>",
+    "--validation-seeds": "<int|int,...>", "--margin": "<dB>", "--min-quality": "<dB>", "--budget": "<duration>",
+    "--max-quality-drop": "<percent>", "--max-latency-regression": "<percent>", "--max-memory-increase": "<percent>",
+    "--max-failure-rate": "<percent>", "--memory-noise-floor": "<size>", "--timeout": "<seconds>",
+    "--db": "<path>", "--html": "<path>", "--json": "<path>", "--csv": "<path>", "--out": "<path>", "--policy": "<path>",
+    "--config": "<path>", "--env-file": "<path>", "--store-dir": "<path>",
+    ("run", "--batch"): "<int>", ("tune", "--budget"): "<int>",
+}
+
+
+def _metavars(command: Any, name: str) -> None:
+    """Set each option's help type from :data:`METAVARS`; flags show none (not ``<bool>``)."""
+    helper = command.get_help_option(command.context_class(command))  # made now (and kept) so that it shows no type
+    for param in [*getattr(command, "params", ()), *([helper] if helper is not None else [])]:
+        long = next((o for o in getattr(param, "opts", ()) if o.startswith("--")), None)
+        if getattr(param, "is_flag", False) and not getattr(param, "count", False):
+            param.metavar = ""
+        elif long is not None and param.metavar is None:
+            param.metavar = METAVARS.get((name, long), METAVARS.get(long))
+    for sub_name, sub in (getattr(command, "commands", None) or {}).items():
+        _metavars(sub, sub_name)
+
+
 class _Group(TyperGroup):
-    """The root command group: a usage error quotes what was typed with control characters escaped.
+    """The root command group: a usage error quotes what was typed with control characters escaped,
+    and ``--help`` shows each option's value type (:data:`METAVARS`).
 
     Click puts the offending argument into its message ("Got unexpected extra argument (...)");
     parse errors of every sub-command pass through here. (Typer ships its own copy of Click,
     so its errors are recognised by their ``message`` and ``format_message``.)
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _metavars(self, self.name or "mixprec")
 
     def make_context(self, *args: Any, **kwargs: Any) -> Any:
         try:

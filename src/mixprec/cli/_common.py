@@ -38,10 +38,11 @@ def fail(exc: Exception | str) -> None:
     raise typer.Exit(code=2)
 
 
-def table(title: str, columns: list[str], rows: list[list[Any]]) -> FitTable:
+def table(title: str, columns: list[str], rows: list[list[Any]], *, drop: tuple[str, ...] = ()) -> FitTable:
     # Titles and cells hold user text (module names, paths, errors): never Rich markup,
-    # control characters escaped (see cli._text). A cell may be a styled line().
-    return FitTable(title, columns, rows, _rich_table)
+    # control characters escaped (see cli._text). A cell may be a styled line(). Where the
+    # terminal is too narrow, the columns named in ``drop`` are left out first, in order.
+    return FitTable(title, columns, rows, _rich_table, drop=drop)
 
 
 def _rich_table(title: Text, columns: list[str], rows: list[list[Text]]) -> Table:

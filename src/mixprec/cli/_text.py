@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Text
 
@@ -94,31 +95,98 @@ def json_text(text: str) -> str:
     return "\n".join(_CONTROL.sub(lambda m: f"\\u{ord(m.group(0)):04x}", part) for part in text.split("\n"))
 
 
-class FitTable:
-    """A table that never breaks a header inside a word: where the columns cannot fit the
-    terminal at their headers' widths, each row is shown as a list of ``header  value`` lines.
+#: A cell up to this long is kept on one line; a longer one wraps between its words. A "word"
+#: longer than this (a path, a hash, a long dotted name) is folded where it must be: columns
+#: are never widened or dropped for it alone.
+LONG_WORD = 24
 
-    Rich squeezes columns to any width, down to nothing, when a table is wider than the
-    console; a header then reads ``Configuratio n`` or disappears.
+
+def _lines(cell: Text) -> list[str]:
+    return cell.plain.split("\n") or [""]
+
+
+def _longest_word(cell: Text) -> int:
+    """The narrowest the cell can be without breaking a word; a short cell (a number and its
+    unit, an interval, a status) is one piece: ``774.4 MiB`` never reads ``774.4`` / ``MiB``."""
+    if _natural(cell) <= LONG_WORD:
+        return _natural(cell)
+    return max((cell_len(word) for part in _lines(cell) for word in part.split()), default=0)
+
+
+def _natural(cell: Text) -> int:
+    return max(cell_len(part) for part in _lines(cell))
+
+
+class FitTable:
+    """A table that fits the terminal without breaking a word across lines.
+
+    Each column gets at least its longest word (header included; words past
+    :data:`LONG_WORD` characters count as that many and fold); the first column (names)
+    is never wrapped. Where the columns cannot all fit so, columns are left out, ``drop``
+    first (in its order) and then from the right, and a line under the table names them.
+    Width left over goes first to the names, then to the columns that then need no
+    wrapping at all. Only where not even the names and one more column fit is each row
+    shown as ``header  value`` lines.
     """
 
-    def __init__(self, title: str, columns: list[str], rows: list[list[Any]], build: Any):
+    def __init__(self, title: str, columns: list[str], rows: list[list[Any]], build: Any, *, drop: Iterable[str] = ()):
         self.title = safe(title)
         self.columns = list(columns)
         self.rows = [[safe(v) for v in row] for row in rows]
         self.build = build  # (title, columns, rows) -> rich Table
+        self.drop = [c for c in drop if c in self.columns]
 
-    def needed_width(self) -> int:
-        widths = [header_min_width(c) for c in self.columns]
-        if self.columns:  # the first column (names) is never wrapped
-            widths[0] = max([widths[0], *(row[0].cell_len for row in self.rows if row)])
-        return sum(widths) + 3 * len(widths) + 1  # one space either side, one border per column and the last
+    def _min(self, index: int, width: int) -> int:
+        cells = [row[index] for row in self.rows if index < len(row)]
+        words = max([header_min_width(self.columns[index]), *(min(LONG_WORD, _longest_word(c)) for c in cells)])
+        if index == 0:  # names are not wrapped, unless one would take most of the line
+            return max(words, min(max([0, *(_natural(c) for c in cells)]), max(LONG_WORD, int(width * 0.6))))
+        return words
+
+    def _natural(self, index: int) -> int:
+        return max([cell_len(self.columns[index]), *(_natural(row[index]) for row in self.rows if index < len(row))])
+
+    def needed_width(self, shown: list[int] | None = None, width: int = 10**6) -> int:
+        """Columns at their minimum (their longest word), padding and borders: one space either side, a border per
+        column and the last."""
+        shown = list(range(len(self.columns))) if shown is None else shown
+        return sum(self._min(i, width) for i in shown) + 3 * len(shown) + 1
+
+    def layout(self, width: int) -> tuple[list[int], dict[int, int]] | None:
+        """The columns shown at ``width`` and each one's width; None where not even the first fits."""
+        shown = list(range(len(self.columns)))
+        order = [self.columns.index(c) for c in self.drop] + [i for i in reversed(shown[1:]) if self.columns[i] not in self.drop]
+        while self.needed_width(shown, width) > width and order:
+            shown.remove(order.pop(0))
+        if self.needed_width(shown, width) > width or len(shown) < min(2, len(self.columns)):
+            return None  # names alone say nothing: each row as a card instead
+        widths = {i: self._min(i, width) for i in shown}
+        spare = width - self.needed_width(shown, width)
+        # The names first, then the fewest wrapped columns.
+        for i in sorted(shown, key=lambda i: (i != 0, self._natural(i) - widths[i])):
+            grow = min(spare, self._natural(i) - widths[i])
+            widths[i] += max(0, grow)
+            spare -= max(0, grow)
+        return shown, widths
 
     def __rich_console__(self, console: Console, options: Any):
         from rich import box
         from rich.table import Table
 
-        if self.needed_width() <= options.max_width or not self.columns:
+        fit = self.layout(options.max_width) if self.columns else None
+        if fit is not None:
+            shown, widths = fit
+            out = self.build(self.title, [self.columns[i] for i in shown], [[row[i] for i in shown] for row in self.rows])
+            for column, i in zip(out.columns, shown):
+                column.width, column.min_width, column.overflow = widths[i], None, "fold"
+                column.no_wrap = i == 0 and widths[i] >= self._natural(0)
+            yield out
+            left_out = [c for i, c in enumerate(self.columns) if i not in shown]
+            if left_out:
+                yield Text(f"  left out at {options.max_width} columns: {', '.join(left_out)} (a wider terminal shows "
+                           "them)", style="dim")
+            return
+        if not self.columns:
             yield self.build(self.title, self.columns, self.rows)
             return
         yield self.title

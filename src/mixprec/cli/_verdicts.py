@@ -75,24 +75,25 @@ def print_compare(console: Console, run_a: int, run_b: int, rows: list[dict[str,
     console.print(table(f"run {run_a} -> run {run_b}", _COLUMNS, [
         [r["config"], r["batch"], _seconds(r.get("latency_a")), _seconds(r.get("latency_b")), _change(r),
          r.get("latency_verdict"), _speedup(r.get("speedup_a"), r.get("unstable_a")), _speedup(r.get("speedup_b"), r.get("unstable_b")), _beyond(r),
-         _quality(r.get("quality_a")), _quality(r.get("quality_b"))] for r in rows]))
+         _quality(r.get("quality_a")), _quality(r.get("quality_b"))] for r in rows],
+        drop=("latency A", "latency B", "batch", "quality A", "change", "latency", "speed-up vs fp32 A")))
     say(console, "  beyond noise: each configuration's speed-up against its own run's fp32 (paired rounds, 95% "
                  "intervals) differs between the runs only where the intervals do not overlap. Latencies are "
-                 "absolute times taken at different moments: the machine's load moves them, fp32's included.")
+                 "absolute times taken at different moments: the machine's load moves them, fp32's included.", soft_wrap=False)
     devices = next(((r["device_a"], r["device_b"]) for r in rows if "device_a" in r), None)
     if devices is not None:
         say(console, f"  different devices: run {run_a} was measured on {devices[0]}, run {run_b} on {devices[1]}; they are "
                      "never compared as one machine, even on one host. Their latencies time two devices, not a change, "
-                     "and are not judged: only each configuration's speed-up against its own run's fp32 compares.")
+                     "and are not judged: only each configuration's speed-up against its own run's fp32 compares.", soft_wrap=False)
     for side, run in (("a", run_a), ("b", run_b)):
         unstable = [f"{r['config']}@{r['batch']}" for r in rows if r.get(f"unstable_{side}")]
         if unstable:
-            say(console, f"  unstable timings in run {run} (see its notes): ", ", ".join(unstable))
+            say(console, f"  unstable timings in run {run} (see its notes): ", ", ".join(unstable), soft_wrap=False)
     undecided = [f"{r['config']}@{r['batch']}" for r in rows
                  if "undecided on this machine" in (r.get("speedup_verdict"), r.get("latency_verdict"))]
     if undecided:
         say(console, "  undecided on this machine: ", ", ".join(undecided),
-            ": the intervals are too wide to tell; re-run both with more --repeat, or on a quieter machine")
+            ": the intervals are too wide to tell; re-run both with more --repeat, or on a quieter machine", soft_wrap=False)
 
 
 def print_gate(console: Console, run_id: int, baseline: int, result: Any, *, fail_undecided: bool) -> None:

@@ -50,6 +50,12 @@ _TERMINAL_COLUMNS = ("config", "batch", "status", "latency", "ci", "speedup", "t
                      "fallbacks", "error")
 
 
+#: Where the terminal is narrow, the columns left out first (the HTML report and --json keep every one):
+#: config, speed-up, latency, quality and errors stay longest.
+_DROP_FIRST = ("Compile", "Tokens/s", "RTF", "Throughput", "Latency CI", "Weights", "Non-finite", "Token agreement",
+               "SSIM", "Step SQNR", "Fallbacks", "Batch", "Peak mem", "Status")
+
+
 def _print_run(run: dict) -> None:
     """The run as a terminal table: the headline columns (the HTML report has every metric)."""
     from mixprec.bench.table import COLUMNS, render_table_rows
@@ -63,11 +69,12 @@ def _print_run(run: dict) -> None:
     minmax = any("(min–max)" in r.get("ci", "") for r in rows)
     console.print(table(f"run {run['id']}: {run['pipeline']} ({run['status']}) on {run['machine'].get('name')}",
                         [labels.get(k, k) for k in keys],
-                        [[r[k].replace(" (min–max)", "*") if k == "ci" else r[k] for k in keys] for r in rows]))
+                        [[r[k].replace(" (min–max)", "*") if k == "ci" else r[k] for k in keys] for r in rows],
+                        drop=_DROP_FIRST))
     if minmax:
-        say(console, "  * too few samples for a 95% interval of the median: the range of the samples is shown")
+        say(console, "  * too few samples for a 95% interval of the median: the range of the samples is shown", soft_wrap=False)
     for note in run.get("notes", []):
-        say(console, "  note: ", note)
+        say(console, "  note: ", note, soft_wrap=False)
 
 
 @app.command()
@@ -235,7 +242,7 @@ def runs_list(db: DbFlag = None, as_json: JsonFlag = False) -> None:
         return
     console.print(table(f"runs in {store.path}", ["id", "started", "finished", "status", "pipeline", "size", "device", "configs"],
                         [[r["id"], r["started"], r["finished"], r["status"], r["pipeline"], r["size"], r["device"], r["configs"]]
-                         for r in rows]))
+                         for r in rows], drop=("finished", "size", "device")))
 
 
 @runs_app.command("show")

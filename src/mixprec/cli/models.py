@@ -9,6 +9,7 @@ from typing import Annotated, Any, Iterator, Optional
 import typer
 
 import mixprec
+from mixprec._quote import quote
 from mixprec.casting.explain import compile_advice, explain_unmatched
 from mixprec.policy.select import summarise_unmatched
 from mixprec.cli._app import app
@@ -30,6 +31,8 @@ from mixprec.cli._common import (
     writable_path,
 )
 from mixprec.cli._files import Outputs
+from mixprec.cli._module_tables import (EXPLAIN_COLUMNS, EXPLAIN_DROP, PROFILE_COLUMNS, PROFILE_DROP, explain_rows,
+                                        explain_summary, profile_rows)
 from mixprec.cli._text import clean, line, say
 
 
@@ -47,9 +50,9 @@ def _one_policy(preset: str | None, policy: str | None) -> None:
     if (preset is None) == (policy is None):
         fail(ValueError("give exactly one of --preset or --policy"))
     if preset is not None and not preset.strip():
-        fail(ValueError(f"--preset {preset!r}: give a preset name: {', '.join(mixprec.PRESETS)}"))
+        fail(ValueError(f"--preset {quote(preset)}: give a preset name: {', '.join(mixprec.PRESETS)}"))
     if policy is not None and not policy.strip():
-        fail(ValueError(f"--policy {policy!r}: give a policy file (.toml or .json)"))
+        fail(ValueError(f"--policy {quote(policy)}: give a policy file (.toml or .json)"))
 
 
 @app.command()
@@ -60,9 +63,10 @@ def explain(
     size: SizeFlag = "default",
     device: DeviceFlag = None,
     all_modules: Annotated[bool, typer.Option("--all", help="List every module, not only those that own weights.")] = False,
+    expand: Annotated[bool, typer.Option("--expand", help="One row per module: repeated blocks (layers.0, layers.1, ...) are not collapsed into one row.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Per module: storage and compute dtype and the rule that decided them.
+    """Per module: storage and compute dtype and the rule that decided them, after a summary.
 
     The pipeline is built on --device (its factory gets it when it accepts one, else the
     pipeline is moved there), and the presets follow that device's probe.
@@ -88,17 +92,21 @@ def explain(
                                        "warnings": summarise_unmatched(unmatched) + pitfalls,
                                        "unmatched_rules": [u.to_dict() for u in unmatched], "advice": advice}))
         return
-    console.print(table(f"{pipeline} under {pol.name} on {device}", ["module", "type", "storage", "compute", "attention", "rule"],
-                        [[r["module"], r["type"], r["storage"], r["compute"], r["attention"] or None, r["rule"]] for r in rows]))
+    title = f"{pipeline} under {pol.name} on {device}"
+    shown = explain_rows(rows, expand=expand)
+    for text in explain_summary(title, rows, warnings=len(pitfalls) + len(summarise_unmatched(unmatched)), advice=len(advice),
+                                collapsed=None if expand or len(shown) == len(rows) else len(shown)):
+        say(console, text, soft_wrap=False)
+    console.print(table(title, EXPLAIN_COLUMNS, shown, drop=EXPLAIN_DROP))
     reasons = "; ".join(f"#{i} {r.match}: {r.reason}" for i, r in enumerate(pol.rules) if r.reason)
     if reasons:
-        say(console, "rules: " + reasons)
+        say(console, "rules: " + reasons, soft_wrap=False)
     for pitfall in pitfalls:
-        say(console, "warning: ", pitfall)
+        say(console, "warning: ", pitfall, soft_wrap=False)
     for message in summarise_unmatched(unmatched):  # on stderr too: a typo'd pin is not a table row
         say(err_console, ("warning:", "yellow"), " ", message)
     for hint in advice:
-        say(console, "advice: ", hint)
+        say(console, "advice: ", hint, soft_wrap=False)
 
 
 def _device_type(device: str) -> str:
@@ -145,6 +153,24 @@ def working(what: str) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _profile_bar(what: str) -> Iterator[Any]:
+    """A progress bar on stderr fed by :func:`mixprec.profile`'s progress: the pass, module calls done and time left."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), TextColumn("{task.fields[left]}"),
+                  TimeElapsedColumn(), console=err_console, transient=True) as bar:
+        task = bar.add_task(clean(f"{what}: starting"), total=None, left="")
+
+        def progress(event: Any) -> None:
+            left = "" if event.left_s is None else f"about {event.left_s / 60:.0f} min left" if event.left_s >= 90 \
+                else f"about {event.left_s:.0f} s left"
+            bar.update(task, description=clean(f"{what}: {event.phase} {event.done}/{event.total} calls"),
+                       completed=event.done, total=event.total or None, left=left)
+
+        yield progress
+
+
 @app.command()
 def diagnose(
     pipeline: PipelineFlag,
@@ -177,9 +203,8 @@ def diagnose(
     except (ValueError, NotImplementedError) as exc:
         fail(exc)
     try:
-        with working(f"{pipeline}: profiling every module under {pol.name} (an fp32 pass, the policy's pass, then "
-                     "each module's own error)"):
-            prof = mixprec.profile(pipe, inputs, pol)
+        with _profile_bar(f"{pipeline} under {pol.name}") as progress:
+            prof = mixprec.profile(pipe, inputs, pol, progress=progress)
     except (ValueError, NotImplementedError, mixprec.PrecisionDtypeError) as exc:
         fail(exc)
     except Exception as exc:  # the model's code raised: say whose error it is, as the guard and bench do
@@ -202,15 +227,8 @@ def diagnose(
         return
     rows = prof.by_risk()[: top or None]
 
-    def db(v: float | None) -> str | None:
-        return None if v is None else f"{v:.1f}"
-
-    console.print(table(f"{pipeline} under {pol.name} on {device}: most at risk first",
-                        ["module", "type", "compute", "calls", "absmax in/out", "fp16 room", "underflow 16/bf", "own dB", "inher. dB"],
-                        [[line((f"{s.module} (fp16 overflow)", "bold red")) if s.overflows_fp16 else s.module,
-                          s.type if s.owns_weights else f"{s.type} (block)", s.compute, s.calls,
-                          f"{s.input_absmax:.3g}/{s.output_absmax:.3g}", f"{s.fp16_headroom:.2g}",
-                          f"{s.underflow_fp16:.1%}/{s.underflow_bf16:.1%}", db(s.own_sqnr_db), db(s.inherited_sqnr_db)] for s in rows]))
+    console.print(table(f"{pipeline} under {pol.name} on {device}: most at risk first", PROFILE_COLUMNS, profile_rows(rows),
+                        drop=PROFILE_DROP))
     suggestion = prof.suggestions_toml()
     if suggestion:
         say(console, "Suggested keep-fp32 rules (append to your policy file):")
