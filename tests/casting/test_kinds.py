@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+from torch import nn
 
 import mixprec
 from kinds_models import EveryKind, EveryKindPipeline, expected_bytes, parts, same_state, state
@@ -157,3 +158,34 @@ class TestGuardProfileBench:
             assert held == fp32_bytes
         else:  # the guard the benchmark installs may have pinned a module wider: what it reports is what is held
             assert held < fp32_bytes or info["guard"].pins
+
+
+class _Cached(nn.Module):
+    """Caches kept as plain attributes, filled (again) by the first call in the dtype it sees."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.table = None
+        self.freqs = torch.polar(torch.ones(8), torch.arange(8.0))
+        self.sparse_mask = torch.eye(8).to_sparse()
+        self.positions = torch.arange(8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        if self.table is None or self.table.dtype != y.dtype:
+            self.table = torch.linspace(0, 1, 8, dtype=y.dtype)
+        self.freqs = self.freqs * torch.polar(torch.ones(8), torch.ones(8))  # a new complex object per call
+        self.sparse_mask = self.sparse_mask.to(y.dtype)
+        return y + self.table + self.freqs.real.to(y.dtype) + torch.sparse.mm(self.sparse_mask.float(), y.float().t()).t().to(y.dtype)
+
+
+class TestPlainCaches:
+    @pytest.mark.parametrize("name,machine", CASES)
+    def test_plain_tensor_attributes_of_every_kind_are_put_back(self, name, machine):
+        model = _Cached()
+        before = {k: v for k, v in vars(model).items() if isinstance(v, torch.Tensor) or v is None}
+        with mixprec.apply(model, _policy(name, machine)):
+            model(X)
+        for key, value in before.items():
+            assert getattr(model, key) is value, key  # the same object (or None) as before apply

@@ -31,8 +31,10 @@ def _mark(tensor: torch.Tensor) -> int | torch.Tensor:
 
 
 def _plain(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Plain tensor attributes whose values a run's dtype can change: floating (dense or sparse) and
+    complex ones (rotary ``freqs_cis``). Integer and bool ones (positions, masks) do not depend on it."""
     return {name: value for name, value in vars(module).items()
-            if isinstance(value, torch.Tensor) and value.is_floating_point()}
+            if isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex())}
 
 
 class PlainTensors:
