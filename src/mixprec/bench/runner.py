@@ -510,6 +510,7 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
 def _record(repeat: int, batch: int, slots: list[_Slot], store: Store, hardware: Hardware | None = None) -> list[str]:
     """Store each configuration's metrics and status; returns notes on unstable timings."""
     notes: list[str] = []
+    stopped: dict[tuple[str, str | None], list[str]] = {}  # (status, why) -> configurations
     reference = slots[0]
     ref_out = (reference.first or {}).get("output")
     ref_extras = (reference.first or {}).get("extras", {})
@@ -572,8 +573,7 @@ def _record(repeat: int, batch: int, slots: list[_Slot], store: Store, hardware:
                 metrics["token_agreement"] = 1.0
         status, error = slot.status, slot.error
         if status in ("skipped", "partial"):  # stopped for the time budget: the output says which and why
-            notes.append(f"batch {batch}: {slot.spec.name} {error}" if status == "skipped"
-                         else f"batch {batch}: {slot.spec.name} partly measured: {error}")
+            stopped.setdefault((status, error), []).append(slot.spec.name)
         if status == "running":
             # Cut short (cancel, Ctrl-C, a crash of the runner): "ok" only with every sample.
             status = "ok" if len(slot.samples) + slot.untimed >= repeat else "partial"
@@ -585,4 +585,9 @@ def _record(repeat: int, batch: int, slots: list[_Slot], store: Store, hardware:
                                        f"{tuple(ref_out.shape)}: not comparable")
         policy = slot.ready.get("policy") if slot.ready else None
         store.finish_config(slot.config_id, status=status, metrics=metrics, error=error, policy=policy)
+    for (status, error), names in stopped.items():
+        if status == "skipped":
+            notes.append(f"batch {batch}: {', '.join(names)} {error}")
+        else:
+            notes.append(f"batch {batch}: {', '.join(names)} partly measured: {error}")
     return notes

@@ -47,9 +47,11 @@ measure own error are :class:`~mixprec.diagnose.low_copy.LowCopy`.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import random
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -65,6 +67,7 @@ from mixprec.diagnose.capture import (absmax, cast_owned, first_float, fresh_inp
 from mixprec.diagnose.low_copy import LowCopy
 from mixprec.diagnose.overflow import NonFiniteInputError, all_finite, first_nonfinite
 from mixprec.diagnose.profile_result import ModuleStats, Profile
+from mixprec.diagnose.progress import Meter, ProfileProgress, log_progress
 from mixprec.policy import ModulePlan, Policy, resolve_modules
 
 __all__ = ["profile", "sqnr_db"]
@@ -172,7 +175,8 @@ def _output_sqnr(low: Any, reference: tuple[tuple[int, ...], torch.Tensor] | Non
 
 
 def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], Any] | None = None,
-            blocks: bool = True) -> Profile:
+            blocks: bool = True, progress: Callable[[ProfileProgress], None] | None = None,
+            clock: Callable[[], float] = time.monotonic) -> Profile:
     """Profile every module of ``target`` on ``inputs`` in fp32 and under ``policy``.
 
     Args:
@@ -187,6 +191,11 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
             layer the policy rounds (a copy of the block on its fp32 input). Costs a
             run of each block per call; copies are kept for reuse up to half the
             model's fp32 weight bytes, larger ones are made per call.
+        progress: called with a :class:`~mixprec.diagnose.progress.ProfileProgress`
+            (phase, module calls done of the total, about how long is left) at most
+            once a second of ``clock``; to know the totals, one plain fp32 run counts the
+            module calls first. Without it, a line goes to the ``mixprec`` logger every
+            30 seconds when that logs at INFO.
 
     Returns:
         A :class:`Profile`.
@@ -251,6 +260,8 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
         stacks.setdefault(key, []).append(call)
 
     def fp32_post(module, args, kwargs, output):
+        if meter is not None:
+            meter.tick()
         key = id(module)
         s = stats[key]
         call = stacks[key].pop()
@@ -291,6 +302,14 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
             own = sqnr_db(low.float(), y.float())
             s.own_sqnr_db = own if s.own_sqnr_db is None else min(s.own_sqnr_db, own)
 
+    report = progress if progress is not None else (log_progress() if logging.getLogger("mixprec").isEnabledFor(logging.INFO)
+                                                    else None)
+    meter = Meter(report, clock=clock) if report is not None else None
+    if meter is not None:
+        meter.start("counting module calls (one plain fp32 run)", 0)
+        total, plain_s = _count_calls(plans, runner, inputs, comps, clock)
+        meter.start("fp32 pass and own errors", total, later_s=2 * plain_s)
+        low_total = total
     caller_rng = _RngState()
     handles = []
     try:
@@ -329,6 +348,8 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
                 int_differ.add(key)
 
         def low_post(module, args, output):
+            if meter is not None:
+                meter.tick()
             key = id(module)
             index = low_stacks[key].pop()
             y = first_float(output)
@@ -342,6 +363,8 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
                 return
             values.setdefault(key, []).append(sqnr_db(sample(y), ref[1]))
 
+        if meter is not None:
+            meter.start("pass under the policy", low_total)
         with apply(target if not isinstance(target, dict) else comps, policy):
             try:
                 for plan in plans:
@@ -368,6 +391,27 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
             s.int_inputs_differ = key in int_differ
     modules = [stats[id(p.module)] for p in plans if stats[id(p.module)].calls or stats[id(p.module)].policy_calls]
     return Profile(policy, modules, output_sqnr_db=_output_sqnr(low_out, out_reference))
+
+
+def _count_calls(plans: list[ModulePlan], runner: Callable[[Any], Any], inputs: Any, comps: dict[str, nn.Module],
+                 clock: Callable[[], float]) -> tuple[int, float]:
+    """Module calls of one plain fp32 run, and its seconds; the random state is put back after it."""
+    calls = [0]
+
+    def count(module, args):
+        calls[0] += 1
+
+    before = _RngState()
+    handles = [plan.module.register_forward_pre_hook(count) for plan in plans]
+    start = clock()
+    try:
+        with torch.inference_mode(), _WideDraws():
+            runner(fresh_inputs(inputs, comps))
+    finally:
+        for h in handles:
+            h.remove()
+        before.restore()
+    return calls[0], clock() - start
 
 
 def _nanmax(a: float, b: float) -> float:
