@@ -189,3 +189,12 @@ class TestPlainCaches:
             model(X)
         for key, value in before.items():
             assert getattr(model, key) is value, key  # the same object (or None) as before apply
+
+
+class TestTunerKey:
+    @pytest.mark.parametrize("seed", [0, 1, 2])
+    def test_the_tuners_model_key_reads_every_kind(self, seed):
+        from mixprec.tuning.evaluators import _fingerprint
+
+        assert _fingerprint({"": EveryKind(seed)}) == _fingerprint({"": EveryKind(seed)})
+        assert _fingerprint({"": EveryKind(seed)}) != _fingerprint({"": EveryKind(seed + 1)})

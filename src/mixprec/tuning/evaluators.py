@@ -48,7 +48,7 @@ def _fingerprint(components: dict[str, Any]) -> str:
     digest = hashlib.sha256()
     for cname, root in components.items():
         for name, tensor in [*root.named_parameters(), *root.named_buffers()]:
-            total = float(tensor.detach().double().sum()) if tensor.is_floating_point() else 0.0
+            total = float(tensor.detach().double().sum()) if tensor.is_floating_point() and not tensor.is_meta else 0.0
             digest.update(f"{cname}.{name}:{tuple(tensor.shape)}:{tensor.dtype}:{total!r};".encode())
     return digest.hexdigest()[:16]
 
