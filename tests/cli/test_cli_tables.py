@@ -228,3 +228,22 @@ class TestHelpShowsWhatOptionsTake:
             shown = METAVARS.get((path[-1] if path else "", long), METAVARS.get(long))
             if shown and not param.is_flag:
                 assert re.search(rf"{re.escape(long)}\s+{re.escape(shown)}", result.output), (long, shown)
+
+
+class TestOneSpeedupRenderingEverywhere:
+    def test_terminal_html_and_ui_show_the_same_cells(self, db, monkeypatch):
+        import html
+
+        from mixprec.bench.report import render_html
+        from mixprec.ui.bench_tab import results_table
+
+        with Store(db) as store:
+            run = store.load_run(1)
+        cells = [r["speedup"] for r in render_table_rows(run)]
+        assert cells[0] == "reference" and cells[3] == "undecided (n=1)"
+        assert all(c == "reference" or c.startswith(("undecided", "unstable")) or re.fullmatch(r"\d+\.\d+x \(.*\)", c)
+                   for c in cells), cells
+        terminal = _cli(monkeypatch, 200, ["runs", "show", "1", "--db", str(db)])
+        page, ui = render_html([run]), results_table(run, "en")
+        for cell in cells:
+            assert cell in terminal and html.escape(cell) in page and cell in ui, cell
