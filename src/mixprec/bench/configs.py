@@ -16,6 +16,7 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
+from mixprec._quote import quote
 from mixprec.casting.apply import apply
 from mixprec.casting.explain import explain_unmatched
 from mixprec.casting.compile import check_compiler
@@ -92,11 +93,11 @@ def _spec(name: str) -> ConfigSpec:
         return ConfigSpec(name, kind, arg)
     if name.endswith((".toml", ".json")):
         if not Path(name).is_file():
-            raise UnknownConfigError(f"policy file {name!r} does not exist")
+            raise UnknownConfigError(f"policy file {quote(name, limit=300)} does not exist")
         Policy.load(name)  # validate now, before any worker starts
         return ConfigSpec(name, "policy", os.path.abspath(name))
     raise UnknownConfigError(
-        f"unknown configuration {name!r}{did_you_mean(name, list(BUILTIN))}; valid: {', '.join(BUILTIN)}, or a policy "
+        f"unknown configuration {quote(name)}{did_you_mean(name, list(BUILTIN))}; valid: {', '.join(BUILTIN)}, or a policy "
         f".toml/.json file; any of them with {COMPILE_SUFFIX} (e.g. fast{COMPILE_SUFFIX}) runs compiled"
     )
 
@@ -131,7 +132,7 @@ def _with_twins(specs: list[ConfigSpec]) -> list[ConfigSpec]:
 def _parse_names(text: str) -> tuple[list[ConfigSpec], list[str]]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
-        raise UnknownConfigError(f"--configs {text!r} names no configuration; valid: {', '.join(BUILTIN)}")
+        raise UnknownConfigError(f"--configs {quote(text)} names no configuration; valid: {', '.join(BUILTIN)}")
     specs = [_spec(n) for n in dict.fromkeys(names)]
     notes = []
     if "fp32" not in names:

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from mixprec._quote import quote
 from mixprec.bench import evidence, rundata
 from mixprec.bench.comparable import baseline_problems, comparable, main_quality, nothing_in_common
 from mixprec.bench.comparable import failure as _failure
@@ -44,16 +45,16 @@ def parse_percent(text: str, flag: str, *, upper: float | None = None) -> float:
         try:
             float(raw)
         except ValueError:
-            raise ValueError(f"{flag} {text!r}: expected a percentage such as 5%") from None
-        raise ValueError(f"{flag} {text!r}: give the unit, for example {raw}% (a bare number is ambiguous)")
+            raise ValueError(f"{flag} {quote(text)}: expected a percentage such as 5%") from None
+        raise ValueError(f"{flag} {quote(text)}: give the unit, for example {raw if len(raw) <= 20 else 5}% (a bare number is ambiguous)")
     try:
         value = float(raw[:-1]) / 100
     except ValueError:
-        raise ValueError(f"{flag} {text!r}: expected a percentage such as 5%") from None
+        raise ValueError(f"{flag} {quote(text)}: expected a percentage such as 5%") from None
     if math.isnan(value) or math.isinf(value) or value < 0:
-        raise ValueError(f"{flag} {text!r}: must be a finite percentage of 0% or more")
+        raise ValueError(f"{flag} {quote(text)}: must be a finite percentage of 0% or more")
     if upper is not None and value > upper:
-        raise ValueError(f"{flag} {text!r}: must be between 0% and {upper:.0%}")
+        raise ValueError(f"{flag} {quote(text)}: must be between 0% and {upper:.0%}")
     return value
 
 
@@ -64,9 +65,9 @@ def parse_db(text: str, flag: str) -> float:
     try:
         value = float(number)
     except ValueError:
-        raise ValueError(f"{flag} {text!r}: expected decibels such as 40dB") from None
+        raise ValueError(f"{flag} {quote(text)}: expected decibels such as 40dB") from None
     if not math.isfinite(value):
-        raise ValueError(f"{flag} {text!r}: must be a finite number of decibels such as 40dB")
+        raise ValueError(f"{flag} {quote(text)}: must be a finite number of decibels such as 40dB")
     return value
 
 
@@ -83,11 +84,11 @@ def parse_bytes(text: str, flag: str) -> float:
         value = None
     unit = match.group(2).lower() if match else ""
     if value is None or (unit and unit not in _UNITS):
-        raise ValueError(f"{flag} {text!r}: expected a size such as 8MiB (units: B, KiB, MiB, GiB, KB, MB, GB)")
+        raise ValueError(f"{flag} {quote(text)}: expected a size such as 8MiB (units: B, KiB, MiB, GiB, KB, MB, GB)")
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{flag} {text!r}: must be a finite size of 0 or more, such as 8MiB")
+        raise ValueError(f"{flag} {quote(text)}: must be a finite size of 0 or more, such as 8MiB")
     if not unit and value != 0:
-        raise ValueError(f"{flag} {text!r}: give the unit, for example {raw}MiB (a bare number is ambiguous)")
+        raise ValueError(f"{flag} {quote(text)}: give the unit, for example {raw if len(raw) <= 20 else 8}MiB (a bare number is ambiguous)")
     return value * _UNITS.get(unit, 1)
 
 

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Iterator, Optional
 
 import typer
 
+from mixprec._quote import quote
 from mixprec.cli._common import console, err_console, fail, open_store, table
 from mixprec.cli._files import Outputs, write_run_exports
 from mixprec.cli._text import say
@@ -29,7 +30,7 @@ HardwareFlag = Annotated[Optional[str], typer.Option("--hardware", help="With --
 def check_executor_flags(executor: str, ray_address: str | None, hardware: str | None) -> None:
     """Refuse an unknown ``--executor`` and cluster flags without ``--executor ray`` (exit 2)."""
     if executor not in EXECUTORS:
-        fail(f"--executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
+        fail(f"--executor {quote(executor)}: expected one of {', '.join(EXECUTORS)}")
     if executor == "local":
         given = [flag for flag, value in (("--ray-address", ray_address), ("--hardware", hardware)) if value is not None]
         if given:
@@ -168,7 +169,7 @@ def tune_on_cluster(ctx: Any, *, executor: str, address: str | None, hardware_sp
     try:
         groups = select_groups(node_groups(ray), hardware_spec)
         if len(groups) > 1:
-            raise ClusterError(f"--hardware {hardware_spec!r}: a tune run measures on one hardware type, got "
+            raise ClusterError(f"--hardware {quote(hardware_spec)}: a tune run measures on one hardware type, got "
                                f"{', '.join(g.label for g in groups)}; run one tune per type")
         (group,) = groups
         err_console.print(f"tuning on {group.describe()} with {workers} workers of {worker_cpus:g} CPU(s) each",

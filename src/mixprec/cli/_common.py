@@ -14,6 +14,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from mixprec._quote import quote
 from mixprec.cli._text import FitTable, SafeConsole, header_min_width, safe, say
 
 #: Width when stdout is a pipe or a file (logs, CI) and COLUMNS is unset: rich's 80 columns
@@ -76,29 +77,25 @@ def as_int(text: str, flag: str, *, low: int | None = None, high: int | None = N
     try:
         value = int(text.strip())
     except ValueError:
-        raise ValueError(f"{flag} {_short(text)!r}: expected an integer") from None
+        raise ValueError(f"{flag} {quote(text)}: expected an integer") from None
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f"from {low} to {high:,}" if low is not None and high is not None else (
             f"at most {high:,}" if high is not None else f"at least {low}")
-        raise ValueError(f"{flag} {_short(text)!r}: expected an integer {bounds}")
+        raise ValueError(f"{flag} {quote(text)}: expected an integer {bounds}")
     return value
-
-
-def _short(text: str) -> str:
-    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
 
 
 def as_float(text: str, flag: str) -> float:
     try:
         return float(text.strip())
     except ValueError:
-        raise ValueError(f"{flag} {text!r}: expected a number") from None
+        raise ValueError(f"{flag} {quote(text)}: expected a number") from None
 
 
 def int_list(text: str, flag: str, *, high: int | None = None) -> list[int]:
     values = [as_int(part, flag, high=high) for part in text.split(",") if part.strip()]
     if not values or any(v < 1 for v in values):
-        raise ValueError(f"{flag} {_short(text)!r}: expected comma-separated integers >= 1, e.g. 1,4")
+        raise ValueError(f"{flag} {quote(text)}: expected comma-separated integers >= 1, e.g. 1,4")
     return values
 
 
@@ -108,25 +105,25 @@ def writable_path(path: str | None, flag: str) -> None:
         return
     if not path.strip():
         raise ValueError(f"{flag}: empty path")
-    shown = _short(path)
+    shown = quote(path, limit=300)
     try:
         _check_writable(Path(path).expanduser(), flag, shown)
     except OSError as exc:  # a name too long for the file system, a loop of links...
-        raise ValueError(f"{flag} {shown!r}: cannot be used as a file name ({exc.strerror or exc})") from None
+        raise ValueError(f"{flag} {shown}: cannot be used as a file name ({exc.strerror or exc})") from None
 
 
 def _check_writable(target: Path, flag: str, shown: str) -> None:
     if target.is_dir():
-        raise ValueError(f"{flag} {shown!r}: is a directory; give a file name")
+        raise ValueError(f"{flag} {shown}: is a directory; give a file name")
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.exists():
-        raise ValueError(f"{flag} {shown!r}: directory {_short(str(parent))!r} does not exist")
+        raise ValueError(f"{flag} {shown}: directory {quote(str(parent), limit=300)} does not exist")
     if not parent.is_dir():
-        raise ValueError(f"{flag} {shown!r}: {_short(str(parent))!r} is a file, not a directory")
+        raise ValueError(f"{flag} {shown}: {quote(str(parent), limit=300)} is a file, not a directory")
     if target.exists() and not os.access(target, os.W_OK):
-        raise ValueError(f"{flag} {shown!r}: the file is not writable")
+        raise ValueError(f"{flag} {shown}: the file is not writable")
     if not target.exists() and not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {shown!r}: cannot create files in {_short(str(parent))!r}")
+        raise ValueError(f"{flag} {shown}: cannot create files in {quote(str(parent), limit=300)}")
 
 
 def open_store(db: str | None):
@@ -179,5 +176,5 @@ def example_inputs(pipe: Any, name: str, batch: int, seed: int) -> Any:
     except (ValueError, NotImplementedError):
         raise
     except Exception as exc:
-        raise ValueError(f"pipeline {name!r}: example_inputs(batch={batch}, seed={seed}) raised "
+        raise ValueError(f"pipeline {quote(name, limit=300)}: example_inputs(batch={batch}, seed={seed}) raised "
                          f"{type(exc).__name__}: {exc}") from None

@@ -20,6 +20,7 @@ from typing import Callable
 
 from rich.console import Console
 
+from mixprec._quote import quote
 from mixprec.cli._text import say
 
 __all__ = ["Outputs", "write_atomic", "describe_os_error", "write_run_exports"]
@@ -104,7 +105,7 @@ class Outputs:
             write_atomic(path, produce)
         except OSError as exc:
             hint = f"; to write it again: {again}" if again else ""
-            say(self.console, ("error:", "bold red"), f" {flag} {path!r} was not written: {describe_os_error(exc)}{hint}")
+            say(self.console, ("error:", "bold red"), f" {flag} {quote(path)} was not written: {describe_os_error(exc)}{hint}")
             self.failed.append(path)
             return False
         return True

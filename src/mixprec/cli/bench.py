@@ -11,6 +11,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 import mixprec
+from mixprec._quote import quote
 from mixprec.cli._app import app
 from mixprec.cli._cluster import (
     ExecutorFlag,
@@ -126,7 +127,7 @@ def bench(
         for flag, path in (("--html", html), ("--json", json_out), ("--csv", csv_out)):
             writable_path(path, flag)
         if not any(p.strip() for p in pipeline.split(",")):
-            raise ValueError(f"--pipeline {pipeline!r}: give at least one pipeline (see mixprec pipelines)")
+            raise ValueError(f"--pipeline {quote(pipeline)}: give at least one pipeline (see mixprec pipelines)")
         if executor == "local":  # on a cluster, each node's probe refuses a device it lacks
             device = checked_device(device)
         names = [checked_pipeline(p.strip(), size, run_seed, batches[0], device) for p in pipeline.split(",") if p.strip()]

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 import mixprec
+from mixprec._quote import quote
 from mixprec.cli._app import app
 from mixprec.cli._cluster import ExecutorFlag, HardwareFlag, RayAddressFlag, check_executor_flags, tune_on_cluster
 from mixprec.cli._common import (
@@ -73,28 +74,28 @@ def tune_cmd(
     try:
         parsed = mixprec.parse_bound(bound)
         if objective not in ("latency", "memory"):
-            raise ValueError(f"--objective {objective!r}: expected latency or memory")
+            raise ValueError(f"--objective {quote(objective)}: expected latency or memory")
         n_budget = as_int(budget, "--budget", high=MAX_REPEAT * 10) if budget is not None else None
         if n_budget is not None and n_budget < 1:
-            raise ValueError(f"--budget {budget!r}: expected a positive number of evaluations")
+            raise ValueError(f"--budget {quote(budget)}: expected a positive number of evaluations")
         seed_list = [as_int(part, "--seeds", high=MAX_SEED) for part in seeds.split(",") if part.strip()]
         if len(seed_list) > MAX_SEEDS or (len(seed_list) == 1 and seed_list[0] > MAX_SEEDS):
             raise ValueError(f"--seeds {seeds[:60]!r}: at most {MAX_SEEDS} seeds")
         if len(seed_list) == 1:
             seed_list = list(range(seed_list[0]))
         if not seed_list or any(v < 0 for v in seed_list):
-            raise ValueError(f"--seeds {seeds!r}: expected a count >= 1 (e.g. 2) or comma-separated seeds >= 0 (e.g. 0,1)")
+            raise ValueError(f"--seeds {quote(seeds)}: expected a count >= 1 (e.g. 2) or comma-separated seeds >= 0 (e.g. 0,1)")
         n_repeat = as_int(repeat, "--repeat", high=MAX_REPEAT)
         if n_repeat < 1:
-            raise ValueError(f"--repeat {repeat!r}: expected at least 1")
+            raise ValueError(f"--repeat {quote(repeat)}: expected at least 1")
         held_out = _validation_seeds(validation_seeds, seed_list)
         margin_db = as_float(margin, "--margin")
         if not (math.isfinite(margin_db) and margin_db >= 0):
-            raise ValueError(f"--margin {margin!r}: expected a number of dB >= 0 (0: search to the bound itself)")
+            raise ValueError(f"--margin {quote(margin)}: expected a number of dB >= 0 (0: search to the bound itself)")
         writable_path(out, "--out")
         writable_path(html, "--html")
         if not pipeline.strip():
-            raise ValueError(f"--pipeline {pipeline!r}: give a pipeline (see mixprec pipelines)")
+            raise ValueError(f"--pipeline {quote(pipeline)}: give a pipeline (see mixprec pipelines)")
         local = executor != "ray"  # on a cluster, the node's probe refuses a device it lacks
         if local:
             device = checked_device(device)
@@ -109,7 +110,7 @@ def tune_cmd(
     try:
         n_workers, n_cpus = as_int(workers, "--workers"), as_float(worker_cpus, "--worker-cpus")
         if n_workers < 1 or not (math.isfinite(n_cpus) and n_cpus > 0):
-            raise ValueError(f"--workers {workers!r} / --worker-cpus {worker_cpus!r}: expected at least 1 worker and a positive number of CPUs")
+            raise ValueError(f"--workers {quote(workers)} / --worker-cpus {quote(worker_cpus)}: expected at least 1 worker and a positive number of CPUs")
     except ValueError as exc:
         fail(exc)
     store = open_store(db)
@@ -207,11 +208,11 @@ def _validation_seeds(text: str, search: list[int]) -> int | list[int]:
     valid = "a count (e.g. 3; 0 disables validation) or seeds such as 7,8,9 or 10-19"
     parts = [part.strip() for part in text.split(",") if part.strip()]
     if not parts:
-        raise ValueError(f"--validation-seeds {text!r}: expected {valid}")
+        raise ValueError(f"--validation-seeds {quote(text)}: expected {valid}")
     if len(parts) == 1 and "-" not in parts[0] and "," not in text:
         count = as_int(parts[0], "--validation-seeds", high=MAX_SEEDS)
         if count < 0:
-            raise ValueError(f"--validation-seeds {text!r}: expected {valid}")
+            raise ValueError(f"--validation-seeds {quote(text)}: expected {valid}")
         return count
     seeds: list[int] = []
     for part in parts:
@@ -219,11 +220,11 @@ def _validation_seeds(text: str, search: list[int]) -> int | list[int]:
         try:
             first, last = int(low), int(high) if dash else int(low)
         except ValueError:
-            raise ValueError(f"--validation-seeds {text!r}: {part!r} is not a seed or a range; expected {valid}") from None
+            raise ValueError(f"--validation-seeds {quote(text)}: {quote(part)} is not a seed or a range; expected {valid}") from None
         if first < 0 or last < first or last - first > 10_000 or last > MAX_SEED:
-            raise ValueError(f"--validation-seeds {text!r}: {part!r} is not a range of seeds >= 0; expected {valid}")
+            raise ValueError(f"--validation-seeds {quote(text)}: {quote(part)} is not a range of seeds >= 0; expected {valid}")
         seeds += range(first, last + 1)
     try:
         return list(validation_seed_list(seeds, search))
     except ValueError as exc:
-        raise ValueError(f"--validation-seeds {text!r} vs --seeds: {exc}") from None
+        raise ValueError(f"--validation-seeds {quote(text)} vs --seeds: {exc}") from None

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from mixprec._quote import quote
 from mixprec.cli._app import app
 from mixprec.cli._common import fail
 
@@ -25,8 +26,12 @@ def ui_cmd(
 
     if store_dir is not None:
         folder = Path(store_dir).expanduser()
-        if not str(store_dir).strip() or (folder.exists() and not folder.is_dir()):
-            fail(ValueError(f"--store-dir {store_dir!r}: not a folder"))
+        try:
+            usable = bool(str(store_dir).strip()) and (not folder.exists() or folder.is_dir())
+        except (OSError, ValueError) as exc:  # a name too long, a NUL byte
+            fail(ValueError(f"--store-dir {quote(store_dir)}: cannot be used as a folder ({getattr(exc, 'strerror', None) or exc})"))
+        if not usable:
+            fail(ValueError(f"--store-dir {quote(store_dir)}: not a folder"))
     try:
         from mixprec.ui.app import PortInUseError, launch
         from mixprec.ui.i18n import check_language

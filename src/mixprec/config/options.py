@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from mixprec._quote import quote
 from mixprec.device.settings import MATMUL_LEVELS, NumericSettings, did_you_mean, parse_bool, parse_matmul
 from mixprec.policy import Policy
 from mixprec.policy.presets import PRESETS
@@ -19,17 +20,17 @@ __all__ = ["Option", "OPTIONS", "option_for_key", "default_value", "parse_preset
 def parse_preset(value: Any) -> str:
     """Parse a preset name, case-insensitively."""
     if not isinstance(value, str):
-        raise ValueError(f"expected a string, one of: {', '.join(PRESETS)}; got {type(value).__name__} {value!r}")
+        raise ValueError(f"expected a string, one of: {', '.join(PRESETS)}; got {type(value).__name__} {quote(value)}")
     name = value.strip().lower()
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {value!r}{did_you_mean(name, PRESETS)}; valid values: {', '.join(PRESETS)}")
+        raise ValueError(f"unknown preset {quote(value)}{did_you_mean(name, PRESETS)}; valid values: {', '.join(PRESETS)}")
     return name
 
 
 def parse_policy_file(value: Any) -> str:
     """Check that a policy file exists and parses; returns its path."""
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"expected the path of a policy .toml or .json file, got {value!r}")
+        raise ValueError(f"expected the path of a policy .toml or .json file, got {quote(value)}")
     Policy.load(value.strip())  # raises PolicyError (a ValueError) naming the file and key
     return value.strip()
 

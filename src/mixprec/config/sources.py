@@ -192,7 +192,7 @@ def normalise_app(app: str | None) -> str | None:
     if app is None:
         return None
     if not isinstance(app, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_\-]*", app.strip()):
-        raise ValueError(f"invalid app prefix {app!r}: use letters, digits, '_' or '-', starting with a letter (e.g. 'ACE_STEP')")
+        raise ValueError(f"invalid app prefix {quote(app)}: use letters, digits, '_' or '-', starting with a letter (e.g. 'ACE_STEP')")
     return app.strip().upper().replace("-", "_")
 
 
@@ -299,7 +299,7 @@ def _file_layer(paths: list[Path], col: _Collector) -> list[str]:
         for key, raw in table.items():
             option = option_for_key(key)
             if option is None:
-                col.problems.append(f"{where}: unknown key {key!r}{did_you_mean(key, known)}; valid keys: {', '.join(known)}")
+                col.problems.append(f"{where}: unknown key {quote(key)}{did_you_mean(key, known)}; valid keys: {', '.join(known)}")
                 continue
             col.offer(option, raw, Source("file", f"{where} key {key}"), file=path)
     return used
@@ -335,7 +335,7 @@ def _dotenv_layer(path: Path, app: str | None, col: _Collector) -> bool:
     for binding in parse_stream(io.StringIO(text)):
         if binding.error:
             first = binding.original.string.strip().splitlines()[0] if binding.original.string.strip() else ""
-            col.problems.append(f"{path} line {binding.original.line}: malformed .env line {first!r}")
+            col.problems.append(f"{path} line {binding.original.line}: malformed .env line {quote(first)}")
         elif binding.key is not None:
             entries[binding.key] = (binding.value, binding.original.line)
     _env_like(entries, app, col, layer="dotenv", where=lambda name, line: f"{path} line {line} {name}", file=path)
@@ -453,7 +453,7 @@ def resolve(
             option = option_for_key(key)
             if option is None:
                 known = [o.key for o in OPTIONS]
-                col.problems.append(f"unknown setting {key!r} ({layer}){did_you_mean(key, known)}; valid: {', '.join(known)}")
+                col.problems.append(f"unknown setting {quote(key)} ({layer}){did_you_mean(key, known)}; valid: {', '.join(known)}")
                 continue
             col.offer(option, raw, Source(layer, where(option)))
 

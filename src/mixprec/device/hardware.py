@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import torch
 
+from mixprec._quote import quote
 from mixprec.device import backends
 from mixprec.device.trust import ceiling, holds, settled, tight
 
@@ -230,22 +231,22 @@ def resolve_device(device: str | torch.device | None, *, source: str = "device")
         if torch.cuda.is_available():
             return torch.device("cuda")
         return torch.device("cpu")
-    shown = str(device)
+    shown = quote(str(device))
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ValueError(f"{source} {shown!r}: unsupported device; choose cpu, cuda, cuda:N or mps") from None
+        raise ValueError(f"{source} {shown}: unsupported device; choose cpu, cuda, cuda:N or mps") from None
     if dev.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"{source} {shown!r}: unsupported device; choose cpu, cuda, cuda:N or mps")
+        raise ValueError(f"{source} {shown}: unsupported device; choose cpu, cuda, cuda:N or mps")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"{source} {shown!r}: CUDA is not available on this machine (torch.cuda.is_available() "
+        raise ValueError(f"{source} {shown}: CUDA is not available on this machine (torch.cuda.is_available() "
                          "is false); use cpu")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         count = torch.cuda.device_count()
-        raise ValueError(f"{source} {shown!r}: this machine has {count} CUDA device{'s' if count != 1 else ''} "
+        raise ValueError(f"{source} {shown}: this machine has {count} CUDA device{'s' if count != 1 else ''} "
                          f"(cuda:0 to cuda:{count - 1})")
     if dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-        raise ValueError(f"{source} {shown!r}: MPS is not available on this machine; use cpu")
+        raise ValueError(f"{source} {shown}: MPS is not available on this machine; use cpu")
     return dev
 
 

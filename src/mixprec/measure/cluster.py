@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from mixprec._quote import quote
 from mixprec.measure.ray_executor import HARDWARE_PREFIX, LABEL_SHARE, RayExecutor, hardware_resource, require_ray
 
 __all__ = ["ClusterError", "NodeGroup", "connect", "node_groups", "select_groups", "probe_group", "describe_groups"]
@@ -65,12 +66,12 @@ def _check_reachable(address: str, flag: str) -> None:
     target = address.split("://", 1)[-1]
     host, sep, port = target.rpartition(":")
     if not sep or not host or not port.isdigit():
-        raise ClusterError(f"{flag} {address!r}: expected auto or HOST:PORT (e.g. 10.0.0.5:6379)")
+        raise ClusterError(f"{flag} {quote(address)}: expected auto or HOST:PORT (e.g. 10.0.0.5:6379)")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=5):
             pass
     except OSError as exc:
-        raise ClusterError(f"{flag} {address!r}: cannot reach a Ray cluster there ({exc}); start one with "
+        raise ClusterError(f"{flag} {quote(address)}: cannot reach a Ray cluster there ({exc}); start one with "
                            f"'ray start --head --port {port}' on that host, or check the address") from None
 
 
@@ -156,7 +157,7 @@ def select_groups(groups: list[NodeGroup], spec: str | None, *, flag: str = "--h
         return list(groups)
     asked = [part.strip() for part in spec.split(",") if part.strip()]
     if not asked:
-        raise ClusterError(f"{flag} {spec!r}: expected all or comma-separated labels; the cluster has: {have}")
+        raise ClusterError(f"{flag} {quote(spec)}: expected all or comma-separated labels; the cluster has: {have}")
     by_label = {g.label: g for g in groups}
     missing = [label for label in asked if label not in by_label]
     if missing:

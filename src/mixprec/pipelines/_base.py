@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from mixprec._quote import quote
+
 __all__ = [
     "OUTPUT_KINDS",
     "AudioOutput",
@@ -134,7 +136,7 @@ def sized_config(kind: str, sizes: Mapping[str, Any], size: str, overrides: Mapp
         ValueError: For an unknown size or override name; the message lists the valid ones.
     """
     if size not in sizes:
-        raise ValueError(f"unknown {kind} size {size!r}; valid sizes: {', '.join(sizes)}")
+        raise ValueError(f"unknown {kind} size {quote(size)}; valid sizes: {', '.join(sizes)}")
     fields = {f.name for f in dataclasses.fields(sizes[size])}
     unknown = sorted(set(overrides) - fields)
     if unknown:

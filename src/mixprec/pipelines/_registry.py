@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from mixprec._quote import quote
 from mixprec.pipelines._base import Pipeline, check_batch_seed
 from mixprec.pipelines._factory import accepted_keywords, build_factory, is_factory_spec
 
@@ -85,10 +86,10 @@ def register(name: str, factory: Factory, *, replace: bool = False) -> None:
             use while ``replace`` is false.
     """
     if not isinstance(name, str) or not name or name != name.strip() or " " in name:
-        raise ValueError(f"pipeline name must be a non-empty string without spaces, got {name!r}")
+        raise ValueError(f"pipeline name must be a non-empty string without spaces, got {quote(name)}")
     if ":" in name:
         raise ValueError(
-            f"pipeline name {name!r} contains ':', which marks a factory spec "
+            f"pipeline name {quote(name)} contains ':', which marks a factory spec "
             "(module:factory or file.py:factory); choose a name without ':'"
         )
     if not callable(factory):
@@ -168,13 +169,13 @@ def _lookup(name: str) -> Factory:
     names = available()
     if name in _errors:
         raise UnknownPipelineError(
-            f"pipeline {name!r} comes from a plugin that failed to load ({_errors[name]}); "
+            f"pipeline {quote(name)} comes from a plugin that failed to load ({_errors[name]}); "
             f"available pipelines: {', '.join(names)}"
         )
-    close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.5)
+    close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.5) if len(str(name)) <= 200 else []
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise UnknownPipelineError(
-        f"unknown pipeline {name!r}; available pipelines: {', '.join(names)}.{hint}"
+        f"unknown pipeline {quote(name)}; available pipelines: {', '.join(names)}.{hint}"
     )
 
 

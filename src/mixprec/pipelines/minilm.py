@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
+from mixprec._quote import quote
 from mixprec.pipelines._base import EmbeddingOutput, Pipeline
 
 __all__ = ["SENTENCES", "SIZES", "SIZE_NOTES", "MiniLMInputs", "MiniLMPipeline", "build", "model_dir"]
@@ -160,7 +161,7 @@ def build(
     """
     del seed
     if size not in SIZES:
-        raise ValueError(f"unknown minilm size {size!r}; valid sizes: {', '.join(SIZES)}")
+        raise ValueError(f"unknown minilm size {quote(size)}; valid sizes: {', '.join(SIZES)}")
     unknown = sorted(set(overrides) - {"max_length"})
     if unknown:
         raise ValueError(f"unknown minilm option(s) {unknown}; valid: max_length")

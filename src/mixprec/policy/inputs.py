@@ -15,6 +15,8 @@ import stat
 from pathlib import Path
 from typing import Any, Callable
 
+from mixprec._quote import clip
+
 __all__ = ["MAX_INPUT_BYTES", "file_problem", "read_input_text", "parse_checked"]
 
 #: The largest settings file read (policies, configs and .env files are a few KiB; generated ones can be more).
@@ -90,5 +92,4 @@ def parse_checked(parse: Callable[[str], Any], text: str, where: str) -> Any:
 
 
 def _shown(path: Path) -> str:
-    text = str(path)
-    return text if len(text) <= 300 else f"{text[:200]}... ({len(text)} characters)"
+    return clip(str(path), limit=300, escape=True)  # control and non-ASCII characters escaped

@@ -144,7 +144,7 @@ def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = 
     """
     key = name.strip().lower() if isinstance(name, str) else name
     if key not in PRESETS:
-        raise UnknownPresetError(f"unknown preset {name!r}{did_you_mean(str(key), PRESETS)}; choose one of: {', '.join(PRESETS)}")
+        raise UnknownPresetError(f"unknown preset {quote(name)}{did_you_mean(str(key), PRESETS)}; choose one of: {', '.join(PRESETS)}")
     hints = tuple(hints)
     reasons: list[str] = []
     rules: list[Rule] = []

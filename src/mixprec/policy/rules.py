@@ -67,17 +67,17 @@ def nfc(name: str) -> str:
 
 def _dtype_name(value: Any, what: str) -> str:
     if not isinstance(value, str):
-        raise PolicyError(f"{what}: expected a string, one of {', '.join(DTYPE_NAMES)}; got {type(value).__name__} {value!r}")
+        raise PolicyError(f"{what}: expected a string, one of {', '.join(DTYPE_NAMES)}; got {type(value).__name__} {quote(value)}")
     name = _ALIASES.get(value.strip().lower(), value.strip().lower())
     if name not in DTYPE_NAMES:
-        raise PolicyError(f"{what}: unknown dtype {value!r}{did_you_mean(name, DTYPE_NAMES)}; valid: {', '.join(DTYPE_NAMES)}")
+        raise PolicyError(f"{what}: unknown dtype {quote(value)}{did_you_mean(name, DTYPE_NAMES)}; valid: {', '.join(DTYPE_NAMES)}")
     return name
 
 
 def _opt_bool(value: Any, what: str) -> bool | None:
     if value is None or isinstance(value, bool):
         return value
-    raise PolicyError(f"{what}: expected true or false, got {type(value).__name__} {value!r}")
+    raise PolicyError(f"{what}: expected true or false, got {type(value).__name__} {quote(value)}")
 
 
 @dataclass(frozen=True)
@@ -107,22 +107,22 @@ class Rule:
 
     def __post_init__(self) -> None:
         if not isinstance(self.match, str) or not self.match.strip():
-            raise PolicyError(f"rule match: expected a non-empty string, got {self.match!r}")
+            raise PolicyError(f"rule match: expected a non-empty string, got {quote(self.match)}")
         # Names are compared in Unicode NFC: 'é' typed as one code point matches 'é' stored as two.
         object.__setattr__(self, "match", unicodedata.normalize("NFC", self.match.strip()))
         if self.match.startswith("type:") and not self.match[5:].strip():
-            raise PolicyError(f"rule match {self.match!r}: give a class name after 'type:'")
+            raise PolicyError(f"rule match {quote(self.match)}: give a class name after 'type:'")
         if self.match.startswith("role:") and self.match[5:].strip() not in ROLES:
-            raise PolicyError(f"rule match {self.match!r}: unknown role{did_you_mean(self.match[5:].strip(), ROLES)}; "
+            raise PolicyError(f"rule match {quote(self.match)}: unknown role{did_you_mean(self.match[5:].strip(), ROLES)}; "
                               f"valid: {', '.join('role:' + r for r in ROLES)}")
-        where = f"rule {self.match!r}"
+        where = f"rule {quote(self.match)}"
         if self.storage is not None:
             object.__setattr__(self, "storage", _dtype_name(self.storage, f"{where} storage"))
         if self.output_dtype is not None:
             object.__setattr__(self, "output_dtype", _dtype_name(self.output_dtype, f"{where} output_dtype"))
         if self.compute is not None:
             if not isinstance(self.compute, str) or self.compute.strip().lower() not in COMPUTE_MODES:
-                raise PolicyError(f"{where} compute: invalid value {self.compute!r}; valid: {', '.join(COMPUTE_MODES)}")
+                raise PolicyError(f"{where} compute: invalid value {quote(self.compute)}; valid: {', '.join(COMPUTE_MODES)}")
             object.__setattr__(self, "compute", self.compute.strip().lower())
         for name in ("keep_fp32", "upcast_attention"):
             _opt_bool(getattr(self, name), f"{where} {name}")
@@ -166,12 +166,12 @@ class Rule:
         known = [f.name for f in dataclasses.fields(cls)]
         for key in data:
             if key not in known:
-                raise PolicyError(f"{where}: unknown key {key!r}{did_you_mean(key, known)}; valid keys: {', '.join(known)}")
+                raise PolicyError(f"{where}: unknown key {quote(key)}{did_you_mean(key, known)}; valid keys: {', '.join(known)}")
         if "match" not in data:
             raise PolicyError(f"{where}: missing key 'match' (a name glob or 'type:ClassName')")
         for key in ("reason", "match"):
             if key in data and not isinstance(data[key], str):
-                raise PolicyError(f"{where} key {key!r}: expected a string, got {type(data[key]).__name__}")
+                raise PolicyError(f"{where} key {quote(key)}: expected a string, got {type(data[key]).__name__}")
         try:
             return cls(**data)
         except PolicyError as exc:
@@ -199,11 +199,11 @@ class CompileSettings:
 
     def __post_init__(self) -> None:
         if self.mode not in COMPILE_MODES:
-            raise PolicyError(f"compile mode: unknown mode {self.mode!r}{did_you_mean(str(self.mode), COMPILE_MODES)}; "
+            raise PolicyError(f"compile mode: unknown mode {quote(self.mode)}{did_you_mean(str(self.mode), COMPILE_MODES)}; "
                               f"valid: {', '.join(COMPILE_MODES)}")
         _opt_bool(self.dynamic, "compile dynamic")
         if not isinstance(self.backend, str) or not self.backend:
-            raise PolicyError(f"compile backend: expected a backend name such as inductor, got {self.backend!r}")
+            raise PolicyError(f"compile backend: expected a backend name such as inductor, got {quote(self.backend)}")
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"mode": self.mode, "backend": self.backend}
@@ -216,11 +216,11 @@ class CompileSettings:
         if data is True:
             return cls()
         if not isinstance(data, dict):
-            raise PolicyError(f"{where}: expected a table (mode, dynamic, backend) or true, got {type(data).__name__} {data!r}")
+            raise PolicyError(f"{where}: expected a table (mode, dynamic, backend) or true, got {type(data).__name__} {quote(data)}")
         known = ["mode", "dynamic", "backend"]
         for key in data:
             if key not in known:
-                raise PolicyError(f"{where}: unknown key {key!r}{did_you_mean(key, known)}; valid keys: {', '.join(known)}")
+                raise PolicyError(f"{where}: unknown key {quote(key)}{did_you_mean(key, known)}; valid keys: {', '.join(known)}")
         try:
             return cls(**data)
         except PolicyError as exc:
@@ -261,7 +261,7 @@ class Policy:
         if self.compile is not None and not isinstance(self.compile, CompileSettings):
             raise PolicyError(f"policy compile must be CompileSettings or None, got {type(self.compile).__name__}")
         if not isinstance(self.model_declarations, bool):
-            raise PolicyError(f"policy model_declarations: expected true or false, got {self.model_declarations!r}")
+            raise PolicyError(f"policy model_declarations: expected true or false, got {quote(self.model_declarations)}")
         for rule in self.rules:
             if not isinstance(rule, Rule):
                 raise PolicyError(f"policy rules must be Rule objects, got {type(rule).__name__}")

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
+from mixprec._quote import quote
+
 __all__ = ["LOWER_IS_BETTER", "METRICS", "DEFAULT_MARGIN_DB", "Bound", "parse_bound", "tightened", "worst_case"]
 
 
@@ -111,13 +113,13 @@ def parse_bound(text: str | Bound) -> Bound:
     valid = ", ".join(METRICS)
     match = _BOUND_RE.match(text.strip().lower()) if isinstance(text, str) else None
     if match is None:
-        raise ValueError(f"cannot parse bound {text!r}: expected {_GRAMMAR}, e.g. 'sqnr>=30'; metrics: {valid}")
+        raise ValueError(f"cannot parse bound {quote(text)}: expected {_GRAMMAR}, e.g. 'sqnr>=30'; metrics: {valid}")
     metric, op, number = match.groups()
     if metric not in METRICS:
-        raise ValueError(f"bound {text!r}: unknown metric {metric!r}; expected {_GRAMMAR}; metrics: {valid}")
+        raise ValueError(f"bound {quote(text)}: unknown metric {quote(metric)}; expected {_GRAMMAR}; metrics: {valid}")
     value = float(number)
     if not math.isfinite(value):
-        raise ValueError(f"bound {text!r}: {number} is not a finite number (1e999 overflows to infinity); give a finite threshold")
+        raise ValueError(f"bound {quote(text)}: {quote(number)} is not a finite number (1e999 overflows to infinity); give a finite threshold")
     return Bound(metric, op, value)
 
 
@@ -143,7 +145,7 @@ def tightened(bound: Bound, margin_db: float) -> Bound:
         'sqnr>=41'
     """
     if not math.isfinite(margin_db) or margin_db < 0:
-        raise ValueError(f"margin {margin_db!r}: expected a finite number of dB >= 0 (0: no margin)")
+        raise ValueError(f"margin {quote(margin_db)}: expected a finite number of dB >= 0 (0: no margin)")
     if margin_db == 0:
         return bound
     sign = 1.0 if bound.higher_is_better else -1.0  # the direction of "less error"

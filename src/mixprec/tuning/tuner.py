@@ -26,6 +26,7 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
+from mixprec._quote import quote
 from mixprec.device.hardware import Hardware
 from mixprec.policy import Policy
 from mixprec.policy.presets import PRESETS, preset
@@ -134,16 +135,16 @@ def tune(
     start = time.perf_counter()
     bound = parse_bound(bound)
     if objective not in ("latency", "memory"):
-        raise ValueError(f"unknown objective {objective!r}; valid: latency, memory")
+        raise ValueError(f"unknown objective {quote(objective)}; valid: latency, memory")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
-        raise ValueError(f"budget must be a positive number of evaluations or None, got {budget!r}")
+        raise ValueError(f"budget must be a positive number of evaluations or None, got {quote(budget)}")
     margin_db = DEFAULT_MARGIN_DB if margin is None else float(margin)
     search_bound = tightened(bound, margin_db)
     search_seeds = [int(x) for x in getattr(evaluator, "seeds", seeds)] if evaluator is not None else [int(x) for x in seeds]
     held_out = validation_seed_list(validation_seeds, search_seeds)
     for d in dtypes or ():
         if d not in ("bf16", "fp16"):
-            raise ValueError(f"unknown 16-bit dtype {d!r}; valid: bf16, fp16")
+            raise ValueError(f"unknown 16-bit dtype {quote(d)}; valid: bf16, fp16")
     owned = evaluator is None
     if owned and device is not None:
         device = str(resolve_device(device))  # a device this machine lacks is refused before any worker starts
@@ -170,7 +171,7 @@ def tune(
         names = list(PRESETS) if presets is None and owned else list(presets or ())
         for name in names:
             if name not in PRESETS:
-                raise ValueError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
+                raise ValueError(f"unknown preset {quote(name)}; valid: {', '.join(PRESETS)}")
         hints = tuple(evaluator.sensitive()) if hasattr(evaluator, "sensitive") else ()
         preset_policies = [(name, preset(name, hardware=hw, hints=hints)) for name in names]
         needed = _needed(len(units)) + len(preset_policies)

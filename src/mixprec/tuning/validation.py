@@ -9,6 +9,7 @@ import math
 import statistics
 from typing import Any, Sequence
 
+from mixprec._quote import quote
 from mixprec.tuning.bounds import Bound, worst_case
 from mixprec.tuning.candidates import Candidate, frontier
 from mixprec.tuning.search import Search
@@ -24,7 +25,7 @@ def validation_seed_list(spec: int | Sequence[int], search_seeds: Sequence[int])
     """
     search = [int(s) for s in search_seeds]
     if isinstance(spec, bool):
-        raise ValueError(f"validation seeds {spec!r}: expected a count >= 0 or a list of seeds")
+        raise ValueError(f"validation seeds {quote(spec)}: expected a count >= 0 or a list of seeds")
     if isinstance(spec, int):
         if spec < 0:
             raise ValueError(f"validation seeds {spec}: expected a count >= 0 (0 disables validation) or a list of seeds")

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 import gradio as gr
 
 from mixprec import pipelines
+from mixprec._quote import clip
 from mixprec.device import hardware
 from mixprec.bench.configs import BUILTIN
 from mixprec.ui.forms import (SIZES, cancel_job, check_choice, check_whole, devices, error_text, markdown_table, png_html,
@@ -120,7 +121,7 @@ def list_runs(path: str | None, *, lang: str = DEFAULT_LANGUAGE) -> tuple[str, l
 
 def _short(text: str, limit: int = 300) -> str:
     """A path or message clipped for display (a 100,000-character path is not echoed whole)."""
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+    return clip(text, limit=limit)
 
 
 def show_run(path: str | None, run_id: int | None, *, lang: str = DEFAULT_LANGUAGE) -> str:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 import gradio as gr
 
 import mixprec
-from mixprec._quote import clip
+from mixprec._quote import clip, quote
 from mixprec.policy import PolicyError
 from mixprec.ui.i18n import bidi, check_language, t
 
@@ -151,10 +151,10 @@ def build_policy(
     dtypes = dict(dtypes or {})
     preset = preset or NO_PRESET
     if preset != NO_PRESET and preset not in mixprec.PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; valid: {', '.join((NO_PRESET, *mixprec.PRESETS))}")
+        raise ValueError(f"unknown preset {quote(preset)}; valid: {', '.join((NO_PRESET, *mixprec.PRESETS))}")
     for name, dtype in dtypes.items():
         if dtype not in DTYPES:
-            raise PolicyError(f"component {name!r}: storage {dtype!r} is not one of {', '.join(DTYPES)}")
+            raise PolicyError(f"component {quote(name)}: storage {quote(dtype)} is not one of {', '.join(DTYPES)}")
     if preset != NO_PRESET:
         base = mixprec.preset(preset, hints=tuple(hints))
         rules = base.rules

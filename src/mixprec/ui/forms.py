@@ -17,6 +17,7 @@ import html
 import re
 from typing import Any, Sequence
 
+from mixprec._quote import clip
 from mixprec.ui.i18n import t
 
 __all__ = ["SIZES", "cancel_job", "check_choice", "check_whole", "devices", "error_text", "markdown_table", "png_html",
@@ -54,7 +55,7 @@ def check_whole(value: Any, field: str, lang: str, *, low: int, high: int) -> tu
     """``(number, None)``, or ``(None, inline message)`` naming the field, the range and the value."""
     number = whole(value, low=low, high=high)
     if number is None:
-        shown = "" if value is None else str(value)
+        shown = "" if value is None else clip(value, escape=True)
         return None, t("form.error_number", lang, field=t(field, lang), low=low, high=high, value=shown)
     return number, None
 
@@ -63,7 +64,7 @@ def check_choice(value: Any, choices: Sequence[str], field: str, lang: str) -> s
     """``None`` when ``value`` is one of ``choices``, else the inline message listing them."""
     if value in choices:
         return None
-    return t("form.error_choice", lang, value="" if value is None else value, field=t(field, lang),
+    return t("form.error_choice", lang, value="" if value is None else clip(value, escape=True), field=t(field, lang),
              choices=", ".join(choices))
 
 

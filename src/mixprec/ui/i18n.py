@@ -10,6 +10,8 @@ Example:
 
 from __future__ import annotations
 
+from mixprec._quote import quote
+
 import json
 import re
 from functools import cache
@@ -39,7 +41,7 @@ def check_language(lang: str) -> str:
         ValueError: naming the supported languages.
     """
     if lang not in LANGUAGES:
-        raise ValueError(f"unsupported language {lang!r}; choose one of: {', '.join(LANGUAGES)}")
+        raise ValueError(f"unsupported language {quote(lang)}; choose one of: {', '.join(LANGUAGES)}")
     return lang
 
 

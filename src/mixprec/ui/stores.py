@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from mixprec._quote import quote
+
 __all__ = ["StoreLocationError", "resolve_store", "store_root", "stores_confined_to"]
 
 #: Longest store path accepted (and quoted) from a text box.
@@ -50,10 +52,6 @@ def store_root() -> Path | None:
     return _root
 
 
-def _clip(text: str, limit: int = 80) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
 def resolve_store(typed: str | None, default: Path) -> str:
     """The store file for what was typed (empty: ``default``, or ``bench.sqlite`` in the confining folder).
 
@@ -68,7 +66,7 @@ def resolve_store(typed: str | None, default: Path) -> str:
             return str(default)
         return str(root / "bench.sqlite")
     if len(text) > MAX_PATH_CHARS or "\x00" in text:
-        raise StoreLocationError(f"store path {_clip(text)!r} is not a usable file name "
+        raise StoreLocationError(f"store path {quote(text)} is not a usable file name "
                                  f"(at most {MAX_PATH_CHARS} characters, no NUL)")
     if root is None:
         return text
@@ -77,10 +75,10 @@ def resolve_store(typed: str | None, default: Path) -> str:
         candidate = root / candidate
     resolved = candidate.resolve()  # symbolic links and '..' followed before the check
     if not _inside(resolved, root) or resolved == root:
-        raise StoreLocationError(f"store path {_clip(text)!r} is outside this server's store folder {str(root)!r} "
+        raise StoreLocationError(f"store path {quote(text)} is outside this server's store folder {quote(str(root), limit=300)} "
                                  "(its operator can choose the folder: mixprec ui --store-dir)")
     if resolved.is_dir():
-        raise StoreLocationError(f"store path {_clip(text)!r} is a folder; give a file name such as bench.sqlite")
+        raise StoreLocationError(f"store path {quote(text)} is a folder; give a file name such as bench.sqlite")
     return str(resolved)
 
 
