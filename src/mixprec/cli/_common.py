@@ -29,7 +29,7 @@ PipelineFlag = Annotated[str, typer.Option("--pipeline", help="Pipeline name (se
 DeviceFlag = Annotated[Optional[str], typer.Option("--device", help="cpu | cuda | cuda:N | mps (default: best available)")]
 #: ``--device`` of the commands that measure and store (``bench``, ``tune``): the CPU unless asked.
 MeasureDeviceFlag = Annotated[str, typer.Option("--device", help="cpu | cuda | cuda:N | mps: where the pipeline is built and measured; stored with the run.")]
-DbFlag = Annotated[Optional[str], typer.Option("--db", help="SQLite file (default: MIXPREC_DB, else bench.sqlite in the user data dir); created if missing, in a folder that must exist.")]
+DbFlag = Annotated[Optional[str], typer.Option("--db", help="SQLite file (default: MIXPREC_DB, else bench.sqlite in the user data dir); created if missing; a folder you name must exist (mixprec creates only its own data folder).")]
 
 
 def fail(exc: Exception | str) -> None:
