@@ -20,7 +20,10 @@ def test_run_tts_returns_audio_and_figures(tts_run):
     assert tts_run["kind"] == "audio"
     for key in ("fp32", "mixed"):
         rate, wave = tts_run[key]
-        assert rate == 24000 and wave.ndim == 1 and wave.size > 0
+        # Mono 16-bit PCM at its true level (Gradio would scale a float waveform to its own peak).
+        assert rate == 24000 and wave.ndim == 1 and wave.size > 0 and wave.dtype.name == "int16"
+        assert 0 < abs(wave.astype("int32")).max() < 32767
+    assert f"Audio: {tts_run['fp32'][1].size / 24000:.2f} s at 24000 Hz" in tts_run["figures"]
     fp32_bytes, mixed_bytes = tts_run["weight_bytes"]
     assert mixed_bytes < fp32_bytes
     assert all(s > 0 for s in tts_run["latency_s"])

@@ -114,3 +114,37 @@ def test_a_file_that_is_not_a_database_is_reported_and_left_alone(tmp_path):
     status = outputs[-1][0]
     assert "<strong>The benchmark failed:</strong> StoreError" in status and "not a SQLite database" in status
     assert text_file.read_text() == "hello" and not job.running
+
+
+def _cfg(name, samples, **metrics):
+    rounds = list(range(len(samples)))
+    return {"name": name, "batch": 1, "status": "ok", "error": None, "samples": samples, "rounds": rounds,
+            "metrics": {"latency_median": sorted(samples)[len(samples) // 2], **metrics}}
+
+
+class TestSpeedupCellsAreExplained:
+    """A speed-up cell's verdict is in the table's language, marked, and explained under the table."""
+
+    RUNS = {
+        # fast timed at about fp32's speed: the interval holds 1
+        "undecided": [_cfg("fp32", [1.0, 1.1, 0.9, 1.0, 1.05]), _cfg("fast", [1.0, 1.0, 1.0, 1.1, 0.95])],
+        "faster": [_cfg("fp32", [1.0, 1.1, 0.9, 1.0, 1.05]), _cfg("fast", [0.5, 0.55, 0.45, 0.5, 0.52])],
+        "one pair": [_cfg("fp32", [1.0]), _cfg("fast", [0.5])],
+    }
+
+    @pytest.mark.parametrize("case", list(RUNS))
+    @pytest.mark.parametrize("lang", ["en", "zh", "ja", "he"])
+    def test_notes(self, case, lang):
+        from mixprec.bench.table import render_table_rows
+
+        run = {"id": 1, "pipeline": "tts", "size": "test", "status": "complete", "configs": self.RUNS[case], "notes": []}
+        cells = [r["speedup"] for r in render_table_rows(run)]
+        text = results_table(run, lang)
+        undecided = any(c.startswith("undecided") for c in cells)
+        assert undecided == (case != "faster")
+        assert (t("bench.note_undecided", lang) in text) == undecided
+        assert (t("bench.cell_undecided", lang) in text) == undecided
+        assert t("bench.note_paired", lang) in text
+        assert t("bench.cell_reference", lang) in text
+        if lang != "en":
+            assert "undecided" not in text.split("\n\n")[0] and "reference" not in text.split("\n\n")[0]

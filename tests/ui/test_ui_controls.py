@@ -97,3 +97,45 @@ def test_matmul_info_names_where_the_default_comes_from(clean_env):
     clean_env.setenv("ACE_STEP_FLOAT32_MATMUL_PRECISION", "high")
     assert "env ACE_STEP_FLOAT32_MATMUL_PRECISION" in controls.matmul_info("ACE_STEP", "en")
     assert "ACE_STEP_FLOAT32_MATMUL_PRECISION" in controls.matmul_info("ACE_STEP", "he")
+
+
+class TestPresetsShowWhatTheySet:
+    """Under a preset the selectors show its weight types and the matmul dropdown its level."""
+
+    @pytest.mark.parametrize("preset", list(mixprec.PRESETS))
+    def test_component_types_are_the_preset_s(self, preset, bf16_cpu):
+        from mixprec import pipelines
+        from mixprec.policy.select import resolve_modules
+
+        pipe = pipelines.get("tts", size="test", seed=0)
+        given = controls.preset_storage(preset, pipe.components, tuple(pipe.sensitive))
+        plans, _ = resolve_modules(dict(pipe.components), mixprec.preset(preset, hints=tuple(pipe.sensitive)))
+        assert set(given) == set(pipe.components)
+        for name, (main, others) in given.items():
+            weighed = {}
+            for plan in plans:
+                if plan.qualname == name or plan.qualname.startswith(f"{name}."):
+                    count = sum(p.numel() for p in plan.module.parameters(recurse=False))
+                    weighed[plan.storage] = weighed.get(plan.storage, 0) + count
+                    assert (plan.qualname in others) == (count > 0 and plan.storage != main)
+            assert weighed[main] == max(weighed.values())
+            update = controls.dtype_selector_update(preset, "en", (main, others))
+            assert update["value"] == main and update["interactive"] is False
+            assert (str(len(others)) in update["info"]) == bool(others)
+        if preset == "memory":
+            assert {main for main, _ in given.values()} != {"fp32"}
+
+    @pytest.mark.parametrize("preset", [controls.NO_PRESET, *mixprec.PRESETS])
+    def test_matmul_follows_the_preset_and_an_override_is_said(self, preset, clean_env, restore_flags):
+        level = controls.preset_matmul(preset)
+        update = controls.matmul_update(None, preset, "en")
+        if level is None:
+            assert update["value"] == controls.default_matmul(None)[0]
+            assert update["info"] == controls.matmul_info(None, "en")
+        else:
+            assert update["value"] == level == mixprec.preset(preset).numerics.matmul
+            assert f'The preset "{preset}" sets {level}' in update["info"]
+        for chosen in mixprec.MATMUL_LEVELS:
+            status = initialize_service(None, matmul=chosen, preset=preset, lang="en")
+            said = f"overrides the {level} of the preset" in status
+            assert said == (level is not None and chosen != level), status

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("gradio")
 
@@ -130,3 +132,64 @@ def test_keys_built_from_names_exist():
     built |= {f"tune.col_{c}" for c in ("index", "step", "latency", "weights", "meets")}
     for lang in i18n.LANGUAGES:
         assert built - set(_load(lang)) == set(), lang
+
+
+_HEBREW = st.sampled_from(list("אבגדהוזחטיכלמנסעפצקרשת"))
+_LATIN = st.sampled_from(list("abcxyzABC0123456789"))
+_NEUTRAL = st.sampled_from(list(" .,:=()[]-_%×#*\"'/"))
+
+
+class TestBidi:
+    """Latin runs inside right-to-left text are isolated, and only they."""
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.one_of(_HEBREW, _LATIN, _NEUTRAL), max_size=60).map("".join))
+    def test_hebrew_text_keeps_its_characters_and_isolates_every_latin_run(self, text):
+        out = i18n.bidi(text, "he")
+        assert out.replace(i18n.FSI, "").replace(i18n.PDI, "") == text
+        assert i18n.bidi(out, "he") == out  # applying it again changes nothing
+        inside, depth = [], 0
+        for ch in out:
+            if ch == i18n.FSI:
+                assert depth == 0
+                depth, run = 1, []
+            elif ch == i18n.PDI:
+                assert depth == 1
+                depth = 0
+                inside.append("".join(run))
+            elif depth:
+                run.append(ch)
+            else:
+                assert not ("a" <= ch.lower() <= "z" or ch.isdigit()), (ch, out)  # every Latin letter and digit is isolated
+        assert depth == 0
+        for run in inside:
+            assert not any("\u0590" <= ch <= "\u05ff" for ch in run)  # no Hebrew inside an isolate
+            assert run[0].isalnum() or run[0] in "#+-", run
+            assert run[-1].isalnum() or run[-1] in "%×)]", run
+            if run.endswith(")"):  # a closing bracket at the end comes along only with its opening one
+                assert run.count("(") >= run.count(")"), run
+
+    @pytest.mark.parametrize("text, expected", [
+        ("חישוב קשב (attention) ב-fp32", "חישוב קשב (\u2068attention\u2069) ב-\u2068fp32\u2069"),
+        ("מקור: float32 = high (from argument x).", "מקור: \u2068float32 = high (from argument x)\u2069."),
+        ("הרצה #12 נשמרה", "הרצה \u2068#12\u2069 נשמרה"),
+        ("האצה **1.78×**, משקלים **52%**", "האצה **\u20681.78×\u2069**, משקלים **\u206852%\u2069**"),
+        ("| a | ב |", "| \u2068a\u2069 | ב |"),  # table pipes stay outside
+    ])
+    def test_examples(self, text, expected):
+        assert i18n.bidi(text, "he") == expected
+
+    @pytest.mark.parametrize("lang", ["en", "zh", "ja"])
+    @settings(max_examples=50, deadline=None)
+    @given(text=st.text(max_size=40))
+    def test_left_to_right_languages_are_unchanged(self, lang, text):
+        assert i18n.bidi(text, lang) == text
+
+    @pytest.mark.parametrize("key", sorted(_load("he")))
+    def test_every_hebrew_text_comes_isolated(self, key):
+        import string
+
+        fields = {f: "x1" for _, f, _, _ in string.Formatter().parse(_load("he")[key]) if f}
+        shown = i18n.t(key, "he", **fields)
+        outside = "".join(i18n._ISOLATED.split(shown)[::2])
+        assert not any("a" <= ch.lower() <= "z" for ch in outside), (key, shown)

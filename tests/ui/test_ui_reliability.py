@@ -176,6 +176,6 @@ def test_the_examples_name_the_installed_hub_cli():
 def test_every_language_has_the_new_texts():
     for key in ("controls.dtype_info_preset", "controls.status_policy_preset", "controls.status_policy_types",
                 "controls.status_upcast"):
-        texts = {t(key, code, preset="p", none="n", types="x", upcast="") for code in LANGUAGES}
+        texts = {t(key, code, preset="p", none="n", types="x", upcast="", kept="") for code in LANGUAGES}
         assert len(texts) == len(LANGUAGES)  # each language its own text
     assert os.path.exists(ROOT / "src" / "mixprec" / "ui" / "stores.py")

@@ -39,6 +39,7 @@ def tune_plot_png(path: Sequence[Candidate], bound: Bound, best: Candidate | Non
         return c.evaluation.quality.get(bound.key, math.nan)
 
     low, high, cap = plot_limits([value(c) for c in path], bound.value)
+    bound_shown = low <= bound.value <= high
     points = {c.index: (c.evaluation.latency_s * 1e3, cap if math.isinf(value(c)) else value(c))
               for c in path if not math.isnan(value(c))}
     fig = Figure(figsize=(7, 4.2), dpi=100, layout="constrained")
@@ -51,12 +52,20 @@ def tune_plot_png(path: Sequence[Candidate], bound: Bound, best: Candidate | Non
         ax.plot(xs, ys, color="#cccccc", linewidth=0.8, zorder=1, label="search path")
         ax.scatter(xs, ys, s=28, zorder=2, c=[_MET if c.met else _MISSED for c in shown])
         x_low, x_high = min(xs), max(xs)
-        pad = max((x_high - x_low) * 0.08, x_high * 0.02, 1e-3)
-        ax.set_xlim(x_low - pad, x_high + pad)
+        # Latencies an order of magnitude apart (one slow candidate) on a log axis, so the rest do not bunch up.
+        log_x = x_low > 0 and x_high / x_low > 8
+        if log_x:
+            ax.set_xscale("log")
+            xlim = (x_low / 1.25, x_high * 1.25)
+        else:
+            pad = max((x_high - x_low) * 0.08, x_high * 0.02, 1e-3)
+            xlim = (x_low - pad, x_high + pad)
+        ax.set_xlim(*xlim)
         # Labelled first, so they win a crowded spot: the chosen one, the frontier, then the search order.
         wanted = ([best.index] if best is not None else []) + [c.index for c in frontier] + [c.index for c in shown]
         order = list(dict.fromkeys(i for i in wanted if i in points))
-        placed = label_offsets({i: points[i] for i in order}, (x_low - pad, x_high + pad), (low, high))
+        placed = label_offsets({i: ((math.log10(points[i][0]) if log_x else points[i][0]), points[i][1]) for i in order},
+                               tuple(map(math.log10, xlim)) if log_x else xlim, (low, high))
         for index, offset in placed.items():
             ax.annotate(str(index), points[index], fontsize=7, xytext=offset, textcoords="offset points")
     front = [points[c.index] for c in frontier if c.index in points]
@@ -66,7 +75,12 @@ def tune_plot_png(path: Sequence[Candidate], bound: Bound, best: Candidate | Non
     if best is not None and best.index in points:
         ax.scatter(*points[best.index], s=220, facecolors="none", edgecolors=_BEST, linewidths=2, zorder=3,
                    label="chosen")
-    ax.axhline(bound.value, color=_BOUND, linewidth=1.2, linestyle="--", zorder=0, label=str(bound))
+    if bound_shown:
+        ax.axhline(bound.value, color=_BOUND, linewidth=1.2, linestyle="--", zorder=0, label=str(bound))
+    else:  # far from every candidate: named at the edge it lies beyond, so the candidates keep the height
+        below = bound.value < low
+        ax.annotate(f"{bound} {'↓' if below else '↑'}", (0.01, 0.02 if below else 0.98), xycoords="axes fraction",
+                    va="bottom" if below else "top", fontsize=8, color="#8a6d00")
     ax.ticklabel_format(axis="y", useOffset=False)
     ax.set_xlabel("ms")
     ax.set_ylabel(bound.key)
@@ -81,14 +95,23 @@ def tune_plot_png(path: Sequence[Candidate], bound: Bound, best: Candidate | Non
 def plot_limits(values: Sequence[float], bound: float) -> tuple[float, float, float]:
     """The y range of the plot, and where an infinite value (output identical to fp32) is drawn.
 
-    The range spans the finite values and the bound with a margin of a tenth of that span on each
-    side (not of the values themselves: cosines of 0.9995 and 0.9999 would otherwise share one
-    pixel row under a line drawn at 1.1); infinite values sit in the top margin. NaN is left out.
+    The range spans the finite values with a margin of a tenth of their span on each side (not of
+    the values themselves: cosines of 0.9995 and 0.9999 would otherwise share one pixel row under a
+    line drawn at 1.1), and the bound too unless it lies more than three such spans away (then the
+    plot names it at its edge instead of squeezing every candidate against the other one). Infinite
+    values sit in the top margin; NaN is left out.
 
     Returns:
-        ``(low, high, cap)`` with ``low < every finite value and the bound < cap < high``.
+        ``(low, high, cap)`` with ``low < every finite value < cap < high``; the bound lies in
+        ``[low, high]`` when it is near the values.
     """
-    finite = [v for v in values if math.isfinite(v)] + [bound]
+    finite = [v for v in values if math.isfinite(v)]
+    if finite:
+        near = max(max(finite) - min(finite), abs(max(finite)) * 1e-4, 1e-9) * 3
+        if min(finite) - near <= bound <= max(finite) + near:
+            finite.append(bound)
+    else:
+        finite = [bound]
     bottom, top = min(finite), max(finite)
     span = top - bottom
     if span <= 0:

@@ -59,23 +59,27 @@ _DIR_JS = """(lang) => {{
 
 
 #: The page's own styles. Gradio marks every block ``dir="ltr"``; in a right-to-left page the blocks
-#: follow the page (labels, help texts, fields, checkbox rows), while code and players stay
-#: left-to-right. Table cells keep whole words (the table scrolls sideways instead) and lay out
-#: each cell by its own first strong letter, so a cell of numbers keeps its parentheses.
+#: follow the page (labels, help texts, fields, checkbox rows), while code and audio players stay
+#: left-to-right. Each paragraph, label and table cell takes its direction from its first strong
+#: letter outside isolates (:func:`mixprec.ui.i18n.bidi` isolates the Latin runs of right-to-left
+#: texts), so an English line left from an earlier language keeps its parentheses. Table cells keep
+#: whole words: a wide table scrolls sideways instead.
 CSS = """
 html[dir="rtl"] .gradio-container [dir="ltr"] { direction: rtl; }
 html[dir="rtl"] .gradio-container label, html[dir="rtl"] .gradio-container [data-testid="block-info"],
 html[dir="rtl"] .gradio-container [data-testid="block-label"], html[dir="rtl"] .gradio-container .prose,
 html[dir="rtl"] .gradio-container input, html[dir="rtl"] .gradio-container textarea { text-align: start; }
-html[dir="rtl"] .gradio-container .cm-editor, html[dir="rtl"] .gradio-container .cm-editor *,
-html[dir="rtl"] .gradio-container [data-testid="waveform-controls"],
-html[dir="rtl"] .gradio-container #run-fp32-audio .component-wrapper,
-html[dir="rtl"] .gradio-container #run-mixed-audio .component-wrapper { direction: ltr; }
 html[dir="rtl"] .gradio-container .icon-wrap { right: auto; left: var(--size-5, 20px); }
-.gradio-container .prose table { display: block; max-width: 100%; overflow-x: auto; }
+html[dir="rtl"] .gradio-container label > input + span { margin-left: 0; margin-right: var(--size-2, 8px); }
+html[dir="rtl"] .gradio-container .cm-editor, html[dir="rtl"] .gradio-container .cm-editor *,
+html[dir="rtl"] .gradio-container #run-fp32-audio, html[dir="rtl"] .gradio-container #run-fp32-audio *,
+html[dir="rtl"] .gradio-container #run-mixed-audio, html[dir="rtl"] .gradio-container #run-mixed-audio * { direction: ltr; }
+.gradio-container .prose p, .gradio-container .prose li, .gradio-container .prose blockquote,
+.gradio-container .info-text, .gradio-container [data-testid="block-info"], .gradio-container label span,
+.gradio-container .mixprec-status-text { unicode-bidi: plaintext; text-align: start; }
+.gradio-container [data-testid="markdown"] { overflow-x: auto; }
 .gradio-container .prose th, .gradio-container .prose td, #diagnose-profile th, #diagnose-profile td {
   white-space: nowrap; word-break: keep-all; unicode-bidi: plaintext; text-align: start; }
-.mixprec-note { font-size: 0.9em; opacity: 0.85; }
 """
 
 

@@ -291,9 +291,9 @@ def build_bench_tab(lang: str, reg: Callable[..., Any], language: gr.components.
         text, choices = list_runs(where, lang=lg)
         return text, gr.update(choices=choices, value=choices[0][1] if choices else None)
 
-    started = run_button.click(bench_run, inputs=[language, pipe, size, configs, repeat, warmup, device, path, job],
-                               outputs=[status, table, plot, runs_md, run_pick], show_progress="hidden")
-    wire_cancel(run_button, started, cancel_button, job)
+    wire_cancel(run_button, bench_run, cancel_button, job,
+                inputs=[language, pipe, size, configs, repeat, warmup, device, path, job],
+                outputs=[status, table, plot, runs_md, run_pick], show_progress="hidden")
     cancel_button.click(bench_cancel, inputs=[language, job], outputs=status, show_progress="hidden")
     load_button.click(on_load_runs, inputs=[language, path], outputs=[runs_md, run_pick])
     show_button.click(lambda lg, where, run_id: show_run(where, run_id, lang=lg), inputs=[language, path, run_pick],

@@ -29,8 +29,8 @@ FSI, PDI = "\u2068", "\u2069"
 # A left-to-right run inside right-to-left text: from a Latin letter or digit to the last one before
 # the next right-to-left letter, mark, isolate, table pipe, semicolon or line end (a number sign,
 # currency sign or sign before it, and a percent or multiplication sign after it, stay with it).
-_LTR_RUN = re.compile(r"(?:[#$€£]|[+\-−](?=[0-9]))?[A-Za-z0-9\u00c0-\u024f](?:[^\u0590-\u08ff\ufb1d-\ufdff\ufe70-\ufeff\u200e\u200f\u2066-\u2069|;\n]*"
-                      r"[A-Za-z0-9\u00c0-\u024f%×])?")
+_LTR_RUN = re.compile(r"(?:[#$€£]|[+\-−](?=[0-9]))?[A-Za-z0-9\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f](?:[^\u0590-\u08ff\ufb1d-\ufdff\ufe70-\ufeff\u200e\u200f\u2066-\u2069|;\n]*"
+                      r"[A-Za-z0-9\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f%×])?")
 _ISOLATED = re.compile(f"({FSI}[^{PDI}]*{PDI})")
 
 

@@ -218,7 +218,6 @@ def build_tune_tab(lang: str, reg: Callable[..., Any], language: gr.components.C
                  session: Job, device_value: str) -> Iterator[Outputs]:
         yield from tune_run(lg, name, size_value, bound_text, goal, evaluations, where, session, device=device_value)
 
-    started = start.click(on_start, inputs=[language, pipe, size, bound, objective, budget, path, job, device],
-                          outputs=[status, plot, summary, toml_text], show_progress="hidden")
-    wire_cancel(start, started, cancel, job)
+    wire_cancel(start, on_start, cancel, job, inputs=[language, pipe, size, bound, objective, budget, path, job, device],
+                outputs=[status, plot, summary, toml_text], show_progress="hidden")
     cancel.click(tune_cancel, inputs=[language, job], outputs=status, show_progress="hidden")

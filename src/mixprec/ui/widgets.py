@@ -55,10 +55,15 @@ def start_cancel(reg: Reg, lang: str, prefix: str, *, start_key: str, start_id: 
     return start, cancel, gr.HTML(elem_id=f"{prefix}-status")
 
 
-def wire_cancel(start: gr.Button, started: Any, cancel: gr.Button, job: gr.State) -> None:
-    """Make ``cancel`` active when ``start`` is clicked and inactive again once the job's handler
-    (the event ``started``) ends, unless this session's job still runs (a second click that was
-    refused while the first job runs leaves Cancel active)."""
-    start.click(lambda: gr.update(interactive=True), outputs=cancel, queue=False, show_progress="hidden")
-    started.then(lambda session: gr.update(interactive=session.running), inputs=job, outputs=cancel,
-                 show_progress="hidden")
+def wire_cancel(start: gr.Button, handler: Callable[..., Any], cancel: gr.Button, job: gr.State, **event: Any) -> Any:
+    """Wire ``start`` to run ``handler`` (``event``: its ``inputs``, ``outputs`` and options) with ``cancel``
+    active only meanwhile: active when ``start`` is clicked, inactive again once the handler ends unless this
+    session's job still runs (a click refused while the first job runs leaves Cancel active).
+
+    Returns:
+        The event of the last step.
+    """
+    return (start.click(lambda: gr.update(interactive=True), outputs=cancel, show_progress="hidden")
+            .then(handler, **event)
+            .then(lambda session: gr.update(interactive=session.running), inputs=job, outputs=cancel,
+                  show_progress="hidden"))
