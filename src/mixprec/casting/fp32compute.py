@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -34,10 +35,15 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.utils import stateless
 
 from mixprec.casting.hooks import ForwardWrapper, cast_floats, own_tensors
+from mixprec.casting.meet import OP_ERRORS, may_be_about_dtypes
 
 __all__ = ["Fp32Compute", "fp32_forward_kind"]
 
 _HALF = (torch.float16, torch.bfloat16)
+
+#: Modules computing in fp32 from 16-bit weights, and their wrapper: a reader of a
+#: descendant's weights (below) widens only those whose own forward would widen them.
+_COMPUTING: weakref.WeakKeyDictionary[nn.Module, "Fp32Compute"] = weakref.WeakKeyDictionary()
 
 
 def _up(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -117,10 +123,21 @@ def fp32_forward_kind(module: nn.Module) -> Callable[..., torch.Tensor] | None:
 
 
 class Fp32Compute(ForwardWrapper):
-    """Wrap a module's ``forward`` so that it computes in fp32 from its 16-bit weights."""
+    """Wrap a module's ``forward`` so that it computes in fp32 from its 16-bit weights.
+
+    Some code reads a child's weights itself instead of calling the child: torch's
+    ``nn.MultiheadAttention`` hands ``out_proj.weight`` straight to
+    ``F.multi_head_attention_forward``; a model's method multiplies by
+    ``self.codebook.weight``. Such a reader (``reads_children``) gets fp32 copies of the
+    16-bit weights of every descendant that itself computes in fp32, for the call, as the
+    descendant's own forward would have. It is known for ``nn.MultiheadAttention`` and
+    found for any other generic module by what happens: a call that fails with an op
+    error is run again with the descendants' weights widened, and a success marks it.
+    """
 
     def __init__(self) -> None:
         self.active = False
+        self.reads_children = False
 
     def install(self, module: nn.Module) -> Fp32Compute:
         self.module, self.previous = module, module.__dict__.get("forward")
@@ -134,9 +151,12 @@ class Fp32Compute(ForwardWrapper):
         # this module on other threads wait until the copies are swapped back (traced code
         # takes no lock, which Dynamo cannot trace).
         swapping = threading.RLock()
+        self.reads_children = isinstance(module, nn.MultiheadAttention)
 
-        def swapped(args: tuple, kwargs: dict) -> Any:
+        def swapped(args: tuple, kwargs: dict, children: bool) -> Any:
             copies = {key[2:]: t.float() for key, t in own_tensors(module) if t.dtype in _HALF}  # "p:weight" -> "weight"
+            if children:
+                copies.update(self._descendant_copies())
             if not copies:
                 return forward(*args, **kwargs)
             with stateless._reparametrize_module(module, copies):
@@ -145,9 +165,21 @@ class Fp32Compute(ForwardWrapper):
         def generic(*args: Any, **kwargs: Any) -> Any:
             args, kwargs = upcast_inputs(args, kwargs)
             if torch.compiler.is_compiling():
-                return swapped(args, kwargs)
+                return swapped(args, kwargs, self.reads_children)
             with swapping:
-                return swapped(args, kwargs)
+                if self.reads_children:
+                    return swapped(args, kwargs, True)
+                try:
+                    return swapped(args, kwargs, False)
+                except OP_ERRORS as exc:
+                    if not may_be_about_dtypes(exc) or not self._descendant_copies(probe=True):
+                        raise
+                    try:
+                        output = swapped(args, kwargs, True)
+                    except OP_ERRORS:
+                        raise exc from None  # not its descendants' weights: the call's own failure
+                    self.reads_children = True
+                    return output
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not self.active:
@@ -158,5 +190,26 @@ class Fp32Compute(ForwardWrapper):
             return generic(*args, **kwargs)
 
         self._set(module, wrapper, forward)
+        _COMPUTING[module] = self
         return self
+
+    def _descendant_copies(self, probe: bool = False) -> dict[str, torch.Tensor]:
+        """fp32 copies of the 16-bit tensors of descendants that compute in fp32 (by dotted
+        name); with ``probe``, only whether there is any (nothing is copied)."""
+        copies: dict[str, torch.Tensor] = {}
+        for name, sub in self.module.named_modules():
+            wrapper = _COMPUTING.get(sub) if sub is not self.module else None
+            if wrapper is None or not wrapper.active:
+                continue
+            for key, t in own_tensors(sub):
+                if t.dtype in _HALF:
+                    if probe:
+                        return {name: t}
+                    copies[f"{name}.{key[2:]}"] = t.float()
+        return copies
+
+    def remove(self) -> None:
+        super().remove()
+        if _COMPUTING.get(self.module) is self:
+            del _COMPUTING[self.module]
 

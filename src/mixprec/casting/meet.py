@@ -37,7 +37,7 @@ from torch.overrides import TorchFunctionMode
 
 from mixprec.casting.hooks import CallStack, cast_floats
 
-__all__ = ["DtypeMeet", "WidenMode", "is_dtype_error", "float_dtypes", "widest", "DEFER", "DeferDtypeErrors"]
+__all__ = ["DtypeMeet", "WidenMode", "is_dtype_error", "may_be_about_dtypes", "OP_ERRORS", "storage_key", "float_dtypes", "widest", "DEFER", "DeferDtypeErrors"]
 
 #: Set (as a count) on a component's root while a numerics guard watches it: a dtype
 #: error is then the guard's to fix, with a pin it remembers, so it is not widened here.
@@ -72,9 +72,29 @@ _DTYPE_MESSAGES = re.compile(
 _HALF = (torch.float16, torch.bfloat16)
 
 
+#: What a failing op may raise when the dtypes of its inputs are the cause.
+OP_ERRORS = (RuntimeError, TypeError, NotImplementedError)
+
+
 def is_dtype_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is a dtype failure of a kernel (mismatched or unsupported dtype)."""
-    return isinstance(exc, (RuntimeError, TypeError, NotImplementedError)) and bool(_DTYPE_MESSAGES.search(str(exc)))
+    """Whether ``exc`` reads as a dtype failure of a kernel (mismatched or unsupported dtype).
+
+    A hint from torch's wording, no more: kernels word the same failure in many ways
+    (``mixed dtype (CPU): expect parameter to have scalar type of Float``), so what decides
+    is :func:`may_be_about_dtypes` and a re-run under :class:`WidenMode`, in which an op
+    that failed counts as a dtype clash only when the same call with its floating inputs
+    made one dtype succeeds.
+    """
+    return isinstance(exc, OP_ERRORS) and bool(_DTYPE_MESSAGES.search(str(exc)))
+
+
+def may_be_about_dtypes(exc: BaseException) -> bool:
+    """Whether ``exc`` is of a kind a dtype clash raises, and worth a re-run that finds out.
+
+    Running out of memory is not (its re-run would only fail again, slowly); an error the
+    re-run needs to tell apart from a dtype clash is any other error an op raises.
+    """
+    return isinstance(exc, OP_ERRORS) and not isinstance(exc, torch.OutOfMemoryError)
 
 
 def float_dtypes(obj: Any, found: set[torch.dtype] | None = None) -> set[torch.dtype]:
@@ -89,6 +109,29 @@ def float_dtypes(obj: Any, found: set[torch.dtype] | None = None) -> set[torch.d
     elif isinstance(obj, dict):
         for item in obj.values():
             float_dtypes(item, found)
+    return found
+
+
+def storage_key(t: torch.Tensor) -> int | None:
+    """Where ``t``'s memory starts: the same for a weight and every view of it (``w.t()``)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # sparse, meta and other storage-less layouts
+        return None
+
+
+def _half_ids(obj: Any, found: set[int] | None = None) -> set[int]:
+    found = set() if found is None else found
+    if isinstance(obj, torch.Tensor):
+        key = storage_key(obj) if obj.dtype in _HALF else None
+        if key:
+            found.add(key)
+    elif isinstance(obj, (tuple, list)):
+        for item in obj:
+            _half_ids(item, found)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            _half_ids(item, found)
     return found
 
 
@@ -127,31 +170,47 @@ def _call_site() -> str:
 
 
 class WidenMode(TorchFunctionMode):
-    """While active, an op that raises a dtype error is retried in the widest floating
-    dtype of its inputs; ``seen`` collects (op, input dtypes, dtype run in, call site)."""
+    """While active, an op that fails is retried once in the widest floating dtype of its
+    inputs, where those differ or include a 16-bit one; ``seen`` collects (op, input
+    dtypes, dtype run in, call site) of each op the retry rescued.
 
-    def __init__(self, seen: list[tuple[str, tuple[str, ...], str, str]] | None = None) -> None:
+    Whether a failure was about dtypes is decided by what happened, not by torch's
+    wording: the op failed, and the same call with its floating inputs made one dtype
+    succeeded. An op whose retry fails too raises its first error, unchanged; one whose
+    floating inputs are all one wide dtype is not retried at all.
+    """
+
+    def __init__(self, seen: list[tuple[str, tuple[str, ...], str, str]] | None = None,
+                 read: list[set[int]] | None = None) -> None:
         super().__init__()
         self.seen = [] if seen is None else seen
+        #: Per rescued op (when given): the storage of each 16-bit tensor it was handed
+        #: (:func:`storage_key`), so a caller can tell whose weights the op read, views included.
+        self.read = read
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         try:
             return func(*args, **kwargs)
-        except (RuntimeError, TypeError, NotImplementedError) as exc:
+        except OP_ERRORS as exc:
             name = getattr(func, "__name__", "")
             # In-place ops and ``out=`` write into a tensor of their own dtype: widening
             # their inputs would not change what they refuse.
-            if name.endswith("_") or "out" in kwargs or not is_dtype_error(exc):
+            if name.endswith("_") or "out" in kwargs or not may_be_about_dtypes(exc):
                 raise
             dtypes = float_dtypes((args, kwargs))
             if not dtypes or (len(dtypes) == 1 and next(iter(dtypes)) not in _HALF):
                 raise
             wide = widest(dtypes)
-            result = func(*cast_floats(args, wide), **cast_floats(kwargs, wide))
+            try:
+                result = func(*cast_floats(args, wide), **cast_floats(kwargs, wide))
+            except OP_ERRORS:
+                raise exc from None  # not the dtypes: the op's own failure, as it was
             if len(self.seen) < 32:
                 self.seen.append((_name(func), tuple(sorted(str(d).replace("torch.", "") for d in dtypes)),
                                   str(wide).replace("torch.", ""), _call_site()))
+                if self.read is not None:
+                    self.read.append(_half_ids((args, kwargs)))
             return result
 
 
@@ -180,22 +239,26 @@ class DtypeMeet:
                 return call(*args, **kwargs)
         try:
             return call(*args, **kwargs)
-        except (RuntimeError, TypeError, NotImplementedError) as exc:
-            if not is_dtype_error(exc) or self._retrying.items:
+        except OP_ERRORS as exc:
+            if not may_be_about_dtypes(exc) or self._retrying.items:
                 raise
             original = exc
+        # Whatever torch's wording, the re-run finds out: an op that failed and passes with
+        # its inputs in one dtype was a dtype clash; nothing widened, the error is the model's.
         self._retrying.items.append(True)
         before = len(self.seen)
         try:
             with WidenMode(self.seen):
                 output = call(*args, **kwargs)
         except BaseException as again:
-            if is_dtype_error(again):
+            if len(self.seen) == before or is_dtype_error(again):
                 raise original from None
             raise  # past the dtypes, the model fails on its own: its error, as fp32 gives it
         finally:
             self._retrying.items.pop()
         if len(self.seen) == before:
+            if not is_dtype_error(original):
+                raise original  # the re-run passed by itself: the model's own (state-dependent) failure
             # The re-run passed without widening anything: the failure was not a meeting of
             # dtypes this rule fixes (e.g. state the first call changed); say so, keep it off.
             warnings.warn(f"mixprec: {self.component}.{self.method} failed with a dtype error ({original}) and passed "

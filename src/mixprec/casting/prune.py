@@ -24,7 +24,7 @@ import threading
 from typing import Any, Callable
 
 from mixprec.casting.hooks import CallStack, ForwardWrapper, compiling
-from mixprec.casting.meet import is_dtype_error
+from mixprec.casting.meet import OP_ERRORS, may_be_about_dtypes
 
 __all__ = ["Pruner", "LEARN_CALLS"]
 
@@ -58,8 +58,10 @@ class Pruner:
         calls.append(True)
         try:
             output = call(*args, **kwargs)
-        except (RuntimeError, TypeError, NotImplementedError) as exc:
-            if not self.pruned or not is_dtype_error(exc):
+        except OP_ERRORS as exc:
+            # Any op error may be a dtype clash on a path the first calls never took
+            # (torch words them in many ways): with every wrapper back, the call finds out.
+            if not self.pruned or not may_be_about_dtypes(exc):
                 raise
             self.rearm()
             output = call(*args, **kwargs)  # with every wrapper; a second failure is the caller's to see

@@ -52,6 +52,10 @@ class RecordedCall:
     cuda_rng: list[torch.Tensor] | None
     generators: list[tuple[torch.Generator, torch.Tensor]]
     generation: int = 0
+    #: The first op a re-run got past by giving its inputs one dtype (``WidenMode.seen``'s entry).
+    rescued: tuple | None = None
+    #: The modules whose 16-bit tensors that op was handed.
+    read: list[str] | None = None
 
     @classmethod
     def record(cls, fn: Callable[..., Any], args: tuple, kwargs: dict) -> RecordedCall:

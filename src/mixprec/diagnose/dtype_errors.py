@@ -14,21 +14,26 @@ narrowest first.
 from __future__ import annotations
 
 import linecache
+import os
 import threading
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Callable
 
+import torch
 from torch import nn
 
-from mixprec.casting.meet import is_dtype_error
+from mixprec.casting.hooks import own_tensors
+from mixprec.casting.meet import is_dtype_error, storage_key
 from mixprec.policy.tree import called_children, first_weight_owner, is_container
 from mixprec.policy import ModulePlan, Policy
 
-__all__ = ["is_dtype_error", "DtypeErrorReport", "PrecisionDtypeError", "locate", "candidate_scopes", "direct_callees"]
+__all__ = ["is_dtype_error", "DtypeErrorReport", "PrecisionDtypeError", "locate", "candidate_scopes", "direct_callees",
+           "same_class", "counterparts", "weight_owners"]
 
 #: Frames of torch's own call machinery: the module they belong to is running, but the
 #: method name to report is that of the next frame of the same module.
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _CALL_MACHINERY = {"_call_impl", "_wrapped_call_impl", "__call__", "inner", "wrapper", "decorate_context"}
 
 
@@ -73,16 +78,24 @@ class DtypeErrorReport:
     stack: tuple[Frame, ...] = field(default=())
     #: The source line that raised (the op), when it can be read.
     code: str = ""
+    #: The op that refused its inputs' dtypes, as a re-run found it: ``torch.layer_norm
+    #: (bfloat16 and float32)``; empty where only torch's wording said so.
+    op: str = ""
+    #: How many modules of the component share the innermost module's class.
+    same_class: int = 1
 
     def suggestion(self) -> str:
-        """A keep-fp32 rule for the innermost module, as TOML to append to a policy file."""
-        return f'[[rules]]\nmatch = "{self.module}"\nkeep_fp32 = true\nreason = "dtype error in {self.type}.{self.method}: {_toml_safe(self.error)}"\n'
+        """A keep-fp32 rule for the innermost module (for every module of its class, where
+        there are others: they run the same code), as TOML to append to a policy file."""
+        match = f"type:{self.type}" if self.same_class > 1 else self.module
+        return f'[[rules]]\nmatch = "{match}"\nkeep_fp32 = true\nreason = "dtype error in {self.type}.{self.method}: {_toml_safe(self.error)}"\n'
 
     def __str__(self) -> str:
         running = " > ".join(f"{f.module or '(root)'} ({f.type}.{f.method})" for f in self.stack)
         return (f"{self.error!r} in {self.module} ({self.type}.{self.method}, storage {self.storage}, compute {self.compute}, "
                 f"set by rule {self.rule}) at {self.where}; raised at {self.raised_at}"
                 + (f" by `{self.code}`" if self.code else "")
+                + (f"; the op {self.op} runs when its inputs are given one dtype" if self.op else "")
                 + (f"; modules running: {running}" if len(self.stack) > 1 else ""))
 
 
@@ -95,8 +108,9 @@ class PrecisionDtypeError(RuntimeError):
 
     def __init__(self, report: DtypeErrorReport, note: str = ""):
         self.report = report
+        others = f" and the other {report.type} modules (they run the same code)" if report.same_class > 1 else ""
         message = (f"dtype error under the precision policy: {report}. "
-                   f"To keep that module in fp32, add to the policy:\n{report.suggestion()}"
+                   f"To keep that module{others} in fp32, add to the policy:\n{report.suggestion()}"
                    "When that line mixes what a module it called returned with a tensor of its own, handing on only that "
                    "module's output in fp32 is narrower (output_dtype = \"fp32\" on that module). When the failing code is "
                    "the app's own (for example it casts to self.dtype before an op without a 16-bit kernel), "
@@ -104,13 +118,21 @@ class PrecisionDtypeError(RuntimeError):
         super().__init__(message + (f"\n{note}" if note else ""))
 
 
+def _in_torch(filename: str) -> bool:
+    return filename.startswith(_TORCH_DIR)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
 
 
-def locate(exc: BaseException, component: str, root: nn.Module, plans: list[ModulePlan], policy: Policy) -> DtypeErrorReport:
-    """Name the innermost module of ``component`` that was running when ``exc`` was raised."""
+def locate(exc: BaseException, component: str, root: nn.Module, plans: list[ModulePlan], policy: Policy,
+           rescued: tuple | None = None) -> DtypeErrorReport:
+    """Name the innermost module of ``component`` that was running when ``exc`` was raised.
+
+    ``rescued``: the op a re-run got past by giving its inputs one dtype (``WidenMode.seen``).
+    """
     by_id = {id(p.module): p for p in plans}
     frames: list[Frame] = []
     last: TracebackType | None = None
@@ -127,7 +149,10 @@ def locate(exc: BaseException, component: str, root: nn.Module, plans: list[Modu
             elif frames and frames[-1].module == plan.qualname and frames[-1].method in _CALL_MACHINERY:
                 frames[-1] = Frame(plan.qualname, plan.type_name, name, where)
             elif frames and frames[-1].module == plan.qualname and frames[-1].method == name:
-                frames[-1] = Frame(plan.qualname, plan.type_name, name, where)
+                # A subclass calling its base's method (``super().forward(x.float())``): the
+                # line to report is the model's own, not the torch code it called.
+                if not (_in_torch(frame.f_code.co_filename) and not _in_torch(frames[-1].where)):
+                    frames[-1] = Frame(plan.qualname, plan.type_name, name, where)
             else:
                 frames.append(Frame(plan.qualname, plan.type_name, name, where))
         last = tb
@@ -141,12 +166,49 @@ def locate(exc: BaseException, component: str, root: nn.Module, plans: list[Modu
     code = linecache.getline(last.tb_frame.f_code.co_filename, last.tb_lineno).strip() if last else ""
     return DtypeErrorReport(component=component, module=top.module, type=top.type, method=top.method, where=top.where,
                             raised_at=raised_at, storage=plan.storage, compute=plan.compute_dtype, rule=rule,
-                            error=_first_line(exc), stack=tuple(frames), code=code)
+                            error=_first_line(exc), stack=tuple(frames), code=code,
+                            op=f"{rescued[0]} ({' and '.join(rescued[1])})" if rescued else "",
+                            same_class=len(same_class(plan.qualname, root, plans)) if plan is not root_plan else 1)
 
 
-def candidate_scopes(report: DtypeErrorReport, plans: list[ModulePlan]) -> list[str]:
+def same_class(name: str, root: nn.Module, plans: list[ModulePlan]) -> list[str]:
+    """``name`` first, then every other module of exactly its class under ``root`` that is not
+    already fp32 in storage and compute: they run the same code, so they fail the same way."""
+    return counterparts(name, name, root, plans)
+
+
+def counterparts(scope: str, reader: str, root: nn.Module, plans: list[ModulePlan]) -> list[str]:
+    """``scope`` first, then the same place under every other module of ``reader``'s class in
+    ``root``: ``scope`` itself or a module inside ``reader`` (``layers.0.codebook`` read by
+    ``layers.0`` gives ``layers.1.codebook``, ...), where it is not already fp32 throughout."""
+    by_name = {p.qualname: p for p in plans}
+    if reader not in by_name or not (scope == reader or scope.startswith(f"{reader}.") or not reader):
+        return [scope]
+    rest = scope[len(reader):] if reader else f".{scope}"
+    target = by_name[reader].module
+    inside = {id(m) for m in root.modules()}
+    out = [scope]
+    for p in plans:
+        if type(p.module) is not type(target) or id(p.module) not in inside:
+            continue
+        name = f"{p.qualname}{rest}" if p.qualname else rest.lstrip(".")
+        other = by_name.get(name)
+        if name not in out and other is not None and (other.storage != "fp32" or other.compute_dtype != "fp32"):
+            out.append(name)
+    return out
+
+
+def weight_owners(read: set[int], plans: list[ModulePlan]) -> list[str]:
+    """The modules whose own 16-bit tensors a failing op was handed (``read``: their storages,
+    :func:`~mixprec.casting.meet.storage_key`, so views such as ``w.t()`` count)."""
+    return [p.qualname for p in plans if any(storage_key(t) in read for _, t in own_tensors(p.module))] if read else []
+
+
+def candidate_scopes(report: DtypeErrorReport, plans: list[ModulePlan], owners: list[str] = ()) -> list[str]:
     """Scopes a fallback may pin to fp32, narrowest first.
 
+    0. the modules whose 16-bit weights the failing op itself read (``owners``: a child's
+       weights read by its parent's code, ``self.codebook.weight``);
     1. the innermost running module;
     2. the modules whose parameters code on the stack reads its dtype from: for each
        running module (innermost first), the owner of its first parameter and of each
@@ -164,6 +226,9 @@ def candidate_scopes(report: DtypeErrorReport, plans: list[ModulePlan]) -> list[
         if plan is not None and name not in out and (plan.storage != "fp32" or plan.compute_dtype != "fp32"):
             out.append(name)
 
+    for owner in owners:
+        if owner != report.component:
+            add(owner)
     if report.module != report.component:
         add(report.module)  # the component itself is the widest scope: tried last
     for frame in reversed(report.stack):

@@ -26,11 +26,12 @@ import torch
 from torch import nn
 
 from mixprec.casting.apply import Applied
-from mixprec.casting.meet import DeferDtypeErrors
+from mixprec.casting.meet import OP_ERRORS, DeferDtypeErrors, WidenMode, may_be_about_dtypes
 from mixprec.casting.hooks import add_method_hook
 from mixprec.policy.tree import called_children, entry_methods
 from mixprec.diagnose.dtype_errors import (DtypeErrorReport, PrecisionDtypeError, add_note, candidate_scopes, direct_callees,
-                                          is_dtype_error, locate)
+                                          counterparts, is_dtype_error, locate,
+                                          weight_owners)
 from mixprec.diagnose.calls import CallLock, RecordedCall, ThreadState
 from mixprec.diagnose.fallbacks import FallbackStore, Pin, fingerprint
 from mixprec.diagnose.overflow import NonFiniteError, NonFiniteInputError, OverflowReport, all_finite, localise_overflow
@@ -176,9 +177,9 @@ class Guard:
                 with self._lock.read():  # no re-apply changes the weights while it runs
                     call.generation = self._generation
                     output = method(*args, **kwargs)
-            except (RuntimeError, TypeError, NotImplementedError) as exc:
+            except OP_ERRORS as exc:
                 state.depth[cname] -= 1
-                if not is_dtype_error(exc) or not self.applied.active:
+                if not self.applied.active or not self._about_dtypes(exc, call):
                     raise
                 return self._dtype_error(cname, root, call, exc)
             except BaseException:
@@ -232,10 +233,12 @@ class Guard:
         self._reapply(self.applied.policy.with_rules(*rules))
         self.pins.update({p.module: p for p in pins})
 
-    def _learn(self, module: str, dtype: str, reason: str) -> Pin:
-        pin = Pin(module, dtype, "fallback", time.strftime("%Y-%m-%d %H:%M:%S"), reason)
-        self._pin([pin])
-        return pin
+    def _learn(self, module: str | list[str], dtype: str, reason: str) -> Any:
+        """Pin ``module`` (or each of a list, returned as a list) to ``dtype``, in one re-apply."""
+        learned = time.strftime("%Y-%m-%d %H:%M:%S")
+        pins = [Pin(m, dtype, "fallback", learned, reason) for m in ([module] if isinstance(module, str) else module)]
+        self._pin(pins)
+        return pins[0] if isinstance(module, str) else pins
 
     def _remember(self, pins: list[Pin]) -> bool:
         """Write the pins to the store; a store that cannot be written costs the memory, never the call."""
@@ -381,9 +384,33 @@ class Guard:
             self.reports.append(report)
         raise NonFiniteError(report, f"fallback gave up after {len(pins)} changes: {', '.join(f'{p.module} -> {p.dtype}' for p in pins)}")
 
+    def _about_dtypes(self, exc: BaseException, call: RecordedCall) -> bool:
+        """Whether the call failed on dtypes: by torch's wording, or else by what happened: a
+        re-run in which each failing op is retried with its inputs in one dtype gets past it
+        (:class:`WidenMode`); the op it rescued is kept for the report."""
+        if is_dtype_error(exc):
+            return True
+        return may_be_about_dtypes(exc) and self._probe(call)
+
+    def _probe(self, call: RecordedCall) -> bool:
+        """Re-run ``call`` under :class:`WidenMode`: whether an op got past its failure with its
+        inputs in one dtype; that op, and the modules whose 16-bit tensors it read, go on ``call``."""
+        seen: list = []
+        read: list = []
+        try:
+            with WidenMode(seen, read):
+                self._rerun(call)
+        except Exception:  # noqa: BLE001 - what decides is whether an op was rescued before it
+            pass
+        if seen:  # whose weights, named now: a re-apply casts them into new storage
+            call.rescued, call.read = seen[0], weight_owners(read[0], self.applied.plans)
+        return bool(seen)
+
     def _dtype_error(self, cname: str, root: nn.Module, call: RecordedCall, exc: BaseException) -> Any:
         """A dtype error inside a call: name the module; with ``fallback``, pin the narrowest scope that works."""
-        report = locate(exc, cname, root, self.applied.plans, self.applied.policy)
+        if call.rescued is None:
+            self._probe(call)  # which op, and whose weights it read (torch's wording said "dtypes")
+        report = locate(exc, cname, root, self.applied.plans, self.applied.policy, rescued=call.rescued)
         self.reports.append(report)
         if self.on_nonfinite != "fallback":
             raise PrecisionDtypeError(report) from exc
@@ -391,34 +418,46 @@ class Guard:
             if call.generation != self._generation:  # a fallback on another thread finished meanwhile
                 try:
                     output = self._rerun(call)
-                except (RuntimeError, TypeError, NotImplementedError) as again:
-                    if not is_dtype_error(again):
+                except OP_ERRORS as again:
+                    if not self._still_dtypes(again, exc, call):
                         raise
                 else:
                     return output if all_finite(output) else self._handle(cname, root, call, output)
             return self._dtype_fallback(cname, root, call, exc, report)
 
+    def _still_dtypes(self, again: BaseException, first: BaseException, call: RecordedCall) -> bool:
+        """Whether a re-run under a fallback failed on dtypes too (the same failure, or another clash)."""
+        return (type(again) is type(first) and str(again) == str(first)) or self._about_dtypes(again, call)
+
     def _dtype_fallback(self, cname: str, root: nn.Module, call: RecordedCall, exc: BaseException,
                         report: DtypeErrorReport) -> Any:
         start = self.applied.policy
         pins_before = dict(self.pins)
-        output = self._widen_outputs(report, call, start, pins_before)
+        output = self._widen_outputs(report, call, exc, start, pins_before)
         if output is not _FAILED:
             return output if all_finite(output) else self._handle(cname, root, call, output)
         tried: list[str] = []
-        for scope in candidate_scopes(report, self.applied.plans):
-            pin = self._learn(scope, "fp32", f"dtype error in {report.type}.{report.method}: {report.error}")
+        owners = call.read or []
+        for scope in candidate_scopes(report, self.applied.plans, owners):
+            # The module that failed (or whose weights the failing op read), with its
+            # counterparts in every other module of the failing module's class: they run
+            # the same code, so they fail the same way (one pass, not one per layer).
+            same = counterparts(scope, report.module, root, self.applied.plans) if (
+                scope == report.module or scope in owners) else [scope]
+            pins = self._learn(same, "fp32", f"dtype error in {report.type}.{report.method}: {report.error}")
+            pin = pins[0]
             try:
                 output = self._rerun(call)
-            except (RuntimeError, TypeError, NotImplementedError) as again:
-                if not is_dtype_error(again):
+            except OP_ERRORS as again:
+                if not self._still_dtypes(again, exc, call):
                     self._unpin(start, pins_before)
                     raise
                 tried.append(scope)
                 self._unpin(start, pins_before)
                 continue
-            remembered = self._remember([pin])
-            warnings.warn(f"mixprec guard: {report}; pinned {scope} -> fp32 and re-ran the call"
+            remembered = self._remember(pins)
+            others = f" and the {len(pins) - 1} other {report.type} module(s) of {cname or 'the model'}" if len(pins) > 1 else ""
+            warnings.warn(f"mixprec guard: {report}; pinned {scope}{others} -> fp32 and re-ran the call"
                           + (f" (widening {', '.join(tried)} alone did not help)" if tried else "")
                           + ("; remembered for the next start" if remembered else ""), stacklevel=4)
             if not all_finite(output):
@@ -428,7 +467,8 @@ class Guard:
         raise add_note(exc, f"mixprec guard: this call fails the same way with {', '.join(tried) or 'the component'} in fp32, "
                             "so it is the model's own error, not a precision problem; the policy was left as it was")
 
-    def _widen_outputs(self, report: DtypeErrorReport, call: RecordedCall, start: Any, pins_before: dict[str, Pin]) -> Any:
+    def _widen_outputs(self, report: DtypeErrorReport, call: RecordedCall, exc: BaseException, start: Any,
+                       pins_before: dict[str, Pin]) -> Any:
         """The surgical fix for an op in a module's own code that mixes a 16-bit activation with
         a tensor of its own: hand it the wider dtype where the activation left the last 16-bit
         module that code called, before any module is pinned to fp32. Returns the re-run's
@@ -439,9 +479,9 @@ class Guard:
                                                   f"{report.error}")
             try:
                 output = self._rerun(call)
-            except (RuntimeError, TypeError, NotImplementedError) as again:
+            except OP_ERRORS as again:
                 self._unpin(start, pins_before)
-                if not is_dtype_error(again):
+                if not self._still_dtypes(again, exc, call):
                     raise
                 tried.append(scope)
                 continue
