@@ -187,3 +187,28 @@ def test_fp32_compute_of_an_embedding_widens_only_the_rows_it_reads():
     forward = fp32_forward_kind(table)
     out = forward(table, ids)
     assert out.dtype == torch.float32 and torch.equal(out, F.embedding(ids, table.weight.float(), 0))
+
+
+def test_a_hooked_method_shows_its_own_signature_without_unwrapping():
+    # Code that inspects a method while traced (transformers' apply_chunking_to_forward counts
+    # its parameters) must stop at the wrapper: unwrapping to the bound method takes an id()
+    # that torch 2.11's Dynamo cannot trace.
+    import inspect
+
+    from mixprec.casting.hooks import add_method_hook
+
+    class Chunked(torch.nn.Module):
+        def chunk(self, hidden, scale=1.0):
+            return hidden * scale
+
+        def forward(self, hidden):
+            return self.chunk(hidden)
+
+    module = Chunked()
+    handle = add_method_hook(module, "chunk", lambda call, a, k: call(*a, **k))
+    wrapper = module.chunk
+    assert wrapper is not Chunked.chunk.__get__(module) and "chunk" in module.__dict__
+    assert list(inspect.signature(wrapper).parameters) == ["hidden", "scale"]
+    assert inspect.unwrap(wrapper, stop=lambda f: hasattr(f, "__signature__")) is wrapper
+    handle.remove()
+    assert "chunk" not in module.__dict__

@@ -174,6 +174,19 @@ class Boundary:
         return self.post(self.module, args, kwargs, output)
 
 
+def _carry_signature(wrapper: Callable[..., Any], method: Callable[..., Any]) -> None:
+    """Give ``wrapper`` the method's own signature, resolved now.
+
+    Code that inspects a method while traced (transformers' ``apply_chunking_to_forward``
+    counts its parameters) then stops at the wrapper instead of unwrapping ``__wrapped__``,
+    whose ``id()`` of a bound method torch 2.11's Dynamo cannot trace (a graph break).
+    """
+    try:
+        wrapper.__signature__ = inspect.signature(method)
+    except (TypeError, ValueError):
+        pass  # a builtin without a signature: inspect unwraps as it would without mixprec
+
+
 class ForwardWrapper:
     """A hook installed as the module's ``forward`` instance attribute.
 
@@ -189,6 +202,7 @@ class ForwardWrapper:
 
     def _set(self, module: nn.Module, wrapper: Callable[..., Any], forward: Callable[..., Any]) -> None:
         functools.update_wrapper(wrapper, forward)  # inspect.signature(module.forward) stays the model's
+        _carry_signature(wrapper, forward)
         self.module, self.wrapper, self.active = module, wrapper, True
         # What the calls so far showed (read by :class:`~mixprec.casting.prune.Pruner`):
         # ``seen``, called at all; ``needed``, it changed a dtype at least once.
@@ -449,13 +463,7 @@ def add_method_hook(module: nn.Module, name: str, hook: Callable[..., Any], *, p
 
             return call(0, args, kwargs)
 
-        # The method's own signature, resolved now: code that inspects the method (transformers'
-        # ``apply_chunking_to_forward`` counts its parameters) then stops at the wrapper instead
-        # of unwrapping ``__wrapped__``, whose ``id()`` of a bound method Dynamo cannot trace.
-        try:
-            wrapper.__signature__ = inspect.signature(method)
-        except (TypeError, ValueError):
-            pass  # a builtin without a signature: inspect unwraps as before
+        _carry_signature(wrapper, method)
         table[name] = (hooks, wrapper, previous)
         module.__dict__[name] = wrapper
     hooks = table[name][0]
