@@ -6,8 +6,12 @@ machines), the main quality metric and the peak memory. :func:`hardware_matrix` 
 one :class:`Matrix` per pipeline, size and batch; :func:`matrix_text_rows` and
 :func:`matrix_html` render it for the terminal, the UI and the HTML report.
 
-The winner on a machine is its fastest configuration that ran to its end (``ok``)
-with only finite outputs; its quality stands beside it, for the reader to judge.
+Every speed-up cell is rendered by :func:`mixprec.bench.evidence.speedup_cell`, as in
+every other table: a figure only where its interval from paired rounds supports one.
+A machine's winner is named only where the intervals support it: of the configurations
+that ran to their end (``ok``) with only finite outputs, the one whose whole interval lies
+above every other's (fp32's is exactly 1). Where they do not, the machine's line says it
+is undecided and why; the winner's quality stands beside it, for the reader to judge.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from mixprec.bench import rundata
+from mixprec.bench import evidence, rundata
+from mixprec.bench.evidence import Interval, ratio_text, speedup_cell
 from mixprec.bench.gate import main_quality
 
 __all__ = ["MATRIX_NOTE", "Cell", "Matrix", "hardware_matrix", "machine_label", "matrix_html", "matrix_runs",
@@ -66,7 +71,12 @@ def matrix_runs(store: Any, run: Mapping[str, Any], *, recent: int = 200) -> lis
 
 @dataclass(frozen=True)
 class Cell:
-    """One configuration on one machine."""
+    """One configuration on one machine.
+
+    The speed-up is against the run's own fp32 reference at the same batch
+    (:func:`mixprec.bench.evidence.speedup`): ``low``/``high`` its interval from ``pairs``
+    paired rounds (``pairs`` 0: a ratio stored without an interval; ``None``: not said).
+    """
 
     status: str
     speedup: float | None = None
@@ -76,13 +86,45 @@ class Cell:
     weight_bytes: float | None = None
     nonfinite: float | None = None
     error: str | None = None
-    #: The speed-up's interval from paired rounds (None in runs stored without one).
     low: float | None = None
     high: float | None = None
+    pairs: int | None = None
+    exact: bool = False
+    #: The runner found its timings too spread to trust (the run's notes say why).
+    unstable: bool = False
+    #: The fp32 reference of its run (its speed-up is 1 by definition).
+    reference: bool = False
 
     @property
     def usable(self) -> bool:
-        return self.status == "ok" and not self.nonfinite and self.speedup is not None
+        """Ran to its end with finite outputs and was timed: it takes part in the choice of a winner."""
+        return self.status == "ok" and not self.nonfinite and (self.reference or self.speedup is not None)
+
+    @property
+    def interval(self) -> Interval | None:
+        """The speed-up and its interval (exactly 1 for the reference; ``None``: not timed)."""
+        if self.reference:
+            return Interval(1.0, 1.0, 1.0, None)
+        if self.speedup is None:
+            return None
+        low = self.speedup if self.low is None else self.low
+        high = self.speedup if self.high is None else self.high
+        return Interval(self.speedup, low, high, self.pairs, self.exact)
+
+    @property
+    def speed_text(self) -> str:
+        """The speed-up cell, as every table shows it (:func:`~mixprec.bench.evidence.speedup_cell`)."""
+        return speedup_cell(self.interval, unstable=self.unstable, reference=self.reference)
+
+    @property
+    def supported(self) -> bool:
+        """Whether its interval can decide anything: the reference, or at least
+        :data:`~mixprec.bench.evidence.MIN_PAIRS` paired rounds with finite bounds and steady timings."""
+        interval = self.interval
+        if self.reference:
+            return True
+        return (interval is not None and interval.usable and not self.unstable
+                and (interval.n is None or interval.n >= evidence.MIN_PAIRS))
 
 
 @dataclass
@@ -96,7 +138,9 @@ class Matrix:
         devices: the device of each column (``None``: the run does not say).
         configs: row names, in the order the runs measured them.
         cells: ``(config, machine) -> Cell``.
-        winners: machine -> its fastest usable configuration (``None``: none usable).
+        winners: machine -> the configuration its intervals support as the fastest
+            (``None``: undecided, or none ran to its end with finite outputs).
+        undecided: machine -> why no winner is named there (``None`` where one is).
     """
 
     pipeline: str
@@ -108,26 +152,27 @@ class Matrix:
     configs: list[str] = field(default_factory=list)
     cells: dict[tuple[str, str], Cell] = field(default_factory=dict)
     winners: dict[str, str | None] = field(default_factory=dict)
-    #: machine -> the configuration whose interval the winner's does not clear (None: the
-    #: win is supported: the winner's interval lies above every other's, and above 1).
-    contested: dict[str, str | None] = field(default_factory=dict)
+    undecided: dict[str, str | None] = field(default_factory=dict)
 
     def summary(self) -> list[str]:
-        """One line per machine: which configuration wins there, and by how much."""
+        """One line per machine: which configuration its intervals support as the fastest, or why none is named."""
         lines = []
         for machine in self.machines:
-            winner = self.winners.get(machine)
+            winner, why = self.winners.get(machine), self.undecided.get(machine)
             if winner is None:
-                lines.append(f"{machine}: no configuration ran to its end with finite outputs")
+                lines.append(f"{machine}: {why or 'no winner'}")
                 continue
             cell = self.cells[(winner, machine)]
             quality = _quality_text(cell)
-            rival = self.contested.get(machine)
-            if rival is None:
-                lines.append(f"{machine}: {winner} wins, {_speed_text(cell)} its fp32" + (f", {quality}" if quality else ""))
+            if cell.reference:
+                others = [c for c in self.configs if c != winner and (c, machine) in self.cells
+                          and self.cells[(c, machine)].usable]
+                lines.append(f"{machine}: {winner} (the reference) is fastest: " + (
+                    f"{_names(others)} {'is' if len(others) == 1 else 'are'} slower over the whole interval" if others
+                    else "no other configuration ran to its end with finite outputs"))
             else:
-                lines.append(f"{machine}: {winner} leads with {_speed_text(cell)} its fp32" + (f", {quality}" if quality else "")
-                             + f", undecided against {rival} on this machine")
+                lines.append(f"{machine}: {winner} is fastest, {cell.speed_text} its fp32, above every other "
+                             "configuration's interval" + (f", {quality}" if quality else ""))
         kinds = sorted({d.split(":")[0] for d in self.devices if d})
         if len(kinds) > 1:
             lines.append(f"different devices ({', '.join(kinds)}): each column is one device against fp32 on that "
@@ -135,11 +180,17 @@ class Matrix:
         return lines
 
 
-def _cell(config: Mapping[str, Any]) -> Cell:
+def _cell(run: Mapping[str, Any], config: Mapping[str, Any]) -> Cell:
     metrics = rundata.metrics(config)
     quality = main_quality(metrics)
-    return Cell(status=rundata.text(config.get("status")) or "?", speedup=rundata.num(metrics.get("speedup")),
-                low=rundata.num(metrics.get("speedup_ci_low")), high=rundata.num(metrics.get("speedup_ci_high")),
+    ref = evidence.reference(run, config.get("batch"))
+    is_reference = ref is not None and ref.get("name") == config.get("name")
+    interval = None if is_reference else evidence.speedup(run, config)
+    return Cell(status=rundata.text(config.get("status")) or "?",
+                speedup=interval.value if interval is not None else None,
+                low=interval.low if interval is not None else None, high=interval.high if interval is not None else None,
+                pairs=interval.n if interval is not None else None, exact=bool(interval is not None and interval.exact),
+                unstable=bool(rundata.num(metrics.get("unstable"))), reference=is_reference,
                 quality_key=quality[0] if quality else None, quality=quality[1] if quality else None,
                 peak_mem_bytes=rundata.num(metrics.get("peak_mem_bytes")), weight_bytes=rundata.num(metrics.get("weight_bytes")),
                 nonfinite=rundata.num(metrics.get("nonfinite")), error=config.get("error"))
@@ -163,41 +214,48 @@ def hardware_matrix(runs: Sequence[Mapping[str, Any]]) -> list[Matrix]:
                 name = rundata.text(config.get("name"))
                 if name not in table.configs:
                     table.configs.append(name)
-                table.cells[(name, column)] = _cell(config)
+                table.cells[(name, column)] = _cell(run, config)
     for table in tables.values():
         for machine in table.machines:
             usable = [(c, table.cells[(c, machine)]) for c in table.configs
                       if (c, machine) in table.cells and table.cells[(c, machine)].usable]
-            table.winners[machine] = max(usable, key=lambda p: p[1].speedup)[0] if usable else None
-            table.contested[machine] = _rival(table.winners[machine], usable)
+            table.winners[machine], table.undecided[machine] = _winner(usable)
     return list(tables.values())
 
 
-def _rival(winner: str | None, usable: list[tuple[str, Cell]]) -> str | None:
-    """The configuration the winner is not supported faster than, or None.
+def _bounds(name: str, cell: Cell) -> str:
+    interval = cell.interval
+    if cell.reference or interval is None:
+        return f"{name} (1, the reference)"
+    return f"{name} ({ratio_text(interval.low)}–{ratio_text(interval.high)})"
 
-    Where stored intervals exist, the winner's lower bound must clear every other
-    configuration's upper bound (fp32's is 1). Runs stored without intervals are
-    compared on their point figures, as they were measured.
+
+def _names(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _winner(usable: list[tuple[str, Cell]]) -> tuple[str | None, str | None]:
+    """``(winner, None)`` where the intervals support one configuration as the fastest, else
+    ``(None, why not)``.
+
+    A winner's interval lies wholly above every other usable configuration's (the
+    reference's is exactly 1), and each of those has an interval that can decide (at
+    least :data:`~mixprec.bench.evidence.MIN_PAIRS` paired rounds, steady timings): a
+    configuration timed once might be the fastest, so nothing is named over it.
     """
-    if winner is None:
-        return None
-    best = dict(usable)[winner]
-    if best.low is None:
-        return None
-    for name, cell in sorted(usable, key=lambda p: -(p[1].speedup or 0.0)):
-        if name == winner:
-            continue
-        top = cell.high if cell.high is not None else cell.speedup
-        if top is not None and best.low <= top:
-            return name
-    return None
-
-
-def _speed_text(cell: Cell) -> str:
-    if cell.low is not None and cell.high is not None and not cell.low == cell.high == cell.speedup:
-        return f"{cell.speedup:.2f}x ({cell.low:.2f}-{cell.high:.2f})"
-    return f"{cell.speedup:.2f}x"
+    if not usable:
+        return None, "no configuration ran to its end with finite outputs"
+    undecidable = [(n, c) for n, c in usable if not c.supported]
+    if undecidable:
+        said = [f"{n} reads {c.speed_text}" for n, c in undecidable]
+        return None, ("undecided which is fastest on this machine: " + _names(said)
+                      + f"; a winner needs every speed-up from at least {evidence.MIN_PAIRS} paired rounds of steady timings")
+    best_name, best = max(usable, key=lambda p: (p[1].interval.low, p[1].interval.value))  # type: ignore[union-attr]
+    overlap = [(n, c) for n, c in usable if n != best_name and c.interval.high >= best.interval.low]  # type: ignore[union-attr]
+    if overlap:
+        return None, ("undecided which is fastest on this machine: the intervals of "
+                      + _names([_bounds(n, c) for n, c in [(best_name, best), *overlap]]) + " overlap")
+    return best_name, None
 
 
 def _quality_text(cell: Cell) -> str:
@@ -212,7 +270,7 @@ def _cell_text(cell: Cell | None) -> str:
         return "not measured"
     if cell.status != "ok":
         return cell.status
-    parts = [_speed_text(cell) if cell.speedup is not None else "no timing"]
+    parts = [cell.speed_text if cell.usable or cell.speedup is not None else "no timing"]
     quality = _quality_text(cell)
     if quality:
         parts.append(quality)
@@ -246,8 +304,11 @@ def matrix_html(runs: Sequence[Mapping[str, Any]]) -> str:
         return ""
     parts = ['<section id="hardware-matrix">', "<h2>Hardware matrix</h2>",
              '<p class="muted">Each cell: speed-up against the fp32 reference measured on the same machine in the same '
-             "run (ratios never mix machines), the main quality metric, and peak memory. "
-             "<strong>Bold</strong>: the fastest configuration on that machine that ran to its end with finite outputs.</p>"]
+             "run (ratios never mix machines), the main quality metric, and peak memory. A speed-up shows a figure only "
+             "where its 95% interval from paired rounds lies wholly above or below 1; otherwise it reads undecided or "
+             "unstable, with the interval or the number of rounds. <strong>Bold</strong>: the configuration whose interval "
+             "lies above every other's on that machine; none where the intervals cannot decide (the line under the "
+             "table says why).</p>"]
     for table in hardware_matrix(runs):
         head = "".join(f"<th>{_e(m)}<br><span class=\"muted\">run {_e(r)}</span></th>"
                        for m, r in zip(table.machines, table.run_ids))

@@ -62,8 +62,8 @@ def print_matrix(runs: list[dict]) -> None:
         console.print(table(title, header, rows))
         for line in matrix.summary():
             say(console, f"  {line}")
-    console.print("  * the fastest configuration on that machine that ran to its end with finite outputs", highlight=False,
-                  markup=False)
+    console.print("  * the fastest configuration on that machine: its speed-up interval lies above every other's "
+                  "(none marked where the intervals cannot decide)", highlight=False, markup=False)
 
 
 def bench_on_cluster(*, address: str | None, hardware_spec: str | None, names: list[str], configs: str | None,
@@ -140,8 +140,9 @@ def compare_matrix(store: Any, run_ids: list[int], as_json: bool, *, only_across
         import json
 
         out = [{"pipeline": m.pipeline, "size": m.size, "batch": m.batch, "machines": m.machines, "run_ids": m.run_ids,
-                "devices": m.devices, "configs": m.configs, "winners": m.winners,
-                "cells": [{"config": c, "machine": h, **asdict(cell)} for (c, h), cell in m.cells.items()]}
+                "devices": m.devices, "configs": m.configs, "winners": m.winners, "undecided": m.undecided,
+                "cells": [{"config": c, "machine": h, **asdict(cell), "speedup_cell": cell.speed_text}
+                          for (c, h), cell in m.cells.items()]}
                for m in hardware_matrix(runs)]
         console.print_json(json.dumps(out, default=str))
         return
