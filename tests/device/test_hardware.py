@@ -247,3 +247,46 @@ class TestProbeKeepsOnlyTrustworthyFigures:
             assert len(calls) == 2 * 10  # re-measured up to twice the planned rounds
             assert any("ConvTranspose1d layers: no fp32 island" in r and "unstable" in r for r in reasons), reasons
         hardware._UNDECIDED_THIS_PROCESS.clear()
+
+
+class TestProbeFiguresReadAsTheirClass:
+    """A probe figure reads as a measurement only where its class is decided: an ``undecided``
+    or ``unstable`` one says it was not used, in ``mixprec env`` and in the HTML report."""
+
+    @pytest.mark.parametrize(("klass", "ratio", "shown"), [
+        ("fast", 3.9, "3.9x fp32"),
+        ("emulated", 0.00712, "0.00712x fp32"),
+        ("no_speedup", 1.04, "1.04x fp32"),
+        (hardware.UNSTABLE, 52.983, "53x fp32 measured, not used"),
+        (hardware.UNDECIDED, 1.35, "1.35x fp32 measured, not used"),
+        ("unsupported", None, None),
+    ])
+    def test_env_and_report(self, tmp_path, monkeypatch, klass, ratio, shown):
+        import dataclasses
+
+        from typer.testing import CliRunner
+
+        from mixprec.bench.report import render_html
+        from mixprec.cli import _common, app
+
+        monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
+        _by_round(monkeypatch, ("avx2", "avx512_bf16"), _bf16([0.0004]))
+        measured = hardware.probe("cpu", layers=False)
+        note = None if klass in ("fast", "emulated", "no_speedup", "unsupported") else "its timing rounds ranged widely"
+        bf16 = hardware.DtypeSpeed("bf16", ratio is not None, None if ratio is None else 100 * ratio, ratio, klass, note)
+        layer = {"gain": 2.11, "island": False, "unstable": True, "range": [0.9, 2.11]}
+        hw = dataclasses.replace(measured, dtypes={**measured.dtypes, "bf16": bf16}, layers={"bf16": {"ConvTranspose1d": layer}})
+        assert hardware.ratio_text(ratio, klass) == shown
+        monkeypatch.setattr(hardware, "probe", lambda device, use_cache=True: hw)
+        monkeypatch.setattr(_common.console, "width", 200)
+        out = CliRunner().invoke(app, ["env", "--device", "cpu"])
+        assert out.exit_code == 0, out.output
+        row = next(line for line in out.output.splitlines() if line.strip("│ ").startswith("bf16 "))
+        assert (shown or "│ -  ") in row and klass in row
+        assert "52.98" not in out.output and "2.11x" not in out.output  # neither figure reads as a measurement
+        layer_row = next(line for line in out.output.splitlines() if "ConvTranspose1d" in line)
+        assert "unstable (0.90–2.11), not used" in layer_row
+        run = {"id": 1, "pipeline": "tts", "size": "test", "configs": [],
+               "machine": {"device_type": "cpu", "name": "Simulated CPU", "dtypes": hw.to_dict()["dtypes"]}}
+        assert f"bf16 {klass}" + (f" ({shown})" if shown else "") in render_html([run])
+        hardware._UNDECIDED_THIS_PROCESS.clear()

@@ -17,6 +17,7 @@ from mixprec.bench import rundata
 from mixprec.bench.matrix import matrix_html
 from mixprec.bench.plots import QUALITY_LABELS, latency_samples_png, main_quality_key, memory_png, scatter_png
 from mixprec.bench.table import COLUMNS, render_table_rows
+from mixprec.device.hardware import ratio_text
 
 __all__ = ["render_html", "save_html"]
 
@@ -64,7 +65,8 @@ def _dtype_summary(dtypes: Any) -> str:
         if isinstance(info, Mapping):
             ratio = rundata.num(info.get("ratio"))
             klass = rundata.text(info.get("klass")) or "?"
-            parts.append(f"{name} {klass}" + (f" ({ratio:.3g}x fp32)" if ratio is not None else ""))
+            shown = ratio_text(ratio, klass)
+            parts.append(f"{name} {klass}" + (f" ({shown})" if shown else ""))
         else:
             parts.append(f"{name} {info}")
     return ", ".join(parts)

@@ -85,7 +85,7 @@ def env(
         ["probe", f"{hw.matmul_size}x{hw.matmul_size} matmul, {hw.seconds:.2f} s" + (" (cached)" if hw.cached else "")],
     ]))
     console.print(table("Precisions (measured)", ["dtype", "supported", "GFLOP/s", "vs fp32", "class"], [
-        [d.name, "yes" if d.supported else "no", d.gflops, f"{d.ratio:.2f}x" if d.ratio else None, d.klass]
+        [d.name, "yes" if d.supported else "no", d.gflops, hardware.ratio_text(d.ratio, d.klass), d.klass]
         for d in hw.dtypes.values()
     ]))
     for d in hw.dtypes.values():
@@ -94,8 +94,8 @@ def env(
     if hw.layers:
         console.print(table("Layer kinds: the 16-bit layer's time over an fp32 island's, casts included", [
             "dtype", "layer", "fp32 island gain", "presets keep it fp32"], [
-            [dtype, kind, f"{info['gain']:.2f}x", "yes" if info.get("island") else
-             "no (unstable: {:.2f}x to {:.2f}x)".format(*info["range"]) if info.get("unstable") else "no"]
+            [dtype, kind, "unstable ({:.2f}–{:.2f}), not used".format(*info["range"]) if info.get("unstable")
+             else f"{info['gain']:.2f}x", "yes" if info.get("island") else "no"]
             for dtype, kinds in hw.layers.items() for kind, info in kinds.items()]))
     console.print(table("Effective numerics (read back from torch)", ["flag", "value"], [
         ["float32 matmul precision", state["float32_matmul_precision"]],

@@ -31,7 +31,7 @@ from mixprec.device import backends
 from mixprec.device.trust import ceiling, holds, settled, tight
 
 __all__ = ["DtypeSpeed", "Hardware", "probe", "resolve_device", "cache_dir", "available_memory", "DTYPES", "classify", "contradiction", "forget", "cache_path",
-           "UNDECIDED", "UNSTABLE", "ceiling"]
+           "UNDECIDED", "UNSTABLE", "ceiling", "ratio_text"]
 
 #: The precisions the probe measures, by short name.
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -55,6 +55,15 @@ _PROBE_VERSION = 4  # 4: figures checked for spread and physical bounds; older c
 
 #: Undecided probes of this process, by cache path (never written to disk).
 _UNDECIDED_THIS_PROCESS: dict[str, Hardware] = {}
+
+
+def ratio_text(ratio: float | None, klass: str) -> str | None:
+    """A probe figure as every table shows it: ``3.9x fp32``; where its class is
+    ``undecided`` or ``unstable`` the figure is no evidence and reads so:
+    ``53x fp32 measured, not used`` (``DtypeSpeed.note`` says why)."""
+    if ratio is None:
+        return None
+    return f"{ratio:.3g}x fp32" + (" measured, not used" if klass in (UNDECIDED, UNSTABLE) else "")
 
 
 def classify(ratio: float | None, supported: bool) -> str:
