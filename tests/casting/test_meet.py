@@ -294,3 +294,68 @@ def test_an_applied_model_with_a_widened_method_can_be_deep_copied():
             assert _sqnr(twin(x), out.float()) > 30
     finally:
         applied.revert()
+
+
+class _Decoder(Stack):
+    def step(self, h: torch.Tensor) -> torch.Tensor:
+        return self.forward(h) * 0.5
+
+
+class TwoStage(nn.Module):
+    """An encoder and a decoder that apps call one by one from their own code (as
+    ``whisper.decode`` calls ``model.encoder`` and ``model.decoder``), a decoder method
+    (``step``) the app calls too, and a forward that chains them."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.encoder = Stack(nn.Conv1d(8, 8, 1))
+        self.decoder = _Decoder(block)
+        self.decoder.pre = nn.Conv1d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.encoder(x))
+
+
+def _app_decode(model: TwoStage, x: torch.Tensor, entry: str) -> torch.Tensor:
+    """What the app runs: the component's forward, or its children called one by one."""
+    if entry == "component forward":
+        return model(x)
+    h = model.encoder(x)
+    return model.decoder(h) if entry == "child forward" else model.decoder.step(h) * 2
+
+
+class TestAnAppEnteringThroughAChild:
+    """A direct child called from the app's own code is an entry of the component: a call
+    of it that fails on dtypes runs again with such ops widened, named by the child."""
+
+    ENTRIES = {"component forward": r"\(forward\)", "child forward": r"\(decoder\.forward\)",
+               "child method": r"\(decoder\.step\)"}
+
+    @pytest.mark.parametrize("entry", sorted(ENTRIES))
+    @pytest.mark.parametrize("case", sorted(BLOCKS))
+    def test_the_failing_call_runs_again_widened(self, case, entry):
+        block, names = BLOCKS[case]
+        torch.manual_seed(0)
+        model = TwoStage(block()).eval()
+        x = torch.randn(2, 4, 16)
+        with torch.no_grad():
+            ref = _app_decode(model, x, entry)
+        before = _state(model)
+        applied = mixprec.apply({"net": model}, BF16)
+        try:
+            calls = model.decoder.calls
+            with pytest.warns(UserWarning, match=rf"(?s)in component 'net' {self.ENTRIES[entry]}.*{names}.*wider dtype"):
+                with torch.no_grad():
+                    out = _app_decode(model, x, entry)
+            assert model.decoder.calls == calls + 2  # the failed call, then the one run again
+            assert out.dtype == torch.float32 and _sqnr(out, ref) > 25
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # said once: later calls widen without failing first
+                with torch.no_grad():
+                    assert torch.equal(_app_decode(model, x, entry), out)
+        finally:
+            applied.revert()
+        after = model.state_dict()
+        assert all(torch.equal(after[k], v) and after[k].dtype == v.dtype for k, v in before.items())
+        with torch.no_grad():
+            assert torch.equal(_app_decode(model, x, entry), ref)

@@ -139,6 +139,16 @@ def install_wrappers(comps: dict[str, nn.Module], by_module: dict[int, ModulePla
             handles.append(EntryBoundary(child, _dtype_fn(by_module[id(child)], by_module), gate).install())
         if mixed:
             _install_app_entries(root, {id(c) for c in children}, gate, entry_dtypes[cname], handles)
+            # Apps also enter a component through its direct children (whisper.decode calls
+            # model.encoder and model.decoder itself): such a call that fails on dtypes runs
+            # again as a call of the component's own methods does. Called from the component's
+            # module code, the failure is the enclosing entry's to re-run.
+            names = {id(m): n for n, m in root.named_modules()}
+            for child in children:
+                for method in entry_methods(child):
+                    meet = DtypeMeet(root, cname, f"{names[id(child)]}.{method}")
+                    handles.append(add_method_hook(child, method, functools.partial(_from_app_code, gate, meet.around),
+                                                   priority=50))
         # Per-module wrappers that the first calls show never change a dtype come off. The
         # direct children's entries stay: the app calls them from outside any component call.
         wrappers = [h for h in handles[first_handle:] if isinstance(h, (LeafCast, AppEntry))]
@@ -166,6 +176,14 @@ def _install_app_entries(root: nn.Module, direct: set[int], gate: EntryGate, fal
             handles.append(entry.install(module))
         for name in entry_methods(module)[1:]:
             handles.append(add_method_hook(module, name, entry.around))
+
+
+def _from_app_code(gate: EntryGate, hook: Callable[..., Any], call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """``hook`` around a call the app's own code made (no module code of the component
+    running on this thread); a plain call where the component's module code made it."""
+    if gate.depth:
+        return call(*args, **kwargs)
+    return hook(call, args, kwargs)
 
 
 def _return_caller_dtype(fallback: torch.dtype, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
