@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 import textwrap
@@ -219,3 +220,89 @@ def test_fallbacks_cli_lists_and_clears():
     cleared = runner.invoke(app, ["fallbacks", "clear", "abc123"])
     assert cleared.exit_code == 0 and "removed 1" in cleared.output
     assert default.load() == {}
+
+
+class _CastingNorm(torch.nn.LayerNorm):
+    """Normalises ``x.float()`` and casts back, as whisper's LayerNorm does (fails on bf16 weights)."""
+
+    def forward(self, x):
+        return super().forward(x.float()).type(x.dtype)
+
+
+class _HookCachedDecoder(torch.nn.Module):
+    """Attends over keys that forward hooks on ``key`` gather into a dict or list the app
+    hands to every call (whisper's ``kv_cache``); the key is projected before the layers
+    that fail, so a failed call has already grown the cache."""
+
+    def __init__(self, norm: type[torch.nn.LayerNorm]):
+        super().__init__()
+        self.key = torch.nn.Linear(8, 8)
+        self.norm = norm(8)
+        self.up = torch.nn.Linear(8, 32)
+        self.down = torch.nn.Linear(32, 8)
+
+    def forward(self, x, cache):
+        self.key(x)
+        keys = cache[self.key] if isinstance(cache, dict) else torch.cat(cache, dim=1)
+        h = torch.softmax(x @ keys.transpose(1, 2), dim=-1) @ keys
+        return self.down(torch.relu(self.up(self.norm(h))))
+
+
+def _cache_hooks(model, kind):
+    """The app's cache: a dict (concatenated per call) or a list (appended per call)."""
+    holder = {} if kind == "dict" else []
+
+    def save(module, args, output):
+        if kind == "dict":
+            holder[module] = output if module not in holder else torch.cat([holder[module], output], dim=1)
+        else:
+            holder.append(output)
+
+    return holder, model.key.register_forward_hook(save)
+
+
+class TestRerunStartsFromTheCallersCache:
+    """A guard's re-run starts from the dicts and lists the call was handed as they were:
+    keys a failed attempt added are gone, so the cache holds what one run adds."""
+
+    FAILURES = {
+        # fp16 overflow in ``up`` (its output ~1e6): a non-finite output, pinned and re-run.
+        "overflow": (FP16, torch.nn.LayerNorm, lambda m: (m.up.weight.mul_(1e6), m.down.weight.div_(1e6)), r"pinned up"),
+        # bf16 weights meet the fp32 input of the norm: a dtype error, pinned and re-run.
+        "dtype-error": (Policy((Rule("*", storage="bf16"),)), _CastingNorm, lambda m: None, r"pinned norm"),
+    }
+
+    @pytest.mark.parametrize("kind", ["dict", "list"])
+    @pytest.mark.parametrize("failure", sorted(FAILURES))
+    def test_cache_grows_by_one_call(self, failure, kind, store):
+        policy, norm, prepare, message = self.FAILURES[failure]
+        torch.manual_seed(0)
+        model = _HookCachedDecoder(norm).eval()
+        with torch.no_grad():
+            prepare(model)
+        steps = [torch.randn(1, 3, 8), torch.randn(1, 1, 8), torch.randn(1, 1, 8)]
+
+        def decode():
+            holder, handle = _cache_hooks(model, kind)
+            try:
+                outs = [model(x, cache=holder) for x in steps]
+            finally:
+                handle.remove()
+            return outs, holder
+
+        with torch.no_grad():
+            ref, ref_cache = decode()
+            with mixprec.apply(model, policy) as applied:
+                guard = mixprec.guard(applied, on_nonfinite="fallback", store=store)
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    outs, cache = decode()
+                guard.remove()
+        said = [str(w.message) for w in caught]
+        assert len(said) == 1 and re.search(message, said[0]), said
+        assert guard.pins
+        lengths = [v.shape[1] for v in (cache.values() if kind == "dict" else cache)]
+        assert lengths == [v.shape[1] for v in (ref_cache.values() if kind == "dict" else ref_cache)]
+        for out, expected in zip(outs, ref):
+            assert out.shape == expected.shape and torch.isfinite(out).all()
+            assert (out.float() - expected).abs().max() <= 0.05 * expected.abs().max()

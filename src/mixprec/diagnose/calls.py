@@ -23,15 +23,22 @@ import torch
 __all__ = ["RecordedCall", "ThreadState", "CallLock"]
 
 
-def _rewind_points(args: tuple, kwargs: dict) -> list[tuple[Any, int]]:
-    # KV caches (transformers Cache objects) grow during a call; remember their length
-    # so a re-run starts from the same state. The cache's dtype is not converted: a
+def _rewind_points(args: tuple, kwargs: dict) -> list[tuple[Any, Any]]:
+    # KV caches grow during a call; remember their state so a re-run starts from it.
+    # transformers' Cache objects: their length. A plain dict or list handed to the call
+    # (whisper's ``kv_cache``, filled by forward hooks on the key/value projections that
+    # concatenate each call's keys): a shallow copy of its entries, put back in place
+    # (a tensor written into in place is not). The cache's dtype is not converted: a
     # fallback that widens attention projections in the middle of a cached decoding
     # loop (rather than at its first call) needs a fresh cache.
-    points = []
+    points: list[tuple[Any, Any]] = []
     for value in list(args) + list(kwargs.values()):
         if hasattr(value, "get_seq_length") and hasattr(value, "crop"):
             points.append((value, int(value.get_seq_length())))
+        elif type(value) is dict:
+            points.append((value, dict(value)))
+        elif type(value) is list:
+            points.append((value, list(value)))
     return points
 
 
@@ -47,7 +54,7 @@ class RecordedCall:
     fn: Callable[..., Any]
     args: tuple
     kwargs: dict
-    points: list[tuple[Any, int]]
+    points: list[tuple[Any, Any]]
     rng: torch.Tensor
     cuda_rng: list[torch.Tensor] | None
     generators: list[tuple[torch.Generator, torch.Tensor]]
@@ -64,13 +71,22 @@ class RecordedCall:
         return cls(fn, args, kwargs, _rewind_points(args, kwargs), torch.get_rng_state(), cuda, generators)
 
     def restore(self) -> None:
-        """Rewind KV caches and put every random generator back where the call started.
+        """Rewind KV caches (and the dicts and lists the call was handed) and put every
+        random generator back where the call started.
 
         Models draw noise inside a call (flow matching's ``randn_like``, sampling): a
         re-run from another random state would return another output. torch's default
         generator is one per process: a re-run on one thread resets it for all.
         """
-        for cache, length in self.points:
+        for cache, saved in self.points:
+            if type(cache) is dict:
+                cache.clear()
+                cache.update(saved)
+                continue
+            if type(cache) is list:
+                cache[:] = saved
+                continue
+            length = saved
             grown = int(cache.get_seq_length()) - length
             if length == 0 and hasattr(cache, "reset"):
                 cache.reset()  # drop the failed call's tensors entirely (their dtype too)
