@@ -39,6 +39,7 @@ from mixprec.diagnose.dtype_errors import is_dtype_error
 __all__ = [
     "POLICIES", "PROBES", "REPEATS", "TIERS", "Case", "combos", "make_policy", "expected_tier",
     "check_combination", "plan_problems", "sqnr_db", "compare_waveform", "compare_generation",
+    "check_fp32_after_revert", "check_pins_own_weights", "output_differences",
 ]
 
 #: Policies every model runs under. The presets are resolved against the probe.
@@ -162,6 +163,11 @@ def state_differences(before: dict[str, tuple], after: dict[str, tuple]) -> list
         (d0, dev0, g0, v0), (d1, dev1, g1, v1) = before[key], after[key]
         if (d0, dev0, g0) != (d1, dev1, g1):
             problems.append(f"{key}: {d0}/{dev0}/grad={g0} became {d1}/{dev1}/grad={g1}")
+        elif v0.layout != v1.layout:
+            problems.append(f"{key}: layout {v0.layout} became {v1.layout}")
+        elif v0.layout != torch.strided:  # whisper's alignment_heads: a sparse buffer (no torch.equal kernel)
+            if not torch.equal(v0.to_dense(), v1.to_dense()):
+                problems.append(f"{key}: values of a {v0.layout} tensor changed")
         elif not torch.equal(v0, v1):
             problems.append(f"{key}: values changed (max abs diff {(v0.double() - v1.double()).abs().max().item():.3g})")
     return sorted(problems)
@@ -344,6 +350,72 @@ def check_combination(case: Case, policy_name: str, hw, record_property, *, guar
     finally:
         record_property("metrics", ", ".join(f"{k}={_fmt(v)}" for k, v in metrics.items()))
     return metrics
+
+
+def output_differences(ref: Any, out: Any, path: str = "output") -> list[str]:
+    """Where two outputs differ, bit for bit: tensors (values and dtype), numpy arrays,
+    dicts, sequences, dataclasses and plain objects' attributes; floats equal when both
+    are NaN."""
+    import dataclasses
+
+    import numpy as np
+
+    if isinstance(ref, torch.Tensor) or isinstance(out, torch.Tensor):
+        if not (isinstance(ref, torch.Tensor) and isinstance(out, torch.Tensor)):
+            return [f"{path}: {type(ref).__name__} vs {type(out).__name__}"]
+        if ref.dtype != out.dtype or ref.shape != out.shape:
+            return [f"{path}: {ref.dtype}{tuple(ref.shape)} vs {out.dtype}{tuple(out.shape)}"]
+        return [] if torch.equal(ref, out) or (ref.is_floating_point() and torch.equal(ref.isnan(), out.isnan())
+                                              and torch.equal(ref.nan_to_num(), out.nan_to_num())) else [f"{path}: values differ"]
+    if isinstance(ref, np.ndarray):
+        return [] if isinstance(out, np.ndarray) and np.array_equal(ref, out, equal_nan=ref.dtype.kind == "f") else [f"{path}: arrays differ"]
+    if type(ref) is not type(out):
+        return [f"{path}: {type(ref).__name__} vs {type(out).__name__}"]
+    if isinstance(ref, dict):
+        if ref.keys() != out.keys():
+            return [f"{path}: keys {sorted(map(str, ref))} vs {sorted(map(str, out))}"]
+        return [d for k in ref for d in output_differences(ref[k], out[k], f"{path}[{k!r}]")]
+    if isinstance(ref, (list, tuple)):
+        if len(ref) != len(out):
+            return [f"{path}: length {len(ref)} vs {len(out)}"]
+        return [d for i, (a, b) in enumerate(zip(ref, out)) for d in output_differences(a, b, f"{path}[{i}]")]
+    if isinstance(ref, float):
+        return [] if ref == out or (math.isnan(ref) and math.isnan(out)) else [f"{path}: {ref!r} vs {out!r}"]
+    if dataclasses.is_dataclass(ref):
+        return [d for f in dataclasses.fields(ref)
+                for d in output_differences(getattr(ref, f.name), getattr(out, f.name), f"{path}.{f.name}")]
+    if isinstance(ref, (str, bytes, int, bool, type(None))):
+        return [] if ref == out else [f"{path}: {ref!r} vs {out!r}"]
+    if hasattr(ref, "__dict__"):
+        return output_differences(vars(ref), vars(out), path)
+    return [] if ref == out else [f"{path}: {ref!r} vs {out!r}"]
+
+
+def check_fp32_after_revert(case: Case) -> None:
+    """The first run after a revert equals the fp32 run recorded before any apply, bit for bit."""
+    with torch.no_grad():
+        out = case.run()
+    diffs = output_differences(case.reference, out)
+    assert not diffs, f"the fp32 run after revert differs from the one before apply ({len(diffs)}): {diffs[:5]}"
+
+
+def check_pins_own_weights(case: Case, metrics: dict[str, Any]) -> list[str]:
+    """Each module the guard pinned (``metrics["guard pins"]``) owns parameters itself:
+    no pin is a container or block wider than the module that failed. Returns the pins."""
+    pins = metrics.get("guard pins", "none")
+    pins = [] if pins == "none" else list(pins)
+    roots = case.target if isinstance(case.target, dict) else {"": case.target}
+    wide = []
+    for name in pins:
+        key, _, rest = name.partition(".") if "" not in roots else ("", "", name)
+        try:
+            module = roots[key].get_submodule(rest) if key in roots else None
+        except AttributeError:
+            module = None
+        if module is None or next(module.parameters(recurse=False), None) is None:
+            wide.append(f"{name} ({type(module).__name__ if module is not None else 'not found'})")
+    assert not wide, f"the guard pinned modules that own no weights themselves (containers or blocks): {wide}"
+    return pins
 
 
 _MODEL_CODE = ("/transformers/", "/diffusers/")
