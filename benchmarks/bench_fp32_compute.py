@@ -21,7 +21,7 @@ import sys
 import time
 
 import torch
-from _report import finish
+from _report import finish, speedup
 
 import mixprec
 from mixprec import hardware, pipelines
@@ -56,7 +56,7 @@ class DataSwap:
             handle.remove()
 
 
-def bench(name: str, size: str, repeat: int) -> dict[str, float]:
+def bench(name: str, size: str, repeat: int) -> dict[str, list[float]]:
     pipe = pipelines.get(name, size=size, seed=0)
     inputs = pipe.example_inputs(1, 0)
     policy = Policy((Rule("*", storage="bf16", compute="fp32"),), name="bf16-storage-fp32-compute")
@@ -96,7 +96,7 @@ def bench(name: str, size: str, repeat: int) -> dict[str, float]:
                 if round_index:
                     times[mode].append(time.perf_counter() - start)
     switch("fp32")
-    return {mode: statistics.median(samples) for mode, samples in times.items()}
+    return times
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,13 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     hw = hardware.probe()
-    medians = bench(args.pipeline, args.size, args.repeat)
+    times = bench(args.pipeline, args.size, args.repeat)
     lines = [f"# fp32 compute from bf16 weights: eager cost ({args.pipeline}, size {args.size}, batch 1)", "",
              f"Machine: {hw.name}, {hw.threads} threads, CPU flags {' '.join(hw.cpu_flags) or 'none of interest'}; "
-             f"torch {torch.__version__}. Medians of {args.repeat} interleaved rounds.", "",
+             f"torch {torch.__version__}. Medians of {args.repeat} interleaved rounds; vs fp32: the median of the "
+             "per-round ratios and its 95 % interval (a figure only where it lies wholly on one side of 1).", "",
              "| fp32 compute | median | vs fp32 |", "|---|---|---|"]
-    for mode, median in medians.items():
-        lines.append(f"| {mode} | {median * 1000:.1f} ms | {medians['fp32'] / median:.2f}x |")
+    for mode, samples in times.items():
+        shown = "reference" if mode == "fp32" else speedup(times["fp32"], samples)
+        lines.append(f"| {mode} | {statistics.median(samples) * 1000:.1f} ms | {shown} |")
     lines += ["", f"Command: `HF_HUB_OFFLINE=1 python benchmarks/bench_fp32_compute.py --pipeline {args.pipeline} "
                   f"--size {args.size} --repeat {args.repeat}`"]
     return finish(lines, args.out)

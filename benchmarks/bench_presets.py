@@ -3,7 +3,9 @@
 Every configuration runs the same pipeline object on the same inputs in one process.
 Repetitions are interleaved across configurations (round r times every configuration
 once) so the noise of a shared machine spreads evenly, and each configuration's
-median is reported as a ratio to fp32 measured in the same run. Policies are applied
+speed-up is the median of its per-round ratios to fp32 with their 95 % interval, shown as
+every mixprec table shows it (a figure only where the interval lies wholly on one side of 1;
+fewer than 3 rounds read ``undecided (n=2)``). Policies are applied
 before and reverted after each timed call; warm-up calls are not timed.
 
 Quality is the SQNR of the output against the fp32 output (tts: on the fp32 run's
@@ -23,7 +25,7 @@ import sys
 import time
 
 import torch
-from _report import finish
+from _report import finish, speedup
 
 import mixprec
 from mixprec import hardware, pipelines
@@ -66,12 +68,12 @@ def bench_pipeline(name: str, size: str, repeat: int, hw: hardware.Hardware) -> 
                     memory[config] = applied.weight_bytes() if isinstance(applied, mixprec.Applied) else fp32_bytes
                 else:
                     times[config].append(elapsed)
-    base = statistics.median(times["fp32"])
     rows = []
     for config in CONFIGS:
         med = statistics.median(times[config])
         rows.append({
-            "pipeline": name, "config": config, "median_s": med, "speedup": base / med,
+            "pipeline": name, "config": config, "median_s": med,
+            "speedup": "reference" if config == "fp32" else speedup(times["fp32"], times[config]),
             "sqnr_db": quality[config], "weight_ratio": memory[config] / fp32_bytes,
         })
     return rows
@@ -90,15 +92,17 @@ def main(argv: list[str] | None = None) -> int:
         f"$ HF_HUB_OFFLINE=1 python benchmarks/bench_presets.py {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip(),
         "",
         f"device: {hw.device_type} ({hw.name}), {hw.threads} threads, torch {torch.__version__}; "
-        f"probe: bf16 {hw.dtypes['bf16'].klass} ({hw.dtypes['bf16'].ratio}x), fp16 {hw.dtypes['fp16'].klass} ({hw.dtypes['fp16'].ratio}x)",
-        f"batch 1, size={args.size}, {args.repeat} interleaved repetitions after one warm-up; speedup = fp32 median / config median",
+        "probe: " + ", ".join(f"{d} {hw.dtypes[d].klass} ({hardware.ratio_text(hw.dtypes[d].ratio, hw.dtypes[d].klass)})"
+                              for d in ("bf16", "fp16")),
+        f"batch 1, size={args.size}, {args.repeat} interleaved repetitions after one warm-up; speedup = median of the "
+        "per-round fp32 / config ratios (95 % interval)",
         "",
         "| pipeline | config | median s | speedup vs fp32 | SQNR vs fp32 (dB) | weight bytes vs fp32 |",
         "|---|---|---|---|---|---|",
     ]
     for name in args.pipelines.split(","):
         for row in bench_pipeline(name.strip(), args.size, args.repeat, hw):
-            lines.append(f"| {row['pipeline']} | {row['config']} | {row['median_s']:.3f} | {row['speedup']:.2f}x | "
+            lines.append(f"| {row['pipeline']} | {row['config']} | {row['median_s']:.3f} | {row['speedup']} | "
                          f"{row['sqnr_db']:.1f} | {row['weight_ratio']:.3f} |")
             print(lines[-1], flush=True)
     return finish(lines, args.out)

@@ -24,6 +24,8 @@ import time
 import warnings
 from pathlib import Path
 
+from _report import speedup
+
 import mixprec
 from mixprec import hardware, pipelines
 from mixprec.tuning.bounds import parse_bound
@@ -104,12 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         for round_index in range(args.rounds):  # rotate the order so no policy always follows the same one
             for name in order[round_index % len(order):] + order[:round_index % len(order)]:
                 samples[name] += ev.time(candidates[name], 1)
-    base = statistics.median(samples["fp32"])
     for name, policy in candidates.items():
         med = statistics.median(samples[name])
         q = quality[name].quality
         rows.append({"name": name, "median": med, "min": min(samples[name]), "max": max(samples[name]),
-                     "speedup": base / med, "mb": quality[name].memory_bytes / 1e6, "metric": q.get(bound.key),
+                     "speedup": "reference" if name == "fp32" else speedup(samples["fp32"], samples[name]), "mb": quality[name].memory_bytes / 1e6, "metric": q.get(bound.key),
                      "tokens": q.get("token_agreement"), "met": bound.met(q)})
     # The reference preset is chosen from the search's own timings, not from this comparison:
     # picking the fastest of several presets on the same samples it is then judged on would
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
           for m, v in result.seed_summary.items()], "",
         f"Comparison on fresh seeds {', '.join(map(str, fresh))} (quality worst case over them; latency: "
         f"{args.rounds} interleaved rounds, one worker):", "",
-        f"| policy | median s | min s | max s | speedup vs fp32 | weights MB | {bound.key} | token agreement | meets {bound} |",
+        f"| policy | median s | min s | max s | speedup vs fp32 (paired rounds, 95 % interval) | weights MB | {bound.key} | token agreement | meets {bound} |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         label += " (reference: fastest preset meeting the bound in the search)" if r["name"] == best_preset else ""
         metric = f"{r['metric']:.2f}" if r["metric"] is not None else "n/a"
         tokens = f"{r['tokens']:.3f}" if r["tokens"] is not None else "n/a"
-        lines.append(f"| {label} | {r['median']:.3f} | {r['min']:.3f} | {r['max']:.3f} | {r['speedup']:.2f}x | "
+        lines.append(f"| {label} | {r['median']:.3f} | {r['min']:.3f} | {r['max']:.3f} | {r['speedup']} | "
                      f"{r['mb']:.1f} | {metric} | {tokens} | {'yes' if r['met'] else 'no'} |")
     tuned_name = tuned_is or "tuned"
     tuned_row = by_name[tuned_name]

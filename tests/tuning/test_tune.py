@@ -509,3 +509,33 @@ def test_stop_request_during_validation_keeps_the_search_result():
                   final_rounds=0, should_stop=lambda: bool(validated))
     assert len(validated) == 1 and result.validations == 1 and not result.validation["met"]
     assert any(n.startswith("validation stopped on request") for n in result.notes)
+
+
+class TestSpeedTextClaimsOnlyWhatItsRoundsSupport:
+    """``TuneResult.speed_text``: a speed against fp32 with its interval from the side-by-side
+    re-timing, said faster or slower only where that interval is wholly on one side of 1."""
+
+    @pytest.mark.parametrize(("final", "chosen", "said"), [
+        ({0: [1.0, 1.1, 0.9, 1.0, 1.05], 1: [0.5, 0.55, 0.45, 0.5, 0.52]}, 1, ": faster than fp32"),
+        ({0: [1.0, 1.1, 0.9, 1.0, 1.05], 1: [2.0, 2.2, 1.8, 2.0, 2.1]}, 1, ": slower than fp32"),
+        ({0: [1.0, 1.1, 0.9, 1.0, 1.05], 1: [1.0, 1.0, 1.0, 1.1, 0.95]}, 1, ": undecided against fp32 on this machine"),
+        ({0: [1.0, 1.0], 1: [0.5, 0.5]}, 1, ": undecided against fp32 on this machine"),  # two rounds
+        ({}, 1, "undecided against fp32: not re-timed side by side"),  # search medians only
+        ({}, 0, "fp32 itself"),
+    ])
+    def test_speed_text(self, final, chosen, said):
+        from mixprec.tuning.candidates import Candidate, Evaluation
+        from mixprec.tuning.result import TuneResult
+
+        path = [Candidate(i, "baseline" if i == 0 else "all-bf16", Policy(),
+                          Evaluation(latency_s=1.0 / (1 + i), memory_bytes=1e6, quality={"cosine": 1.0}), True, 0.0)
+                for i in range(2)]
+        result = TuneResult(policy=Policy(name="tuned"), bound=parse_bound("cosine>=0.99"), objective="latency", met=True,
+                            chosen=path[chosen], closest=None, miss=None, frontier=path, evaluations=2, cached=0, wall_s=1.0,
+                            path=path, final=final)
+        text = result.speed_text()
+        assert said in text
+        if text.startswith("undecided"):  # the medians' ratio is said as what it is, after the verdict
+            assert "the search's medians, taken at different moments, give 2.00x" in text
+        elif chosen:
+            assert text.startswith(f"{result.speed.text()} the speed of fp32 over {result.speed.n} paired rounds")

@@ -31,6 +31,7 @@ def test_run_tts_returns_audio_and_figures(tts_run):
     figures = tts_run["figures"]
     assert "fp32 reference" in figures and "fast" in figures and "SNR" in figures
     assert "untimed warm-up" in figures
+    assert "Speed-up: **undecided (n=1)**" in figures  # one timing each: a sample, not a speed-up
 
 
 def test_run_reuses_session_cache(tts_run):
@@ -38,6 +39,7 @@ def test_run_reuses_session_cache(tts_run):
     again = ui_app.run_comparison("tts", "test", "none", False, ["bf16"], lang="he", cache=cache)
     assert again["cache"][("tts", "test", "cpu")] is cache[("tts", "test", "cpu")]  # built on the default device, cpu
     assert "סוגים לפי רכיב" in again["figures"]
+    assert "האצה: **לא הוכרע (" in again["figures"]
 
 
 def test_benchmark_listing_of_missing_store(tmp_path):

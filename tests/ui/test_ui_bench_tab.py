@@ -148,3 +148,49 @@ class TestSpeedupCellsAreExplained:
         assert t("bench.cell_reference", lang) in text
         if lang != "en":
             assert "undecided" not in text.split("\n\n")[0] and "reference" not in text.split("\n\n")[0]
+
+
+class TestSpeedOutsideTables:
+    """The Run tab (one timing each) and the Tune tab's summary say a speed-up as the tables do:
+    a figure only where paired rounds give an interval wholly on one side of 1."""
+
+    @staticmethod
+    def _result(final, chosen=1):
+        import mixprec
+        from mixprec.tuning.bounds import parse_bound
+        from mixprec.tuning.candidates import Candidate, Evaluation
+        from mixprec.tuning.result import TuneResult
+
+        path = [Candidate(i, "baseline" if i == 0 else f"step {i}", mixprec.Policy(),
+                          Evaluation(latency_s=1.0 / (1 + i), memory_bytes=1e6, quality={"cosine": 1.0}), True, 0.0)
+                for i in range(2)]
+        return TuneResult(policy=mixprec.Policy(name="tuned"), bound=parse_bound("cosine>=0.99"), objective="latency",
+                          met=True, chosen=path[chosen], closest=None, miss=None, frontier=path, evaluations=2, cached=0,
+                          wall_s=1.0, path=path, final=final)
+
+    @pytest.mark.parametrize(("final", "chosen", "word", "rest"), [
+        ({0: [1.0, 1.1, 0.9, 1.0, 1.05], 1: [0.5, 0.55, 0.45, 0.5, 0.52]}, 1, None, "2.00x (2.00–2.02)"),
+        ({0: [1.0, 1.1, 0.9, 1.0, 1.05], 1: [1.0, 1.0, 1.0, 1.1, 0.95]}, 1, "undecided", " (0.90–1.11)"),
+        ({0: [1.0, 1.0], 1: [0.5, 0.5]}, 1, "undecided", " (n=2)"),
+        ({}, 1, "undecided", " (no interval)"),  # search medians only (2.00x), taken at different moments
+        ({0: [1.0, 1.0, 1.0]}, 0, "reference", ""),
+    ])
+    @pytest.mark.parametrize("lang", ["en", "zh", "ja", "he"])
+    def test_tune_summary(self, final, chosen, word, rest, lang):
+        from mixprec.ui.i18n import bidi
+        from mixprec.ui.tune_tab import _speed, _summary
+
+        result = self._result(final, chosen)
+        said = _speed(result, lang)
+        assert said == (t(f"bench.cell_{word}", lang) if word else "") + rest
+        head = _summary(result, False, lang).split("\n")[0]
+        assert bidi(said, lang) in head or said in head
+        if word is not None:  # no figure reads as a speed-up: not the medians' 2.00, not the interval's
+            assert "2.00x" not in head and "×" not in head
+
+    @pytest.mark.parametrize("lang", ["en", "zh", "ja", "he"])
+    def test_run_tab_reads_one_timing_each_as_undecided(self, lang):
+        from mixprec.ui.bench_tab import speedup_text
+
+        said = speedup_text(2.5, 2.5, 2.5, 1, lang)
+        assert t("bench.cell_undecided", lang).strip("\u2068\u2069") in said and "n=1" in said and "2.5" not in said

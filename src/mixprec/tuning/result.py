@@ -101,10 +101,11 @@ class TuneResult:
     def speed_text(self) -> str:
         """``1.42x (1.31-1.55) the speed of fp32 (final check, paired rounds)``, or what could be said."""
         speed = self.speed
-        if speed is None:
-            return f"{self.speedup:.2f}x the speed of fp32 (search timings, not re-timed side by side)"
         if self.chosen.index == 0:
             return "fp32 itself"
+        if speed is None:  # medians taken at different moments: no interval, so no speed-up is claimed
+            return ("undecided against fp32: not re-timed side by side (the search's medians, taken at different "
+                    f"moments, give {self.speedup:.2f}x the speed of fp32)")
         verdict = speed.verdict()
         tail = {"above": "faster than fp32", "below": "slower than fp32",
                 "undecided": "undecided against fp32 on this machine"}[verdict]

@@ -29,7 +29,7 @@ import gradio as gr
 
 import mixprec
 from mixprec import pipelines
-from mixprec.ui.bench_tab import build_bench_tab, list_runs, show_run
+from mixprec.ui.bench_tab import build_bench_tab, list_runs, show_run, speedup_text
 from mixprec.ui.controls import (DTYPES, NO_PRESET, build_policy, defaults_message, dtype_selector_update, matmul_info,
                                  precision_controls, preset_choices, preset_storage)
 from mixprec.ui.forms import SIZES, check_choice, devices, error_text, markdown_table
@@ -183,7 +183,8 @@ def run_comparison(
     headers = [t(f"run.col_{c}", lang) for c in ("config", "latency", "weights", "quality")]
     rows = [[t("run.row_fp32", lang), f"{fp32_s:.3f}", f"{fp32_bytes / _MIB:.2f}", "—"],
             [label, f"{mixed_s:.3f}", f"{mixed_bytes / _MIB:.2f}", _quality_text(q, kind, lang)]]
-    summary = t("run.speedup", lang, speedup=f"{fp32_s / max(mixed_s, 1e-9):.2f}",
+    ratio = fp32_s / max(mixed_s, 1e-9)  # one run each: a sample, not a speed-up (it reads undecided, n=1)
+    summary = t("run.speedup", lang, speedup=speedup_text(ratio, ratio, ratio, 1, lang),
                 ratio=f"{100 * mixed_bytes / max(fp32_bytes, 1):.0f}") + " " + t("run.timing_note", lang)
     if kind == "audio":
         summary += "\n\n" + t("run.audio_length", lang, seconds=_audio_seconds(ref), rate=rate)

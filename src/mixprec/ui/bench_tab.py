@@ -79,14 +79,24 @@ def results_table(run: dict[str, Any], lang: str) -> str:
             + "".join(f"\n\n> {bidi(html.escape(_short(n)), lang)}" for n in doubts))
 
 
-def _speedup(cell: str, lang: str) -> str:
+def _speedup(cell: str, lang: str, *, mark: bool = True) -> str:
     """A speed-up cell (:func:`mixprec.bench.evidence.speedup_cell`) with its verdict word in ``lang``
-    and a mark pointing to the note under the table."""
+    and (``mark``) a mark pointing to the note under the table."""
     for word in ("undecided", "unstable", "reference"):
         if cell.startswith(word):
-            mark = "" if word == "reference" else " \\*"
-            return t(f"bench.cell_{word}", lang) + cell[len(word):] + mark
+            star = " \\*" if mark and word != "reference" else ""
+            return t(f"bench.cell_{word}", lang) + cell[len(word):] + star
     return cell
+
+
+def speedup_text(value: float, low: float, high: float, n: int | None, lang: str, *, exact: bool = False,
+                 reference: bool = False) -> str:
+    """A speed-up against fp32 outside a table (the Run and Tune tabs), as every table shows it
+    (:func:`mixprec.bench.evidence.speedup_cell`: a figure only where its interval from ``n``
+    paired runs supports one), its verdict word in ``lang``."""
+    from mixprec.bench.evidence import Interval, speedup_cell  # numpy: loaded when a figure is shown
+
+    return _speedup(speedup_cell(Interval(value, low, high, n, exact), reference=reference), lang, mark=False)
 
 
 #: Run notes that qualify the table's figures.

@@ -25,6 +25,7 @@ import gradio as gr
 import mixprec
 from mixprec import pipelines
 from mixprec.tuning.report import tune_plot_png
+from mixprec.ui.bench_tab import speedup_text
 from mixprec.ui.forms import (SIZES, cancel_job, check_choice, check_whole, devices, error_text, markdown_table, png_html,
                               status_html, store_location)
 from mixprec.ui.i18n import t
@@ -85,7 +86,7 @@ def _summary(result: mixprec.TuneResult, cancelled: bool, lang: str) -> str:
     if result.met:
         base, chosen = result.path[0].evaluation, result.chosen.evaluation
         head = t("tune.met", lang, bound=result.bound, index=result.chosen.index, step=result.chosen.step,
-                 speedup=f"{result.speedup:.2f}",
+                 speedup=_speed(result, lang),
                  ratio=f"{100 * chosen.memory_bytes / max(base.memory_bytes, 1):.0f}", metric=key,
                  value=_shown(_value(result.chosen, key), lang))
     else:
@@ -105,6 +106,15 @@ def _summary(result: mixprec.TuneResult, cancelled: bool, lang: str) -> str:
     rows = [[c.index, c.step, f"{c.evaluation.latency_s * 1e3:.2f}", f"{c.evaluation.memory_bytes / _MIB:.2f}",
              _shown(_value(c, key), lang), t("diag.yes" if c.met else "diag.no", lang)] for c in result.frontier]
     return "\n".join(lines + ["", t("tune.frontier_heading", lang), "", markdown_table(headers, rows)])
+
+
+def _speed(result: mixprec.TuneResult, lang: str) -> str:
+    """The chosen policy's speed against fp32 as every table shows it: from the side-by-side
+    re-timing's paired rounds, else (search medians taken at different moments) undecided."""
+    speed, value = result.speed, result.speedup
+    if result.chosen.index == 0 or speed is None:
+        return speedup_text(value, value, value, 0, lang, reference=result.chosen.index == 0)
+    return speedup_text(speed.value, speed.low, speed.high, speed.n, lang, exact=speed.exact)
 
 
 def _validation(result: mixprec.TuneResult, lang: str) -> str:
