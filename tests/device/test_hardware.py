@@ -254,10 +254,10 @@ class TestProbeFiguresReadAsTheirClass:
     or ``unstable`` one says it was not used, in ``mixprec env`` and in the HTML report."""
 
     @pytest.mark.parametrize(("klass", "ratio", "shown"), [
-        ("fast", 3.9, "3.9x fp32"),
+        ("fast", 3.9, "3.90x fp32"),
         ("emulated", 0.00712, "0.00712x fp32"),
-        ("no_speedup", 1.04, "1.04x fp32"),
-        (hardware.UNSTABLE, 52.983, "53x fp32 measured, not used"),
+        ("no_speedup", 1.0, "1.00x fp32"),
+        (hardware.UNSTABLE, 52.983, "53.0x fp32 measured, not used"),
         (hardware.UNDECIDED, 1.35, "1.35x fp32 measured, not used"),
         ("unsupported", None, None),
     ])

@@ -58,12 +58,12 @@ _UNDECIDED_THIS_PROCESS: dict[str, Hardware] = {}
 
 
 def ratio_text(ratio: float | None, klass: str) -> str | None:
-    """A probe figure as every table shows it: ``3.9x fp32``; where its class is
+    """A probe figure as every table shows it: ``3.90x fp32``; where its class is
     ``undecided`` or ``unstable`` the figure is no evidence and reads so:
-    ``53x fp32 measured, not used`` (``DtypeSpeed.note`` says why)."""
+    ``53.0x fp32 measured, not used`` (``DtypeSpeed.note`` says why)."""
     if ratio is None:
         return None
-    return f"{ratio:.3g}x fp32" + (" measured, not used" if klass in (UNDECIDED, UNSTABLE) else "")
+    return f"{ratio:#.3g}x fp32" + (" measured, not used" if klass in (UNDECIDED, UNSTABLE) else "")
 
 
 def classify(ratio: float | None, supported: bool) -> str:
