@@ -32,17 +32,17 @@ import torch
 from mixprec.measure import metrics as bench_metrics
 from mixprec.bench.configs import ConfigSpec
 from mixprec.bench.plan import Calibration, Plan, config_cost, drop_order, plan_runs
+from mixprec.bench.slots import LOAD_TIMEOUT_S, Slot, call, stop_for_budget, wait_ready
 from mixprec.bench.rounds import MIN_TIMED, RoundKeeper, load_note, paired, runnable_others, speed_metrics
 from mixprec.bench.store import Store
 from mixprec.bench.worker import job_for, serve
-from mixprec.measure.executor import Executor, LocalProcessExecutor, WorkerError, WorkerTimeout
+from mixprec.measure.executor import Executor, LocalProcessExecutor
 from mixprec.measure.machine import machine_fingerprint, versions
 from mixprec.measure.stats import TARGET_WIDTH, instability
 from mixprec.device.hardware import Hardware, contradiction, forget
 
 __all__ = ["BenchOptions", "BenchCancelled", "run_bench", "calibrate", "size_label"]
 
-LOAD_TIMEOUT_S = 600.0
 #: Safety cap on the fp32 reference when no --timeout is given (it is never timed out otherwise).
 REFERENCE_LIMIT_S = 3600.0
 #: Without --timeout, a configuration may take this many times the reference's measured time ...
@@ -118,66 +118,6 @@ def size_label(size: str, overrides: dict[str, Any]) -> str:
 
 class BenchCancelled(Exception):
     """Raised between worker steps when ``should_stop()`` turns true; caught by :func:`run_bench`."""
-
-
-@dataclass
-class _Slot:
-    spec: ConfigSpec
-    config_id: int
-    worker: Any = None
-    status: str = "running"
-    error: str | None = None
-    spent: float = 0.0
-    samples: list[float] = field(default_factory=list)
-    ready: dict[str, Any] = field(default_factory=dict)
-    first: dict[str, Any] | None = None
-    done: dict[str, Any] = field(default_factory=dict)
-    compile_s: float | None = None
-    rounds: list[int] = field(default_factory=list)  # the timed round of each sample
-    fallbacks: int = 0
-    untimed: int = 0  # timed rounds left out because a guard fallback ran in them
-    last_s: float | None = None  # seconds of its last run, warm-ups included
-
-    @property
-    def alive(self) -> bool:
-        return self.status == "running"
-
-
-def _fail(slot: _Slot, exc: BaseException) -> None:
-    slot.status = "timeout" if isinstance(exc, WorkerTimeout) else "failed"
-    slot.error = str(exc) if not isinstance(exc, WorkerTimeout) else f"exceeded the {slot.spent:.0f} s time limit ({exc})"
-    if slot.worker is not None:
-        slot.worker.close()
-
-
-def _out_of_time(slot: _Slot, why: str) -> None:
-    """Stop ``slot`` for the budget: ``skipped`` (not measured) without a timed run, else ``partial``."""
-    slot.status = "partial" if slot.samples else "skipped"
-    slot.error = why if slot.samples else f"not measured: {why}"
-    if slot.worker is not None:
-        slot.worker.close()
-
-
-def _call(slot: _Slot, timeout: float, command: str, payload: Any = None, *,
-          clock: Callable[[], float] = time.monotonic, until: float | None = None) -> Any:
-    """One request to ``slot``'s worker within its time limit and, with ``until``, the budget's."""
-    start = clock()
-    allowed = max(0.001, timeout - slot.spent)
-    by_budget = until is not None and until - start < allowed
-    if by_budget:
-        allowed = max(0.001, until - start)
-    try:
-        return slot.worker.request(command, payload, timeout=allowed)
-    except (WorkerError, WorkerTimeout) as exc:
-        slot.spent += clock() - start
-        if by_budget and isinstance(exc, WorkerTimeout):
-            _out_of_time(slot, f"stopped at the time budget, {clock() - start:.0f} s into its {command} call")
-        else:
-            _fail(slot, exc)
-        return None
-    finally:
-        if slot.alive:
-            slot.spent += clock() - start
 
 
 def run_bench(
@@ -271,32 +211,13 @@ class _RunState:
 
 
 def _start(options: BenchOptions, spec: ConfigSpec, position: int, batch: int, hardware: Hardware, store: Store,
-           run_id: int, executor: Executor, overrides: dict[str, Any], config_id: int | None = None) -> _Slot:
+           run_id: int, executor: Executor, overrides: dict[str, Any], config_id: int | None = None) -> Slot:
     if config_id is None:
         config_id = store.add_config(run_id, position=position, name=spec.name, batch=batch)
-    slot = _Slot(spec, config_id)
+    slot = Slot(spec, config_id)
     slot.worker = executor.start(serve, job_for(spec, pipeline=options.pipeline, size=options.size, seed=options.seed,
                                          batch=batch, hardware=hardware, device=options.device, overrides=overrides))
     return slot
-
-
-def _wait_ready(slot: _Slot, clock: Callable[[], float] = time.perf_counter, until: float | None = None) -> float:
-    """Wait for the worker's model (with ``until``: no later than that); returns the seconds it took."""
-    start = clock()
-    allowed = LOAD_TIMEOUT_S if until is None else max(0.0, min(LOAD_TIMEOUT_S, until - start))
-    if allowed <= 0:
-        _out_of_time(slot, "still loading when the time budget ran out")
-        return 0.0
-    try:
-        slot.ready = slot.worker.wait_ready(allowed)
-    except WorkerTimeout as exc:
-        if allowed < LOAD_TIMEOUT_S:
-            _out_of_time(slot, f"still loading when the time budget ran out ({clock() - start:.0f} s)")
-        else:
-            _fail(slot, exc)
-    except WorkerError as exc:
-        _fail(slot, exc)
-    return clock() - start
 
 
 def _calibration(ready: dict[str, Any], load_s: float, run_s: float, peak_bytes: int = 0, busy: int = 0) -> Calibration:
@@ -322,7 +243,7 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
     deadline = began + budget if budget is not None else None
     until = deadline + GRACE * budget if deadline is not None and budget is not None else None
     notes: list[str] = []
-    slots: list[_Slot] = []
+    slots: list[Slot] = []
     warmup, repeat = options.warmup, options.repeat
     ref_limit = options.timeout if options.timeout is not None else REFERENCE_LIMIT_S
     timed_rounds = repeat  # what a configuration that ran to the end has (a plan or the budget may change it)
@@ -333,7 +254,7 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
     def start_others() -> None:
         for position, spec in enumerate(options.configs[1:], start=1):
             if position in left_out:
-                slot = _Slot(spec, store.add_config(run_id, position=position, name=spec.name, batch=batch))
+                slot = Slot(spec, store.add_config(run_id, position=position, name=spec.name, batch=batch))
                 slot.status, slot.error = "skipped", f"not measured: {left_out[position]}"
                 slots.append(slot)
             else:
@@ -357,10 +278,10 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
             start_others()  # nothing to calibrate: every worker loads at once
         # The reference's load and first run are the calibration and the reference output:
         # without them nothing can be measured, so the budget does not stop them.
-        load_s = _wait_ready(reference, clock)
+        load_s = wait_ready(reference, clock)
         step(f"batch {batch}: loaded {reference.spec.name}", 0)
         if reference.alive:
-            reference.first = _call(reference, ref_limit, "run", {"want_output": True}, clock=clock)
+            reference.first = call(reference, ref_limit, "run", {"want_output": True}, clock=clock)
             step(f"batch {batch}: fp32 reference", 1)
         cal = None
         if budget is not None and reference.alive and reference.first:
@@ -374,16 +295,16 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
                 reference.worker.close()
                 slots[0] = reference = _start(options, options.configs[0], 0, batch, hardware, store, run_id, executor,
                                               state.overrides, config_id=reference.config_id)
-                _wait_ready(reference, clock, until)
+                wait_ready(reference, clock, until)
                 if reference.alive:
-                    reference.first = _call(reference, ref_limit, "run", {"want_output": True}, clock=clock, until=until)
+                    reference.first = call(reference, ref_limit, "run", {"want_output": True}, clock=clock, until=until)
                     if reference.first:
                         cal = dataclasses.replace(cal, run_s=float(reference.first["seconds"]))
         if len(slots) == 1:
             start_others()
         for slot in slots[1:]:  # the other workers load in parallel; collect them in order
             if slot.worker is not None and slot.alive:
-                _wait_ready(slot, clock, until)
+                wait_ready(slot, clock, until)
                 step(f"batch {batch}: loaded {slot.spec.name}", 0)
 
         limit = options.timeout
@@ -404,13 +325,13 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
             if slot.spec.compile:
                 # Its first call compiles: limited like a load, and not part of its runs' time limit.
                 spent = slot.spent
-                answer = _call(slot, spent + LOAD_TIMEOUT_S, "reference", forcing, clock=clock, until=until)
+                answer = call(slot, spent + LOAD_TIMEOUT_S, "reference", forcing, clock=clock, until=until)
                 if slot.alive:
                     slot.compile_s = (answer or {}).get("compile_seconds")
                     slot.spent = spent
                 step(f"batch {batch}: compiled {slot.spec.name}", 0)
             else:
-                _call(slot, limit, "reference", forcing, clock=clock, until=until)
+                call(slot, limit, "reference", forcing, clock=clock, until=until)
 
         if cal is not None and deadline is not None:
             # Plan again from the time actually left: loading may have taken longer than estimated.
@@ -422,7 +343,7 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
                 replan(again, positions, f"after loading ({clock() - began:.0f} s in): ")
                 for index in again.dropped:
                     slot = slots[positions[index]]
-                    _out_of_time(slot, left_out[positions[index]])
+                    stop_for_budget(slot, left_out[positions[index]])
 
         keeper = RoundKeeper(warmup, repeat, deadline, batch, clock=clock)
         round_index = 0
@@ -440,7 +361,7 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
 
             go, dropped = keeper.go_on(round_index, wide, slow_first)
             for slot in dropped:
-                _out_of_time(slot, "the run fell behind its time budget before its first timed run")
+                stop_for_budget(slot, "the run fell behind its time budget before its first timed run")
             if not go:
                 break
             timed = round_index >= keeper.warmup
@@ -456,12 +377,12 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
                         # This call would end past the deadline: not made, and no round after this one.
                         out_of_time = True
                         if not slot.samples:
-                            _out_of_time(slot, f"its {'first timed' if timed else 'warm-up'} run (about {expected:.1f} s) "
+                            stop_for_budget(slot, f"its {'first timed' if timed else 'warm-up'} run (about {expected:.1f} s) "
                                                f"would have ended past the time budget "
                                                f"({max(0.0, deadline - clock()):.0f} s left)")
                         continue
                 want = slot.first is None
-                result = _call(slot, ref_limit if slot is reference else limit, "run", {"want_output": want},
+                result = call(slot, ref_limit if slot is reference else limit, "run", {"want_output": want},
                                clock=clock, until=until)
                 if result is None:
                     out_of_time = out_of_time or slot.status in ("skipped", "partial")
@@ -498,7 +419,7 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
 
         for slot in slots:
             if slot.alive:
-                slot.done = _call(slot, (ref_limit if slot is reference else limit) + 60, "finish", clock=clock) or {}
+                slot.done = call(slot, (ref_limit if slot is reference else limit) + 60, "finish", clock=clock) or {}
     finally:
         notes += _record(timed_rounds, batch, slots, store, hardware)
         for slot in slots:
@@ -507,7 +428,7 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
     return notes
 
 
-def _record(repeat: int, batch: int, slots: list[_Slot], store: Store, hardware: Hardware | None = None) -> list[str]:
+def _record(repeat: int, batch: int, slots: list[Slot], store: Store, hardware: Hardware | None = None) -> list[str]:
     """Store each configuration's metrics and status; returns notes on unstable timings."""
     notes: list[str] = []
     stopped: dict[tuple[str, str | None], list[str]] = {}  # (status, why) -> configurations
