@@ -34,13 +34,12 @@ import time
 from collections import Counter
 
 import torch
-from _report import finish
+from _report import finish, speedup
 from bench_presets import sqnr_db
 
 import mixprec
 from mixprec import hardware, pipelines
 from mixprec.bench import configs
-from mixprec.measure.stats import paired_ratio
 
 CONFIGS = "fp32,naive-bf16,naive-fp16,balanced,fast,memory"
 KINDS = ("baseline", "naive", "autocast", "preset")  # the ones this script can revert in place
@@ -89,11 +88,6 @@ def python_calls(run) -> Counter:
     return counts
 
 
-def ratio(reference: list[float], candidate: list[float]) -> str:
-    r = paired_ratio(reference, candidate)
-    return f"{r.text()} {r.verdict()}"
-
-
 def bench(name: str, size: str, specs: list, repeat: int, calls: int, hw: hardware.Hardware, device: str) -> list[str]:
     """The markdown table of one pipeline at one size."""
     pipe = pipelines.get(name, size=size, seed=0, device=device)
@@ -130,13 +124,13 @@ def bench(name: str, size: str, specs: list, repeat: int, calls: int, hw: hardwa
     naive = [times[n] for n in ("naive-bf16", "naive-fp16") if n in times]
     best_naive = [min(round_times) for round_times in zip(*naive)] if naive else None
     lines = [f"### {name}, size={size}", "",
-             "| config | median ms | speed-up vs fp32 (interval) verdict | vs best naive (interval) verdict "
+             "| config | median ms | speed-up vs fp32 (interval) | vs best naive (interval) "
              "| SQNR vs fp32 (dB) | mixprec Python calls per run |", "|---|---|---|---|---|---|"]
     for spec in specs:
         t = times[spec.name]
         lines.append(f"| {spec.name} | {statistics.median(t) * 1e3:.1f} | "
-                     f"{'reference' if spec.name == 'fp32' else ratio(times['fp32'], t)} | "
-                     f"{ratio(best_naive, t) if best_naive else '-'} | {quality[spec.name]:.1f} | {counts[spec.name]['mixprec']} |")
+                     f"{'reference' if spec.name == 'fp32' else speedup(times['fp32'], t)} | "
+                     f"{speedup(best_naive, t) if best_naive else '-'} | {quality[spec.name]:.1f} | {counts[spec.name]['mixprec']} |")
     lines += ["", f"Not counted: the pipeline's own code in mixprec/pipelines, {counts['fp32']['pipeline']} calls per fp32 run. "
               f"fp32 after every configuration was applied and reverted: {'bit-exact' if exact else 'NOT bit-exact'} "
               "against the first run.", ""]
@@ -163,12 +157,14 @@ def main(argv: list[str] | None = None) -> int:
         f"$ HF_HUB_OFFLINE=1 python benchmarks/bench_overhead.py {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip(),
         "",
         f"device: {hw.device_type} ({hw.name}; CPU flags: {', '.join(hw.cpu_flags) or 'none of avx512*/amx*'}), "
-        f"{hw.threads} threads, torch {torch.__version__}; probe: bf16 {hw.dtypes['bf16'].klass} ({hw.dtypes['bf16'].ratio}x), "
-        f"fp16 {hw.dtypes['fp16'].klass} ({hw.dtypes['fp16'].ratio}x)",
+        f"{hw.threads} threads, torch {torch.__version__}; probe: "
+        + ", ".join(f"{d} {hw.dtypes[d].klass} ({hardware.ratio_text(hw.dtypes[d].ratio, hw.dtypes[d].klass)})"
+                    for d in ("bf16", "fp16")),
         f"batch 1; {args.repeat} interleaved A-B-B-A rounds after a warm-up round; per round, the fastest of {args.calls} "
         "calls; ratios paired per round (median, 95 % bootstrap interval, or the range below 5 rounds): speed-up = "
-        "fp32 time / its time, 'vs best naive' = the faster naive cast's time / its time; verdict 'above' = faster over "
-        "the whole interval, 'below' = slower, 'undecided' = the interval holds 1 (always below 3 rounds)",
+        "fp32 time / its time, 'vs best naive' = the faster naive cast's time / its time; a figure only where the "
+        "interval lies wholly above 1 (faster) or below 1 (slower), else 'undecided' with the interval, or 'undecided "
+        "(n=2)' below 3 rounds",
         *notes,
         "",
     ]
