@@ -400,8 +400,9 @@ def check_fp32_after_revert(case: Case) -> None:
 
 
 def check_pins_own_weights(case: Case, metrics: dict[str, Any]) -> list[str]:
-    """Each module the guard pinned (``metrics["guard pins"]``) owns parameters itself:
-    no pin is a container or block wider than the module that failed. Returns the pins."""
+    """Each module the guard pinned (``metrics["guard pins"]``) owns floating weights itself
+    (parameters, or buffers such as a codebook): no pin is a container or block wider than
+    the module that failed. Returns the pins."""
     pins = metrics.get("guard pins", "none")
     pins = [] if pins == "none" else list(pins)
     roots = case.target if isinstance(case.target, dict) else {"": case.target}
@@ -412,7 +413,9 @@ def check_pins_own_weights(case: Case, metrics: dict[str, Any]) -> list[str]:
             module = roots[key].get_submodule(rest) if key in roots else None
         except AttributeError:
             module = None
-        if module is None or next(module.parameters(recurse=False), None) is None:
+        owned = [t for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+                 if t.is_floating_point()] if module is not None else []
+        if not owned:  # a codebook held as a buffer (EnCodec's ``embed``) is a weight too
             wide.append(f"{name} ({type(module).__name__ if module is not None else 'not found'})")
     assert not wide, f"the guard pinned modules that own no weights themselves (containers or blocks): {wide}"
     return pins

@@ -34,8 +34,9 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.utils import stateless
 
-from mixprec.casting.hooks import ForwardWrapper, cast_floats, own_tensors
+from mixprec.casting.hooks import ForwardWrapper, add_method_hook, cast_floats, own_tensors
 from mixprec.casting.meet import OP_ERRORS, may_be_about_dtypes
+from mixprec.policy.tree import entry_methods
 
 __all__ = ["Fp32Compute", "fp32_forward_kind"]
 
@@ -133,11 +134,18 @@ class Fp32Compute(ForwardWrapper):
     descendant's own forward would have. It is known for ``nn.MultiheadAttention`` and
     found for any other generic module by what happens: a call that fails with an op
     error is run again with the descendants' weights widened, and a success marks it.
+
+    A module's own methods other than ``forward`` are its code too: a codebook's
+    ``encode`` that finds the nearest code with ``x @ self.embed.t()``, called by its
+    parent instead of ``forward``, reads fp32 copies of the module's 16-bit tensors for
+    the call, as ``forward`` does (one set of copies however the methods call each other);
+    those named like torch's in-place methods (``expire_codes_``) write the stored tensors.
     """
 
     def __init__(self) -> None:
         self.active = False
         self.reads_children = False
+        self._methods: list[Any] = []
 
     def install(self, module: nn.Module) -> Fp32Compute:
         self.module, self.previous = module, module.__dict__.get("forward")
@@ -191,6 +199,27 @@ class Fp32Compute(ForwardWrapper):
 
         self._set(module, wrapper, forward)
         _COMPUTING[module] = self
+        if functional is None:
+            inside = threading.local()
+
+            def method_hook(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+                if torch.compiler.is_compiling() or not self.active or getattr(inside, "depth", 0):
+                    return call(*args, **kwargs)
+                copies = {key[2:]: t.float() for key, t in own_tensors(module) if t.dtype in _HALF}
+                if not copies:
+                    return call(*args, **kwargs)
+                args, kwargs = upcast_inputs(args, kwargs)
+                inside.depth = 1
+                try:
+                    with swapping, stateless._reparametrize_module(module, copies):
+                        return call(*args, **kwargs)
+                finally:
+                    inside.depth = 0
+
+            # Methods named like torch's in-place ones (``replace_``) write the module's own
+            # tensors: they run on the stored ones, not on copies a write would be lost in.
+            self._methods = [add_method_hook(module, name, method_hook) for name in entry_methods(module)[1:]
+                             if not name.endswith("_")]
         return self
 
     def _descendant_copies(self, probe: bool = False) -> dict[str, torch.Tensor]:
@@ -210,6 +239,9 @@ class Fp32Compute(ForwardWrapper):
 
     def remove(self) -> None:
         super().remove()
+        for handle in self._methods:
+            handle.remove()
+        self._methods = []
         if _COMPUTING.get(self.module) is self:
             del _COMPUTING[self.module]
 
