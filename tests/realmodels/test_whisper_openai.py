@@ -173,3 +173,11 @@ def test_whisper_decode_under_the_guard(whisper_decode, policy, hw, record_prope
     metrics = check_combination(whisper_decode, policy, hw, record_property, guard=True)
     check_pins_own_weights(whisper_decode, metrics)
     check_fp32_after_revert(whisper_decode)
+
+
+@pytest.mark.parametrize(("policy", "hw"), [("bf16-native", "measured"), ("fp16-storage-fp32-compute", "measured")],
+                         indirect=["hw"])
+def test_whisper_transcribe_under_the_guard(whisper_transcribe, policy, hw, record_property):
+    metrics = check_combination(whisper_transcribe, policy, hw, record_property, guard=True)
+    check_pins_own_weights(whisper_transcribe, metrics)
+    check_fp32_after_revert(whisper_transcribe)
