@@ -86,14 +86,16 @@ def test_a_node_lost_mid_run_fails_its_configurations_and_names_it(tmp_path):
                 killed.set()
                 threading.Thread(target=cluster.remove_node, args=(doomed,), daemon=True).start()
 
-        start = time.monotonic()
         run_ids = run_matrix(options, parts, tmp_path / "b.sqlite", ray, progress=progress)
-        assert killed.is_set() and time.monotonic() - start < 300
+        assert killed.is_set()
         store = Store(tmp_path / "b.sqlite")
         alpha, lost = (store.load_run(i) for i in run_ids)
         assert {c["status"] for c in alpha["configs"]} == {"ok"}  # nothing from the other node is lost
         assert all(len(c["samples"]) == 40 for c in alpha["configs"])
+        # failed as lost when the node went (a hang would end at the time limit, as "timeout"),
+        # and cut short: fewer than the 40 runs asked for
         assert {c["status"] for c in lost["configs"]} == {"failed"}
+        assert all(len(c["samples"]) < 40 for c in lost["configs"])
         for config in lost["configs"]:
             assert "hardware 'doomed'" in config["error"] and "lost" in config["error"]
             assert parts[1].probe["node"]["node_id"][:12] in config["error"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -16,7 +15,7 @@ ray_or_skip()
 
 from mixprec.measure.cluster import ClusterError, node_groups, select_groups  # noqa: E402
 from mixprec.measure.executor import WorkerError, WorkerTimeout  # noqa: E402
-from mixprec.measure.ray_executor import RayExecutor  # noqa: E402
+from mixprec.measure.ray_executor import POLL_S, RayExecutor  # noqa: E402
 
 
 def test_each_job_runs_in_a_fresh_process_on_its_hardware():
@@ -45,13 +44,29 @@ def test_each_job_runs_in_a_fresh_process_on_its_hardware():
         third.request("echo", 1, timeout=5)
 
 
+class _CountingRay:
+    """The real ``ray`` module, counting the waits that block (``ray.wait`` with a timeout above 0)."""
+
+    def __init__(self, ray):
+        self._ray, self.polls = ray, 0
+
+    def wait(self, refs, *, timeout=None, **kwargs):
+        if timeout is None or timeout > 0:
+            self.polls += 1
+        return self._ray.wait(refs, timeout=timeout, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._ray, name)
+
+
 def test_a_label_no_node_has_fails_instead_of_waiting():
     ray, _ = two_types()
-    worker = RayExecutor(ray, label="gamma").start(serve_state, {"name": "nowhere"})
-    start = time.monotonic()
+    counting = _CountingRay(ray)
+    worker = RayExecutor(counting, label="gamma").start(serve_state, {"name": "nowhere"})
     with pytest.raises(WorkerError, match="no alive node has hardware 'gamma' \\(resource mixprec-hw:gamma\\)"):
         worker.wait_ready(60)
-    assert time.monotonic() - start < 30
+    # refused at the first poll that finds the worker unplaced, not after the polls of its 60 s limit
+    assert counting.polls == 1 < 60 / POLL_S
     worker.close()
 
 

@@ -86,16 +86,54 @@ def test_measuring_ahead_changes_neither_the_path_nor_the_count():
     assert capped.evaluations <= 10 and capped_ev.submitted <= 10 + 2
 
 
+class _Recording:
+    """Real local worker processes whose answers are kept, in order, as ``(worker, command, payload, answer)``."""
+
+    def __init__(self):
+        self.executor, self.answers = LocalProcessExecutor(), []
+
+    def start(self, serve, job):
+        worker, answers = self.executor.start(serve, job), self.answers
+
+        class Recorded:
+            def wait_ready(self, timeout):
+                return worker.wait_ready(timeout)
+
+            def request(self, command, payload=None, *, timeout=None):
+                answer = worker.request(command, payload, timeout=timeout)
+                answers.append((job["name"], command, payload, answer))
+                return answer
+
+            def close(self):
+                worker.close()
+
+        return Recorded()
+
+
 def test_a_pool_of_workers_times_each_candidate_against_its_own_fp32():
-    with PoolEvaluator("minilm", LocalProcessExecutor(), workers=2, size="test", seeds=(0,), repeat=2, threads=1) as pool:
-        assert pool.workers == 2 and pool.idle() == 2 and pool.reference_s > 0
+    import statistics
+
+    recording = _Recording()
+    with PoolEvaluator("minilm", recording, workers=2, size="test", seeds=(0,), repeat=2, threads=1) as pool:
+        assert pool.workers == 2 and pool.idle() == 2
+        # the scale: fp32 as the first worker timed it, at least 3 runs
+        (first, command, _, samples), = [a for a in recording.answers if a[1] == "tune_time"]
+        assert first.startswith("tune-0-") and len(samples) == 3 and pool.reference_s == statistics.median(samples)
         fp32, bf16 = pool.submit(Config("fp32").policy()), pool.submit(Config("bf16").policy())
         fp32, bf16 = fp32.result(timeout=300), bf16.result(timeout=300)
         assert pool.idle() == 2
         assert fp32.quality["sqnr_db"] == float("inf") and 20 < bf16.quality["sqnr_db"] < 100
         assert bf16.memory_bytes < 0.6 * fp32.memory_bytes
-        # fp32 against fp32 timed beside it: about the reference (on a loaded machine, within a factor)
-        assert pool.reference_s / 5 < fp32.latency_s < pool.reference_s * 5
+        # each candidate is timed against fp32 timed just before it in its own worker, and its latency is
+        # that ratio on the first worker's scale
+        evals = {json.dumps(p["policy"], sort_keys=True): (name, p, a) for name, c, p, a in recording.answers
+                 if c == "tune_eval"}
+        for candidate in (fp32, bf16):
+            policy = Config("fp32" if candidate is fp32 else "bf16").policy().to_dict()
+            name, payload, raw = evals[json.dumps(policy, sort_keys=True)]
+            assert payload["paired"] is True and raw["fp32_latency_s"] > 0
+            assert candidate.latency_s == pytest.approx(raw["latency_s"] / raw["fp32_latency_s"] * pool.reference_s)
+        assert {name for name, _, _ in evals.values()} <= {"tune-0-minilm", "tune-1-minilm"}
         assert pool.units() and pool.groups() and pool.risk(Config("bf16").policy())
 
 

@@ -119,14 +119,14 @@ def tune_cmd(
                                  device=device)
     with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=False) as bar:
-        task = bar.add_task(clean(f"{pipeline}: measuring the fp32 reference"), total=n_budget)
+        # two rows: the search (evaluations of the budget, the best so far) and the step running now
+        task = bar.add_task(clean(f"{pipeline}: starting"), total=n_budget)
+        work = bar.add_task("", total=None)
 
         def progress(event) -> None:
-            best = event.best
-            best_text = (f"best {best.evaluation.latency_s:.3f} s, {best.evaluation.memory_bytes / 2**20:.1f} MiB, "
-                         f"{parsed.key} {best.evaluation.quality.get(parsed.key, float('nan')):.4g}") if best else "none meets the bound yet"
-            left = f", {event.budget - event.evaluations} left" if event.budget is not None else ""
-            bar.update(task, completed=event.evaluations, description=clean(f"{pipeline}: {event.latest.step[:40]} | {best_text}{left}"))
+            search_text, step_text, done, total = _progress_rows(event, parsed.key)
+            bar.update(task, completed=event.evaluations, description=clean(f"{pipeline}: {search_text}"))
+            bar.update(work, completed=done, total=total, description=clean(step_text))
 
         try:
             result = mixprec.tune(pipeline, parsed, objective=objective, budget=n_budget, seeds=seed_list, store=store,
@@ -195,6 +195,25 @@ def _print_tune(result, pipeline: str) -> None:
         say(console, f"chosen: #{result.chosen.index} ({result.chosen.step}): {result.speed_text()}, "
             f"weights {weights}, {key} {q(result.chosen)}; "
             f"kept fp32: {', '.join(result.keep_fp32) or 'none'}")
+
+
+def _progress_rows(event, key: str) -> tuple[str, str, int, int | None]:
+    """The progress rows of a tune event: the search's text, the running step's text, and its done/total
+    (total ``None``: not counted, shown as a pulsing bar)."""
+    from mixprec.diagnose.progress import duration_text
+
+    best = event.best
+    best_text = (f"best #{best.index} {best.evaluation.latency_s:.3f} s, {best.evaluation.memory_bytes / 2**20:.1f} MiB, "
+                 f"{key} {best.evaluation.quality.get(key, float('nan')):.4g}") if best else "none meets the bound yet"
+    left = f" | search: up to about {duration_text(event.left_s)} left" if event.left_s is not None else ""
+    search_text = f"{event.evaluations} evaluations | {best_text}{left}"
+    step = event.work
+    if step is None:
+        latest = event.latest
+        return search_text, f"#{latest.index} {latest.step[:40]}: done, {latest.evaluation.latency_s:.3f} s", 1, 1
+    estimate = f", about {duration_text(step.left_s)} left" if step.left_s is not None else ""
+    unit = f" ({step.unit})" if step.total else ""
+    return search_text, f"{step.phase[:60]}{unit}{estimate}", step.done, step.total or None
 
 
 def _fmt_metric(value: float) -> str:

@@ -1,4 +1,8 @@
-"""Progress of a long profile: what it is doing, how far it is, and about how long is left.
+"""Progress of long work: what it is doing, how far it is, and about how long is left.
+
+:class:`Meter` turns counted steps (module calls, runs) into :class:`ProfileProgress`
+reports with an estimate from the rate measured so far; :func:`mixprec.profile` and
+:func:`mixprec.tune` report through it.
 
 :func:`mixprec.profile` counts the module calls of one plain fp32 run first (only when
 progress is asked for), so each of its passes knows its total; a :class:`Meter` then
@@ -14,22 +18,23 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["ProfileProgress", "Meter", "log_progress"]
+__all__ = ["ProfileProgress", "Meter", "duration_text", "log_progress"]
 
 log = logging.getLogger("mixprec")
 
 
 @dataclass(frozen=True)
 class ProfileProgress:
-    """One report of a running profile.
+    """One report of running work (a profile's pass, a tune's runs).
 
     Attributes:
         phase: what runs now (``counting module calls``, ``fp32 pass and own errors``,
-            ``pass under the policy``).
-        done: module calls finished in this phase.
-        total: module calls this phase makes (from the counting run).
-        elapsed_s: seconds since the profile started.
+            ``pass under the policy``; ``fp32 reference`` in a tune).
+        done: steps finished in this phase.
+        total: steps this phase makes (0: not counted, e.g. while a pipeline is built).
+        elapsed_s: seconds since the work started.
         left_s: about how many seconds are left, this phase and the next ones (None: not known yet).
+        unit: what a step is (``module calls``, ``runs``).
     """
 
     phase: str
@@ -37,23 +42,28 @@ class ProfileProgress:
     total: int
     elapsed_s: float
     left_s: float | None
+    unit: str = "module calls"
 
     def text(self) -> str:
-        left = "" if self.left_s is None else f", about {_duration(self.left_s)} left"
-        share = f" ({self.done / self.total:.0%})" if self.total else ""
-        return f"{self.phase}: {self.done}/{self.total} module calls{share}{left}"
+        left = "" if self.left_s is None else f", about {duration_text(self.left_s)} left"
+        if not self.total:
+            return f"{self.phase}{left}"
+        share = f" ({self.done / self.total:.0%})"
+        return f"{self.phase}: {self.done}/{self.total} {self.unit}{share}{left}"
 
 
-def _duration(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
+    """``42 s``, or ``3 min 05 s`` from a minute on."""
     seconds = max(0, round(seconds))
     return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
 
 
 class Meter:
-    """Counts module calls and reports to ``report`` at most every ``interval`` seconds.
+    """Counts steps and reports to ``report`` at most every ``interval`` seconds (and at a phase's end).
 
     ``later_s`` estimates the phases after this one (seconds), so ``left_s`` covers the
-    whole profile.
+    whole work; ``estimate_s`` is the phase's own estimate before its first step ends
+    (e.g. from a run measured earlier), replaced by the measured rate once a step has.
     """
 
     def __init__(self, report: Callable[[ProfileProgress], None], *, clock: Callable[[], float] = time.monotonic,
@@ -61,16 +71,24 @@ class Meter:
         self.report, self.clock, self.interval = report, clock, interval
         self.began = clock() if began is None else began
         self.phase, self.done, self.total, self.later_s = "", 0, 0, 0.0
+        self.unit, self.estimate_s = "module calls", None
         self._phase_began = self.began
         self._last = -float("inf")
 
-    def start(self, phase: str, total: int, later_s: float = 0.0) -> None:
+    def start(self, phase: str, total: int, later_s: float = 0.0, *, unit: str | None = None,
+              estimate_s: float | None = None) -> None:
         self.phase, self.done, self.total, self.later_s = phase, 0, total, later_s
+        self.unit = unit or self.unit
+        self.estimate_s = estimate_s
         self._phase_began = self.clock()
         self._emit(self._phase_began)
 
     def tick(self) -> None:
-        self.done += 1
+        self.reach(self.done + 1)
+
+    def reach(self, done: int) -> None:
+        """``done`` steps of this phase are finished (reported as :meth:`tick` reports)."""
+        self.done = done
         now = self.clock()
         if now - self._last >= self.interval or self.done == self.total:
             self._emit(now)
@@ -81,8 +99,10 @@ class Meter:
         left = None
         if self.done and self.total:
             left = spent / self.done * max(0, self.total - self.done) + self.later_s
+        elif self.estimate_s is not None:
+            left = max(0.0, self.estimate_s - spent) + self.later_s
         self.report(ProfileProgress(self.phase, min(self.done, self.total) if self.total else self.done, self.total,
-                                    now - self.began, left))
+                                    now - self.began, left, self.unit))
 
 
 def log_progress(interval: float = 30.0) -> Callable[[ProfileProgress], None]:

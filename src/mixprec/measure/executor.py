@@ -17,6 +17,7 @@ import multiprocessing as mp
 import os
 import pickle
 import sys
+import time
 import traceback
 from typing import Any, Callable, Iterator, Protocol
 
@@ -103,27 +104,36 @@ class _ProcessWorker:
             self.process.start()
         child.close()
 
-    def _receive(self, timeout: float | None) -> Any:
-        if not self.conn.poll(timeout):
-            raise WorkerTimeout(f"no answer within {timeout:.0f} s")
-        try:
-            kind, payload = self.conn.recv()
-        except (EOFError, OSError):
-            self.process.join(1)
-            raise WorkerError(f"worker died without a result (exit code {self.process.exitcode}{': killed, e.g. out of memory' if (self.process.exitcode or 0) < 0 else ''})") from None
-        if kind == "error":
-            raise WorkerError(payload)
-        return payload
+    def _receive(self, timeout: float | None, on_progress: Callable[[Any], None] | None = None) -> Any:
+        """The answer, within ``timeout`` seconds in all; ``progress`` messages before it go to ``on_progress``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if not self.conn.poll(None if deadline is None else max(0.0, deadline - time.monotonic())):
+                raise WorkerTimeout(f"no answer within {timeout:.0f} s")
+            try:
+                kind, payload = self.conn.recv()
+            except (EOFError, OSError):
+                self.process.join(1)
+                raise WorkerError(f"worker died without a result (exit code {self.process.exitcode}{': killed, e.g. out of memory' if (self.process.exitcode or 0) < 0 else ''})") from None
+            if kind == "error":
+                raise WorkerError(payload)
+            if kind != "progress":
+                return payload
+            if on_progress is not None:
+                on_progress(payload)
 
     def wait_ready(self, timeout: float | None) -> Any:
         return self._receive(timeout)
 
-    def request(self, command: str, payload: Any = None, *, timeout: float | None = None) -> Any:
+    def request(self, command: str, payload: Any = None, *, timeout: float | None = None,
+                on_progress: Callable[[Any], None] | None = None) -> Any:
+        """Send ``command`` and wait for its answer; a serve loop's ``("progress", event)`` messages
+        sent before the answer are handed to ``on_progress`` (and skipped without it)."""
         try:
             self.conn.send((command, payload))
         except (BrokenPipeError, OSError):
             raise WorkerError(f"worker died (exit code {self.process.exitcode})") from None
-        return self._receive(timeout)
+        return self._receive(timeout, on_progress)
 
     def close(self) -> None:
         if self.process.is_alive():

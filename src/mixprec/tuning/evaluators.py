@@ -10,7 +10,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from mixprec.policy import Policy
 from mixprec.tuning.candidates import Evaluation
-from mixprec.tuning.session import Session, serve_tune, weight_units
+from mixprec.tuning.session import Report, Session, serve_tune, weight_units
 
 __all__ = ["Evaluator", "InProcessEvaluator", "WorkerEvaluator"]
 
@@ -24,7 +24,9 @@ class Evaluator(Protocol):
     search varies (component names, or ``*``); ``cache_key`` identifies target, seeds
     and repeat for a store. Optional: ``seeds`` (the search seeds) and
     ``validate(policy, seeds)`` (seed -> quality on seeds the search never used); an
-    evaluator without ``validate`` cannot check the result on held-out seeds.
+    evaluator without ``validate`` cannot check the result on held-out seeds; and a
+    ``progress`` attribute, which :func:`~mixprec.tuning.tuner.tune` sets for the run to a
+    callback taking the events of each run (:data:`~mixprec.tuning.session.Report`).
     """
 
     cache_key: str
@@ -70,28 +72,31 @@ class InProcessEvaluator:
             for ``(batch, dim)`` outputs).
         name: identifies the target in a store's cache (with a hash of its module
             structure, shapes and parameter sums).
+        progress: called with the events of each run (:data:`~mixprec.tuning.session.Report`),
+            the fp32 reference's included; :func:`~mixprec.tuning.tuner.tune` sets it for its run.
     """
 
     def __init__(self, target: Any, make_inputs: Callable[[int], Any], run: Callable[[Any], Any], *,
-                 seeds: Sequence[int] = (0, 1), repeat: int = 3, kind: str = "embedding", name: str = "in-process"):
-        self.target, self.repeat = target, int(repeat)
+                 seeds: Sequence[int] = (0, 1), repeat: int = 3, kind: str = "embedding", name: str = "in-process",
+                 progress: Report | None = None):
+        self.target, self.repeat, self.progress = target, int(repeat), progress
         self.seeds = tuple(seeds)
-        self.session = Session(target, make_inputs, run, seeds=self.seeds, kind=kind)
+        self.session = Session(target, make_inputs, run, seeds=self.seeds, kind=kind, report=progress)
         self.cache_key = f"{name}|{_fingerprint(self.session.components)}|seeds={list(self.seeds)}|repeat={self.repeat}"
 
     def evaluate(self, policy: Policy) -> Evaluation:
-        return _evaluation(self.session.evaluate(policy, self.repeat))
+        return _evaluation(self.session.evaluate(policy, self.repeat, report=self.progress))
 
     def time(self, policy: Policy, repeat: int = 1) -> list[float]:
         """Seconds of ``repeat`` runs under ``policy`` on the first seed (no quality runs)."""
-        return self.session.time(policy, repeat)
+        return self.session.time(policy, repeat, report=self.progress)
 
     def risk(self, policy: Policy) -> list[dict[str, Any]]:
-        return self.session.risk(policy)
+        return self.session.risk(policy, report=self.progress)
 
     def validate(self, policy: Policy, seeds: Sequence[int]) -> dict[int, dict[str, float]]:
         """Seed -> quality of ``policy`` on ``seeds`` (their fp32 references computed on first use)."""
-        return self.session.qualities(policy, seeds)
+        return self.session.qualities(policy, seeds, report=self.progress)
 
     def groups(self) -> list[str]:
         return _groups(list(self.session.components))
@@ -139,40 +144,45 @@ class WorkerEvaluator(ReadyWorkers):
         device: where the worker builds the pipeline (``cpu``, ``cuda``, ``cuda:1``; see
             :func:`mixprec.pipelines.get`); ``None``: the factory's own default. The
             store's cache keys hold the machine fingerprint, which names the device type.
+        progress: called with the events of each run the worker makes
+            (:data:`~mixprec.tuning.session.Report`), the fp32 reference's included.
     """
 
     def __init__(self, pipeline_name: str, size: str = "default", *, seeds: Sequence[int] = (0, 1), repeat: int = 3,
-                 batch: int = 1, timeout: float = 600.0, threads: int | None = None, device: str | None = None):
+                 batch: int = 1, timeout: float = 600.0, threads: int | None = None, device: str | None = None,
+                 progress: Report | None = None):
         from mixprec.measure.executor import LocalProcessExecutor
         from mixprec.pipelines import portable_spec
 
         pipeline_name = portable_spec(pipeline_name)  # a factory file path made absolute
         self.pipeline, self.size, self.seeds, self.repeat, self.timeout = pipeline_name, size, tuple(seeds), int(repeat), timeout
-        self.device = device
+        self.device, self.progress = device, progress
         self.cache_key = f"{pipeline_name}|size={size}|batch={batch}|seeds={list(self.seeds)}|repeat={self.repeat}"
         job = {"name": f"tune-{pipeline_name}", "pipeline": pipeline_name, "size": size,
                "batch": batch, "threads": threads, "device": device}
         self._worker = LocalProcessExecutor().start(serve_tune, job)
         try:
             self.ready = self._worker.wait_ready(timeout)
-            self._worker.request("tune_reference", {"seeds": list(self.seeds)}, timeout=timeout)
+            self._ask("tune_reference", {"seeds": list(self.seeds)})
         except BaseException:
             self.close()
             raise
 
     def evaluate(self, policy: Policy) -> Evaluation:
-        return _evaluation(self._worker.request("tune_eval", {"policy": policy.to_dict(), "repeat": self.repeat},
-                                                timeout=self.timeout))
+        return _evaluation(self._ask("tune_eval", {"policy": policy.to_dict(), "repeat": self.repeat}))
 
     def time(self, policy: Policy, repeat: int = 1) -> list[float]:
         """Seconds of ``repeat`` runs under ``policy`` on the first seed (no quality runs)."""
-        return list(self._worker.request("tune_time", {"policy": policy.to_dict(), "repeat": repeat}, timeout=self.timeout))
+        return list(self._ask("tune_time", {"policy": policy.to_dict(), "repeat": repeat}))
 
     def risk(self, policy: Policy) -> list[dict[str, Any]]:
-        return self._worker.request("tune_profile", {"policy": policy.to_dict()}, timeout=self.timeout)
+        return self._ask("tune_profile", {"policy": policy.to_dict()})
 
-    def _ask(self, command: str, payload: Any) -> Any:
-        return self._worker.request(command, payload, timeout=self.timeout)
+    def _ask(self, command: str, payload: dict[str, Any]) -> Any:
+        """One request to the worker; with a ``progress`` callback, the worker reports each run to it."""
+        if self.progress is None:
+            return self._worker.request(command, payload, timeout=self.timeout)
+        return self._worker.request(command, dict(payload, progress=True), timeout=self.timeout, on_progress=self.progress)
 
     def close(self) -> None:
         """Stop the worker process."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from mixprec.measure.stats import paired_ratio
 from mixprec.tuning.candidates import Candidate
@@ -40,8 +40,10 @@ def finalists(search: Search, limit: int = 3) -> list[Candidate]:
     return chosen
 
 
-def retime(evaluator: Any, candidates: Sequence[Candidate], rounds: int) -> dict[int, list[float]]:
-    """Time ``candidates`` side by side: one untimed round, then ``rounds`` interleaved timed rounds.
+def retime(evaluator: Any, candidates: Sequence[Candidate], rounds: int, *,
+           after: Callable[[], None] | None = None) -> dict[int, list[float]]:
+    """Time ``candidates`` side by side: one untimed round, then ``rounds`` interleaved timed rounds
+    (``after`` is called after each run, for progress).
 
     Returns candidate index -> seconds per round. The search's own medians each come
     from a different moment of a shared machine; interleaving puts the finalists
@@ -53,6 +55,8 @@ def retime(evaluator: Any, candidates: Sequence[Candidate], rounds: int) -> dict
             seconds = evaluator.time(cand.policy, 1)
             if round_index > 0:
                 samples[cand.index] += seconds
+            if after is not None:
+                after()
     return samples
 
 

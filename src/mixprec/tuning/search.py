@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from mixprec.device.settings import MATMUL_LEVELS
@@ -18,31 +17,13 @@ from mixprec.policy import Policy
 from mixprec.tuning.bounds import METRICS
 from mixprec.tuning.candidates import Candidate, Config, Evaluation
 from mixprec.tuning.group_testing import ModuleTree, hierarchical_keep, minimal_sufficient
+from mixprec.tuning.progress import TuneMeter, TuneProgress
 
 __all__ = ["BudgetExhausted", "Search", "TuneProgress", "improve_locally", "run_search"]
 
 
 class BudgetExhausted(Exception):
     """The evaluation budget is spent; the search stops with what it measured."""
-
-
-@dataclass
-class TuneProgress:
-    """What a tune run's ``progress`` callback receives after each candidate.
-
-    Attributes:
-        evaluations: measured evaluations so far (cache hits are free).
-        budget: the evaluation budget (``None``: unlimited).
-        latest: the candidate just evaluated.
-        best: the best candidate meeting the bound so far, if any.
-        path: every candidate so far, in order (read-only).
-    """
-
-    evaluations: int
-    budget: int | None
-    latest: Candidate
-    best: Candidate | None
-    path: list[Candidate]
 
 
 class Search:
@@ -58,13 +39,18 @@ class Search:
         hw_key: the machine fingerprint, part of every store key.
         should_stop: checked before each measurement; when true the search stops
             (:class:`BudgetExhausted` with ``cancelled`` set).
+        meter: reports each measurement as it runs and each candidate (instead of ``progress``),
+            see :class:`~mixprec.tuning.progress.TuneMeter`.
     """
 
     def __init__(self, evaluator: Any, bound: Any, objective: str, budget: int | None, store: Any,
                  progress: Callable[[TuneProgress], None] | None, hw_key: str,
-                 should_stop: Callable[[], bool] | None = None):
+                 should_stop: Callable[[], bool] | None = None, *, meter: TuneMeter | None = None):
         self.evaluator, self.bound, self.objective, self.budget = evaluator, bound, objective, budget
         self.store, self.progress, self.hw_key, self.should_stop = store, progress, hw_key, should_stop
+        self.meter = meter
+        if meter is not None:
+            meter.search = self
         self.memo: dict[str, Evaluation] = {}
         self.path: list[Candidate] = []
         self.measured = self.cached = 0
@@ -144,7 +130,11 @@ class Search:
             if self.budget is not None and self.measured >= self.budget:
                 raise BudgetExhausted
             ahead = self.ahead.pop(canonical, None)
+            if self.meter is not None:
+                self.meter.evaluating(len(self.path), step)
             ev = ahead.result() if ahead is not None else self.evaluator.evaluate(policy)
+            if self.meter is not None:
+                self.meter.evaluated()
             self.measured += 1
             self._save(canonical, policy, ev)
         else:
@@ -152,9 +142,16 @@ class Search:
             self.memo[canonical] = ev
         cand = Candidate(len(self.path), step, policy, ev, self.bound.met(ev.quality), self.bound.miss(ev.quality), cached)
         self.path.append(cand)
-        if self.progress is not None:
+        if self.meter is not None:
+            self.meter.candidate(cand)
+        elif self.progress is not None:
             self.progress(TuneProgress(self.measured, self.budget, cand, self.best(), self.path))
         return cand
+
+    def phase(self, step: str) -> None:
+        """Say what the search does now (work that is not an evaluation, e.g. a profile)."""
+        if self.meter is not None:
+            self.meter.begin(step)
 
     def cost(self, cand: Candidate) -> tuple[float, float]:
         ev = cand.evaluation
@@ -217,6 +214,7 @@ def _run_search(search: Search, evaluator: Any, fast: list[str], notes: list[str
     if not cand.met:
         # profile the start as it is: its own rounding (bf16 weights with fp32 compute have an error
         # too), and no emulated 16-bit arithmetic where the probe found none fast
+        search.phase(f"profiling #{cand.index} {cand.step[:40]} (the own error of every module)")
         rows = evaluator.risk(config.policy())
         tree = ModuleTree(rows, evaluator.units())
         groups = [g for g in evaluator.groups() if g != "*"]

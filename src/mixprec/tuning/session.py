@@ -5,6 +5,11 @@ It serves :class:`~mixprec.tuning.evaluators.InProcessEvaluator` directly, and i
 spawned worker :func:`serve_tune` answers a
 :class:`~mixprec.tuning.evaluators.WorkerEvaluator` (through
 :mod:`mixprec.measure.executor`).
+
+Every method that runs the target takes a ``report`` callback, called with a
+:data:`Report` event (a dict: ``phase``, ``done``, ``total``, ``unit``) when its work
+begins and after each run, so a long evaluation says how far it is; in the worker the
+events travel to the caller as ``progress`` messages before the answer.
 """
 
 from __future__ import annotations
@@ -24,7 +29,26 @@ from mixprec.policy import Policy
 from mixprec.tuning.bounds import worst_case
 from mixprec.tuning.candidates import Config
 
-__all__ = ["Session", "weight_units", "risk_key", "serve_tune"]
+__all__ = ["Report", "Session", "weight_units", "risk_key", "serve_tune"]
+
+#: Called with ``{"phase": str | None, "done": int, "total": int, "unit": str}``: work begun (``done`` 0) or a step done.
+Report = Callable[[dict[str, Any]], None]
+
+
+class _Runs:
+    """Counts the runs of one request for ``report``: an event when the work begins, then one per run."""
+
+    def __init__(self, report: Report | None, total: int, phase: str | None = None):
+        self.report, self.total, self.phase, self.done = report, total, phase, 0
+        self._send()
+
+    def _send(self) -> None:
+        if self.report is not None:
+            self.report({"phase": self.phase, "done": self.done, "total": self.total, "unit": "runs"})
+
+    def __call__(self) -> None:
+        self.done += 1
+        self._send()
 
 
 def weight_units(components: dict[str, torch.nn.Module]) -> list[str]:
@@ -62,7 +86,8 @@ class Session:
 
     def __init__(self, target: Any, make_inputs: Callable[[int], Any], run: Callable[[Any], Any], *,
                  seeds: Sequence[int], kind: str = "embedding",
-                 teacher_force: Callable[[Any, Any], Any] | None = None, sample_rate: int | None = None):
+                 teacher_force: Callable[[Any, Any], Any] | None = None, sample_rate: int | None = None,
+                 report: Report | None = None):
         if not seeds:
             raise ValueError("seeds must name at least one seed, got an empty sequence")
         self.target, self.run, self.kind, self.sample_rate = target, run, kind, sample_rate
@@ -73,10 +98,10 @@ class Session:
         # Per-step predictions of the fp32 runs (a diffusion pipeline's noise predictions), compared step by step.
         self.reference_steps: dict[int, torch.Tensor] = {}
         self._sync = _synchronizer(self.components)
-        self._reference(self.seeds)
+        self._reference(self.seeds, _Runs(report, len(set(self.seeds)), "fp32 reference"))
 
-    def _reference(self, seeds: Sequence[int]) -> None:
-        """Run fp32 on the seeds not seen yet: their inputs and reference outputs."""
+    def _reference(self, seeds: Sequence[int], ran: Callable[[], None] = lambda: None) -> None:
+        """Run fp32 on the seeds not seen yet: their inputs and reference outputs (``ran`` after each run)."""
         with torch.inference_mode():
             for seed in seeds:
                 if seed in self.references:
@@ -89,6 +114,7 @@ class Session:
                 if isinstance(steps, torch.Tensor):
                     self.reference_steps[seed] = steps.detach().float().cpu().clone()
                 self.inputs[seed] = self.teacher_force(inputs, result) if self.teacher_force is not None else inputs
+                ran()
 
     @property
     def components(self) -> dict[str, torch.nn.Module]:
@@ -106,17 +132,22 @@ class Session:
             quality.update(bench_metrics.step_quality(steps.detach().float().cpu(), ref_steps))
         return {k: float(v) for k, v in quality.items() if v is not None}
 
-    def evaluate(self, policy: Policy, repeat: int, *, paired: bool = False) -> dict[str, Any]:
+    def evaluate(self, policy: Policy, repeat: int, *, paired: bool = False, report: Report | None = None) -> dict[str, Any]:
         """Apply ``policy``, measure quality on every seed and ``repeat`` timed runs, revert.
 
         ``paired``: first time ``repeat`` fp32 runs in this process, right before, and
         return their median as ``fp32_latency_s``: workers on different nodes, or sharing
         one, each compare a candidate with fp32 timed beside it.
         """
-        fp32 = self.time(Config("fp32").policy("fp32"), repeat) if paired else None
+        repeat = max(1, repeat)
+        ran = _Runs(report, (repeat if paired else 0) + len(self.seeds) + repeat)
+        fp32 = self._time(Config("fp32").policy("fp32"), repeat, ran) if paired else None
         with apply(self.target, policy) as applied, torch.inference_mode():
-            per_seed = {seed: self._quality(seed) for seed in self.seeds}  # the first run warms up
-            samples = self._timed(repeat)
+            per_seed = {}
+            for seed in self.seeds:  # the first run warms up
+                per_seed[seed] = self._quality(seed)
+                ran()
+            samples = self._timed(repeat, ran)
             memory = applied.weight_bytes()
         out = {"latency_s": statistics.median(samples), "samples": samples, "memory_bytes": float(memory),
                "quality": worst_case(list(per_seed.values())), "per_seed": per_seed}
@@ -124,24 +155,34 @@ class Session:
             out["fp32_latency_s"] = statistics.median(fp32)
         return out
 
-    def qualities(self, policy: Policy, seeds: Sequence[int]) -> dict[int, dict[str, float]]:
+    def qualities(self, policy: Policy, seeds: Sequence[int], *, report: Report | None = None) -> dict[int, dict[str, float]]:
         """Quality of ``policy`` on each of ``seeds`` (fp32 references computed for new seeds first)."""
         seeds = [int(s) for s in seeds]
-        self._reference(seeds)
+        ran = _Runs(report, len({s for s in seeds if s not in self.references}) + len(seeds))
+        self._reference(seeds, ran)
+        out = {}
         with apply(self.target, policy), torch.inference_mode():
-            return {seed: self._quality(seed) for seed in seeds}
+            for seed in seeds:
+                out[seed] = self._quality(seed)
+                ran()
+        return out
 
-    def time(self, policy: Policy, repeat: int = 1) -> list[float]:
+    def time(self, policy: Policy, repeat: int = 1, *, report: Report | None = None) -> list[float]:
         """Seconds of ``repeat`` runs under ``policy`` on the first seed (no quality runs).
 
         A compiled policy first makes one untimed call, which compiles.
         """
+        repeat = max(1, repeat)
+        return self._time(policy, repeat, _Runs(report, repeat + (policy.compile is not None)))
+
+    def _time(self, policy: Policy, repeat: int, ran: Callable[[], None]) -> list[float]:
         with apply(self.target, policy), torch.inference_mode():
             if policy.compile is not None:
                 self.run(self.inputs[self.seeds[0]])
-            return self._timed(repeat)
+                ran()
+            return self._timed(repeat, ran)
 
-    def _timed(self, repeat: int) -> list[float]:
+    def _timed(self, repeat: int, ran: Callable[[], None] = lambda: None) -> list[float]:
         """Seconds of ``repeat`` runs on the first seed; on a GPU, until its kernels have run (not only been launched)."""
         samples = []
         for _ in range(max(1, repeat)):
@@ -150,9 +191,10 @@ class Session:
             self.run(self.inputs[self.seeds[0]])
             self._sync()
             samples.append(time.perf_counter() - start)
+            ran()
         return samples
 
-    def risk(self, policy: Policy) -> list[dict[str, Any]]:
+    def risk(self, policy: Policy, *, report: Report | None = None) -> list[dict[str, Any]]:
         """Every module holding weights under ``policy``, riskiest first (from :func:`mixprec.profile`).
 
         Rows cover the weight-owning layers (``unit`` true) and every block and
@@ -161,7 +203,12 @@ class Session:
         """
         units = set(weight_units(self.components))
         enclosing = {unit.rsplit(".", k)[0] for unit in units for k in range(1, unit.count(".") + 1)}
-        prof = profile(self.target, self.inputs[self.seeds[0]], policy, run=self.run)
+        def passes(event: Any) -> None:  # the profile's passes, in module calls
+            if report is not None:
+                report({"phase": event.phase, "done": event.done, "total": event.total, "unit": event.unit})
+
+        prof = profile(self.target, self.inputs[self.seeds[0]], policy, run=self.run,
+                       progress=passes if report is not None else None)
         rows = []
         for stats in prof.modules:
             if stats.module not in units and stats.module not in enclosing:
@@ -207,22 +254,25 @@ def serve_tune(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - ru
     session: Session | None = None
     while True:
         command, payload = conn.recv()
+        # asked for: each run of the request is reported as a ("progress", event) message before its answer
+        report = (lambda event: conn.send(("progress", event))) if isinstance(payload, dict) and payload.get("progress") else None
         if command == "tune_reference":
             start = time.perf_counter()
             session = Session(pipe, lambda seed: pipe.example_inputs(batch, seed), pipe.run, seeds=payload["seeds"],
-                              kind=pipe.output_kind, teacher_force=pipe.teacher_forced, sample_rate=pipe.sample_rate)
+                              kind=pipe.output_kind, teacher_force=pipe.teacher_forced, sample_rate=pipe.sample_rate,
+                              report=report)
             conn.send(("ok", {"seconds": time.perf_counter() - start}))
         elif command in ("tune_eval", "tune_profile", "tune_time", "tune_validate") and session is None:
             conn.send(("error", f"{command} before tune_reference"))
         elif command == "tune_eval":
             conn.send(("ok", session.evaluate(Policy.from_dict(payload["policy"]), int(payload.get("repeat", 3)),
-                                              paired=bool(payload.get("paired")))))
+                                              paired=bool(payload.get("paired")), report=report)))
         elif command == "tune_time":
-            conn.send(("ok", session.time(Policy.from_dict(payload["policy"]), int(payload.get("repeat", 1)))))
+            conn.send(("ok", session.time(Policy.from_dict(payload["policy"]), int(payload.get("repeat", 1)), report=report)))
         elif command == "tune_profile":
-            conn.send(("ok", session.risk(Policy.from_dict(payload["policy"]))))
+            conn.send(("ok", session.risk(Policy.from_dict(payload["policy"]), report=report)))
         elif command == "tune_validate":
-            conn.send(("ok", session.qualities(Policy.from_dict(payload["policy"]), payload["seeds"])))
+            conn.send(("ok", session.qualities(Policy.from_dict(payload["policy"]), payload["seeds"], report=report)))
         elif command == "finish":
             conn.send(("done", {}))
             return

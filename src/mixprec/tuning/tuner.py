@@ -35,10 +35,11 @@ from mixprec.tuning.candidates import Candidate, frontier
 from mixprec.tuning.evaluators import Evaluator, WorkerEvaluator
 from mixprec.tuning.result import TuneResult, jsonable
 from mixprec.tuning.retiming import finalists, pick_final, retime
-from mixprec.tuning.search import BudgetExhausted, Search, TuneProgress, run_search
+from mixprec.tuning.progress import TuneMeter, TuneProgress
+from mixprec.tuning.search import BudgetExhausted, Search, run_search
 from mixprec.tuning.validation import validate_held_out, validation_seed_list
 
-__all__ = ["tune"]
+__all__ = ["tune", "stderr_progress", "STDERR_INTERVAL_S"]
 
 
 def _needed(units: int) -> int:
@@ -68,6 +69,7 @@ def tune(
     validation_seeds: int | Sequence[int] = 3,
     margin: float | None = None,
     device: str | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> TuneResult:
     """Find the fastest (or smallest) policy that meets ``bound``, by measurement.
 
@@ -82,8 +84,13 @@ def tune(
         seeds: quality seeds (worst case over them) for the default evaluator.
         evaluator: how to measure; default ``WorkerEvaluator(pipeline, size, seeds, repeat)``.
         store: a :class:`mixprec.bench.store.Store` to reuse and keep measurements.
-        progress: called with a :class:`TuneProgress` after each candidate. By default
-            one line per candidate goes to stderr (``progress=False``: silent).
+        progress: called with a :class:`~mixprec.tuning.progress.TuneProgress` from the start:
+            while the pipeline is built, after each run of the fp32 reference, of each
+            evaluation, of the validation and of the final re-timing, after each pass of a
+            risk profile (``work`` says what runs, how far it is and about how long it has
+            left), and after each candidate (``work`` is ``None``). By default a line goes to
+            stderr at once, after each candidate and at most every
+            :data:`STDERR_INTERVAL_S` seconds in between (``progress=False``: silent).
         should_stop: checked before each measurement; when it returns true the
             search stops and the result holds what was measured (a note says so).
         presets: presets measured as candidates too, so the result is never worse
@@ -119,6 +126,7 @@ def tune(
             (``cpu`` for the reference pipelines). With your own ``evaluator`` it only
             names the device, for the probe and the stored run. The result and the stored
             tune run keep it (:attr:`~mixprec.tuning.result.TuneResult.device`).
+        clock: monotonic seconds the progress estimates are measured on.
 
     Returns:
         A :class:`~mixprec.tuning.result.TuneResult`.
@@ -148,9 +156,24 @@ def tune(
     owned = evaluator is None
     if owned and device is not None:
         device = str(resolve_device(device))  # a device this machine lacks is refused before any worker starts
+    if progress is None:
+        progress = stderr_progress()
+    elif progress is False:
+        progress = None
+    runs = (len(search_seeds) + int(repeat) if owned
+            else (len(search_seeds) + int(evaluator.repeat) if isinstance(getattr(evaluator, "repeat", None), int) else None))
+    meter = TuneMeter(progress, budget=budget, clock=clock, runs_per_evaluation=runs) if progress is not None else None
     if owned:
-        evaluator = WorkerEvaluator(str(getattr(pipeline, "name", pipeline)), size, seeds=seeds, repeat=repeat,
-                                    device=device)
+        name = str(getattr(pipeline, "name", pipeline))
+        if meter is not None:
+            meter.begin(f"starting a worker and building the {name} pipeline ({size} size)", prefix=False)
+        evaluator = WorkerEvaluator(name, size, seeds=seeds, repeat=repeat, device=device,
+                                    progress=meter.worker if meter is not None else None)
+    # an evaluator that reports its runs reports them to this run's meter, and to what it reported to after
+    has_progress = not owned and hasattr(evaluator, "progress")
+    previous = evaluator.progress if has_progress else None
+    if has_progress and meter is not None:
+        evaluator.progress = meter.worker
     try:
         # The probe measures where the pipeline lives: the device asked for, else where the worker built it.
         where = device if device is not None else (getattr(evaluator, "ready", None) or {}).get("device")
@@ -178,11 +201,8 @@ def tune(
         if budget is not None and budget < needed:
             raise ValueError(f"budget={budget} is too small for one pass over {len(units)} modules: it needs at least "
                              f"{needed} evaluations (baseline + all-16-bit + {len(preset_policies)} presets + a bisection pass)")
-        if progress is None:
-            progress = _stderr_progress
-        elif progress is False:
-            progress = None
-        search = Search(evaluator, search_bound, objective, budget, store, progress, machine_fingerprint(hw), should_stop)
+        search = Search(evaluator, search_bound, objective, budget, store, None, machine_fingerprint(hw), should_stop,
+                        meter=meter)
         try:
             run_search(search, evaluator, fast, notes, local_search, improvement, preset_policies, try_compile=try_compile)
         except BudgetExhausted:
@@ -192,7 +212,9 @@ def tune(
         if objective == "latency" and final_rounds > 0 and hasattr(evaluator, "time") and not search.cancelled:
             contenders = finalists(search)
             if len(contenders) > 1:
-                final = retime(evaluator, contenders, final_rounds)
+                if meter is not None:
+                    meter.begin(f"re-timing {len(contenders)} finalists side by side", (final_rounds + 1) * len(contenders))
+                final = retime(evaluator, contenders, final_rounds, after=meter.tick if meter is not None else None)
                 medians = ", ".join(f"#{i} {statistics.median(v) * 1e3:.1f} ms" for i, v in final.items())
                 notes.append(f"final check: {len(contenders)} finalists re-timed side by side over {final_rounds} "
                              f"interleaved rounds (median): {medians}")
@@ -213,6 +235,8 @@ def tune(
     finally:
         if owned:
             evaluator.close()
+        elif has_progress:
+            evaluator.progress = previous
     result = _result(search, bound, objective, notes, time.perf_counter() - start, final, best)
     result.search_bound, result.margin_db, result.search_seeds = search_bound, margin_db, search_seeds
     result.validation, result.seed_summary, result.validations = validation, summary, validations
@@ -227,14 +251,25 @@ def tune(
     return result
 
 
-def _stderr_progress(event: TuneProgress) -> None:
-    """The default progress of :func:`tune`: one line per candidate on stderr, so a long
-    search called from a script or a notebook is never silent."""
-    best = event.best
-    done = f"{event.evaluations}/{event.budget}" if event.budget is not None else f"{event.evaluations}"
-    best_text = (f"best #{best.index} {best.evaluation.latency_s:.3f} s" if best is not None else "none meets the bound yet")
-    print(f"mixprec tune: {done} evaluations; #{event.latest.index} {event.latest.step[:50]}: "
-          f"{event.latest.evaluation.latency_s:.3f} s; {best_text}", file=sys.stderr, flush=True)
+#: Seconds between the default progress lines of :func:`tune` while a step runs.
+STDERR_INTERVAL_S = 10.0
+
+
+def stderr_progress(interval: float = STDERR_INTERVAL_S, *, clock: Callable[[], float] = time.monotonic,
+                    file: Any = None) -> Callable[[TuneProgress], None]:
+    """The default progress of :func:`tune`: a line on stderr (or ``file``) at once, after each
+    candidate, and at most every ``interval`` seconds while a step runs, so a long search
+    called from a script or a notebook is never silent for long."""
+    last = [-math.inf]
+
+    def report(event: TuneProgress) -> None:
+        now = clock()
+        if event.work is not None and now - last[0] < interval:
+            return
+        last[0] = now
+        print(f"mixprec tune: {event.text()}", file=file if file is not None else sys.stderr, flush=True)
+
+    return report
 
 
 def _pick(search: Search, final: dict[int, list[float]], margin: float, notes: list[str]) -> Candidate | None:

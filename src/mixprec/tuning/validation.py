@@ -102,6 +102,7 @@ def validate_held_out(search: Search, evaluator: Any, bound: Bound, chosen: Cand
         if search.should_stop is not None and search.should_stop():
             notes.append("validation stopped on request: the policies tried so far are reported")
             break
+        search.phase(f"validating #{cand.index} on {len(seeds)} held-out seeds")
         per_seed = validate(cand.policy, seeds)
         worst = worst_case(list(per_seed.values()))
         tried.append({"index": cand.index, "worst": worst.get(bound.key), "met": bound.met(worst), "per_seed": per_seed})
