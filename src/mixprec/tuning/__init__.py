@@ -6,8 +6,9 @@ process, and :func:`~mixprec.tuning.session.serve_tune`, the worker side);
 :mod:`~mixprec.tuning.group_testing` (minimal keep-fp32 sets, down the module tree);
 :mod:`~mixprec.tuning.candidates` (configurations, evaluations, candidates, the frontier);
 :mod:`~mixprec.tuning.evaluators` (the evaluator protocol, in-process and worker
-evaluators); :mod:`~mixprec.tuning.search` (the memoised, budgeted search and its
-moves); :mod:`~mixprec.tuning.retiming` (the finalists re-timed side by side);
+evaluators); :mod:`~mixprec.tuning.progress` (what a run does now, how far it is, and
+estimates from measured durations); :mod:`~mixprec.tuning.search` (the memoised, budgeted
+search and its moves); :mod:`~mixprec.tuning.retiming` (the finalists re-timed side by side);
 :mod:`~mixprec.tuning.validation` (held-out validation seeds and the check on them);
 :mod:`~mixprec.tuning.result` (:class:`~mixprec.tuning.result.TuneResult`);
 :mod:`~mixprec.tuning.report` (its plot, validation sentence and HTML page); and on top
