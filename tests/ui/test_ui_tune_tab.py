@@ -29,8 +29,15 @@ def test_search_streams_a_growing_plot_then_the_result(tuned):
     first, *progress, last = outputs
     assert "Starting the measuring worker" in first[0] and first[1:] == ["", "", ""]
     assert progress, "no progress was shown"
-    assert "Evaluation 1 of 16" in progress[0][0] and "baseline fp32" in progress[0][0]
-    plots = [out[1] for out in progress]
+    # while a step runs the status says what it is and how far, and the plot stays
+    working = [out for out in progress if out[1] == UNCHANGED]
+    assert "now: starting a worker and building the minilm pipeline (test size)" in working[0][0]
+    assert any("now: fp32 reference: 1/2 runs (50%), about" in out[0] for out in working)
+    assert any("now: measuring #0 baseline fp32: 2/" in out[0] for out in working)
+    # each candidate redraws the plot
+    candidates = [out for out in progress if out[1] != UNCHANGED]
+    assert "Evaluation 1 of 16" in candidates[0][0] and "baseline fp32" in candidates[0][0]
+    plots = [out[1] for out in candidates]
     assert all(p.startswith('<img id="tune-plot-img"') for p in plots)
     assert len(set(plots)) == len(plots)  # the plot changes as candidates arrive
     assert all(out[2:] == [UNCHANGED, UNCHANGED] for out in progress)
@@ -122,7 +129,7 @@ def test_cancel_stops_the_search_and_keeps_what_was_measured(tmp_path):
     said, outputs = None, []
     for out in tune_run("zh", "minilm", "test", BOUND, "memory", 40, str(db), job):
         outputs.append(out)
-        if said is None and job.running and "次评估" in out[0]:  # after the first measured candidate
+        if said is None and job.running and out[1] != UNCHANGED and "次评估" in out[0]:  # after the first measured candidate
             said = tune_cancel("zh", job)
     assert said is not None and t("job.cancelling", "zh") in said
     status, _plot, summary, toml_text = outputs[-1]

@@ -75,9 +75,14 @@ def _best_text(best: Any, bound: mixprec.Bound, lang: str) -> str:
 
 
 def _progress(event: Any, bound: mixprec.Bound, lang: str) -> str:
+    """The status line: evaluations of the budget and the best so far, and while a step runs, what it is
+    and how far it is (the library's own words, with its estimate of what is left)."""
     best = _best_text(event.best, bound, lang)
     budget = "∞" if event.budget is None else event.budget
-    text = t("tune.progress", lang, done=event.evaluations, budget=budget, best=best)
+    if event.work is not None:
+        text = t("tune.working", lang, done=event.evaluations, budget=budget, best=best, step=event.work.text())
+    else:
+        text = t("tune.progress", lang, done=event.evaluations, budget=budget, best=best)
     return status_html(text, None if event.budget is None else event.evaluations / event.budget)
 
 
@@ -187,7 +192,9 @@ def tune_run(lang: str, pipeline: str, size: str, bound: str, objective: str, bu
     yield [status_html(t("tune.starting", lang), 0.0), "", "", ""]
     for kind, value in job.stream(target):
         if kind == "progress":
-            yield [_progress(value, parsed, lang), _plot(value.path, parsed, value.best, lang), keep, keep]
+            # a new candidate redraws the plot; the events of a running step change the status only
+            plot = keep if value.work is not None else _plot(value.path, parsed, value.best, lang)
+            yield [_progress(value, parsed, lang), plot, keep, keep]
         elif kind == "error":
             text = t("tune.cancelled_empty", lang) if job.should_stop() else error_text("tune.failed", lang, value)
             yield [status_html(text), keep, keep, keep]
