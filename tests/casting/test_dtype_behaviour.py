@@ -182,6 +182,7 @@ def _check(model, x, reference, policy, guarded):
             guard.remove()
         applied.revert()
     _assert_same_state(model, before)
+    assert torch.overrides._get_current_function_mode_stack() == []  # no scope left entered
     assert torch.equal(_run(model, x), reference)  # the first fp32 run after revert
     for output in (out, again):
         error = (output.float() - reference).abs().max().item() / reference.abs().max().item()
@@ -304,3 +305,28 @@ def test_the_error_names_the_op_the_models_line_and_a_rule_for_the_class():
     assert 'match = "type:CastingNorm"' in text
     guard.remove()
     applied.revert()
+
+
+class NormedAttention(nn.Module):
+    """An attention block (upcast scope) whose own norm fails on dtypes mid-call."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.qkv = nn.Linear(d, 3 * d)
+        self.norm = CastingNorm(d)
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.norm(x)).chunk(3, dim=-1)
+        return torch.softmax(q @ k.transpose(-1, -2) / 8, dim=-1) @ v
+
+
+@pytest.mark.parametrize("storage", ["bf16", "fp16"])
+def test_a_fallback_in_the_middle_of_an_upcast_scope_leaves_no_mode_entered(storage):
+    # The guard re-applies the policy while the failing call still runs inside the attention's
+    # upcast scope: the scope must still be left, or every later op in the process upcasts.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), NormedAttention()).eval()
+    x = torch.randn(2, 5, 16)
+    reference = _run(model, x)
+    pins = _check(model, x, reference, Policy(rules=(Rule("*", storage=storage, upcast_attention=True),)), guarded=True)
+    assert sorted(pins) == ["1.norm"]

@@ -159,20 +159,20 @@ def test_per_thread_hook_state_copies_as_empty():
     """Deep-copying an applied model copies its hooks: their per-thread state comes out fresh."""
     import copy
 
-    from mixprec.casting.hooks import Boundary, CallStack, EntryBoundary, EntryGate, UpcastScope
+    from mixprec.casting.hooks import Boundary, CallStack, EntryBoundary, EntryGate
 
     gate = EntryGate()
     gate.depth = 2
     lin = nn.Linear(2, 2)
     boundary = Boundary(lin, lambda: torch.bfloat16, lambda: None, gate=gate)
     boundary.caller_dtypes.append((torch.float32, True))
-    entry, scope = EntryBoundary(lin, lambda: torch.bfloat16, gate), UpcastScope()
+    entry = EntryBoundary(lin, lambda: torch.bfloat16, gate)
     entry.boundary.caller_dtypes.append((torch.float32, False))
-    clone = copy.deepcopy({"gate": gate, "boundary": boundary, "entry": entry, "scope": scope, "stack": CallStack()})
+    clone = copy.deepcopy({"gate": gate, "boundary": boundary, "entry": entry, "stack": CallStack()})
     assert clone["gate"].depth == 0 and clone["gate"] is not gate
     assert clone["boundary"].caller_dtypes == [] and clone["boundary"].gate is clone["gate"]
     assert clone["entry"].boundary.caller_dtypes == [] and clone["entry"].gate is clone["gate"]
-    assert clone["scope"].modes == [] and clone["stack"].items == []
+    assert clone["stack"].items == []
     assert gate.depth == 2 and boundary.caller_dtypes == [(torch.float32, True)]  # the originals keep theirs
 
 

@@ -474,22 +474,21 @@ def add_method_hook(module: nn.Module, name: str, hook: Callable[..., Any], *, p
 
 
 class UpcastScope:
+    """Attention scores in fp32 while a module's ``forward`` runs (:class:`UpcastAttentionMode`).
+
+    Installed as a method hook on ``forward`` (:meth:`around`), so the mode is left in the
+    frame that entered it even when the policy is re-applied during the call (a guard's
+    fallback swaps every hook while the failing call is still running: a forward hook
+    removed then would never pop the mode it pushed, and every later call in the process
+    would upcast).
+    """
+
     def __init__(self, sdpa_upcast: dict[tuple[str, torch.dtype], bool] | None = None) -> None:
-        self.entered = CallStack()
         self.sdpa_upcast = sdpa_upcast
 
-    @property
-    def modes(self) -> list[UpcastAttentionMode]:
-        return self.entered.items
-
-    def pre(self, module, args):
-        mode = UpcastAttentionMode(self.sdpa_upcast)
-        mode.__enter__()
-        self.modes.append(mode)
-
-    def post(self, module, args, output):
-        if self.modes:
-            self.modes.pop().__exit__(None, None, None)
+    def around(self, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        with UpcastAttentionMode(self.sdpa_upcast):
+            return call(*args, **kwargs)
 
 
 def pin_fp32(module: nn.Module) -> None:

@@ -114,9 +114,7 @@ def install_wrappers(comps: dict[str, nn.Module], by_module: dict[int, ModulePla
                 if is_attention_module(module) or (direct and not any(is_attention_module(m) for m in module.modules())):
                     if sdpa_table is None:
                         sdpa_table = sdpa_upcast_table({p.device.type for p in root.parameters()} or {"cpu"})
-                    scope = UpcastScope(sdpa_table)
-                    handles.append(module.register_forward_pre_hook(scope.pre))
-                    handles.append(module.register_forward_hook(scope.post, always_call=True))
+                    handles.append(add_method_hook(module, "forward", UpcastScope(sdpa_table).around))
                     upcast_scoped.add(id(module))
             if id(parent) in upcast_scoped:
                 upcast_scoped.add(id(module))  # already inside a scope: no nested one
