@@ -321,7 +321,7 @@ class TestNoWeights:
             def close(self) -> None:
                 """Nothing to stop: no worker process."""
 
-        def evaluator(spec, size, *, seeds, repeat, device):
+        def evaluator(spec, size, *, seeds, repeat, device, progress=None):
             from mixprec.pipelines import get
 
             pipe = get(spec, size=size)
