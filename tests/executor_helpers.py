@@ -12,3 +12,21 @@ def echo(conn: Any, job: dict[str, Any]) -> None:
             conn.send(("ok", None))
             return
         conn.send(("ok", {"command": command, "payload": payload, "job": job.get("name")}))
+
+
+def environ_and_progress(conn: Any, job: dict[str, Any]) -> None:
+    """``env``: the values of the named variables here; ``count``: ``n`` progress messages, then the answer."""
+    import os
+
+    conn.send(("ready", {"pid": os.getpid()}))
+    while True:
+        command, payload = conn.recv()
+        if command == "env":
+            conn.send(("ok", {name: os.environ.get(name) for name in payload}))
+        elif command == "count":
+            for done in range(payload["n"]):
+                conn.send(("progress", {"done": done + 1, "total": payload["n"]}))
+            conn.send(("ok", "counted"))
+        else:
+            conn.send(("ok", None))
+            return

@@ -17,9 +17,10 @@ import multiprocessing as mp
 import os
 import pickle
 import sys
+import threading
 import time
 import traceback
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Mapping, Protocol
 
 __all__ = ["Executor", "Serve", "Worker", "LocalProcessExecutor", "WorkerError", "WorkerTimeout"]
 
@@ -96,11 +97,32 @@ def _main_not_reimported(serve: Serve, job: dict[str, Any]) -> Iterator[None]:
             main.__dict__.pop("__spec__", None)
 
 
+_ENVIRON_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _environment(env: Mapping[str, str]) -> Iterator[None]:
+    """While a worker starts, the variables of ``env`` that this process's environment does not set.
+
+    A spawned process inherits the environment as it is when it starts, before it imports
+    anything: libraries that read a variable once, when they load (OpenMP reads
+    ``OMP_WAIT_POLICY``), see it there. This process's own environment is as it was afterwards.
+    """
+    added = {k: v for k, v in env.items() if k not in os.environ}
+    with _ENVIRON_LOCK:
+        os.environ.update(added)
+        try:
+            yield
+        finally:
+            for key in added:
+                os.environ.pop(key, None)
+
+
 class _ProcessWorker:
-    def __init__(self, ctx: Any, serve: Serve, job: dict[str, Any]):
+    def __init__(self, ctx: Any, serve: Serve, job: dict[str, Any], env: Mapping[str, str] | None = None):
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_main, args=(child, serve, job), daemon=True, name=f"mixprec-{job.get('name', 'worker')}")
-        with _main_not_reimported(serve, job):
+        with _main_not_reimported(serve, job), _environment(env or {}):
             self.process.start()
         child.close()
 
@@ -143,10 +165,16 @@ class _ProcessWorker:
 
 
 class LocalProcessExecutor:
-    """Start each worker as a fresh local process (``spawn``: no state is inherited)."""
+    """Start each worker as a fresh local process (``spawn``: no state is inherited).
 
-    def __init__(self) -> None:
+    Args:
+        env: environment variables each worker starts with, where this process's
+            environment does not set them (a variable set there wins).
+    """
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
         self._ctx = mp.get_context("spawn")
+        self.env = dict(env or {})
 
     def start(self, serve: Serve, job: dict[str, Any]) -> _ProcessWorker:
-        return _ProcessWorker(self._ctx, serve, job)
+        return _ProcessWorker(self._ctx, serve, job, self.env)

@@ -12,7 +12,13 @@ from mixprec.policy import Policy
 from mixprec.tuning.candidates import Evaluation
 from mixprec.tuning.session import Report, Session, serve_tune, weight_units
 
-__all__ = ["Evaluator", "InProcessEvaluator", "WorkerEvaluator"]
+__all__ = ["Evaluator", "InProcessEvaluator", "WorkerEvaluator", "WORKER_ENV"]
+
+#: The environment a tune worker starts with, unless the caller's environment sets these itself.
+#: OpenMP threads that wait by sleeping instead of spinning: on a CPU that other processes keep
+#: busy, a thread spinning at a barrier holds a core its partner needs: fp32 runs of the tts
+#: pipeline at default size took 2 to 47 s (load 3 to 5, 2 cores); waiting passively, 3.8 to 4.3 s.
+WORKER_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 class Evaluator(Protocol):
@@ -160,7 +166,7 @@ class WorkerEvaluator(ReadyWorkers):
         self.cache_key = f"{pipeline_name}|size={size}|batch={batch}|seeds={list(self.seeds)}|repeat={self.repeat}"
         job = {"name": f"tune-{pipeline_name}", "pipeline": pipeline_name, "size": size,
                "batch": batch, "threads": threads, "device": device}
-        self._worker = LocalProcessExecutor().start(serve_tune, job)
+        self._worker = LocalProcessExecutor(env=WORKER_ENV).start(serve_tune, job)
         try:
             self.ready = self._worker.wait_ready(timeout)
             self._ask("tune_reference", {"seeds": list(self.seeds)})
