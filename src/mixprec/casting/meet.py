@@ -30,7 +30,7 @@ import os
 import re
 import traceback
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -97,18 +97,22 @@ def may_be_about_dtypes(exc: BaseException) -> bool:
     return isinstance(exc, OP_ERRORS) and not isinstance(exc, torch.OutOfMemoryError)
 
 
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """The tensors in ``obj`` (tensors, tuples, lists, dict values, nested)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for item in obj:
+            yield from _tensors(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _tensors(item)
+
+
 def float_dtypes(obj: Any, found: set[torch.dtype] | None = None) -> set[torch.dtype]:
     """The floating dtypes of the tensors in ``obj`` (tensors, tuples, lists, dict values)."""
     found = set() if found is None else found
-    if isinstance(obj, torch.Tensor):
-        if obj.is_floating_point():
-            found.add(obj.dtype)
-    elif isinstance(obj, (tuple, list)):
-        for item in obj:
-            float_dtypes(item, found)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            float_dtypes(item, found)
+    found.update(t.dtype for t in _tensors(obj) if t.is_floating_point())
     return found
 
 
@@ -120,19 +124,9 @@ def storage_key(t: torch.Tensor) -> int | None:
         return None
 
 
-def _half_ids(obj: Any, found: set[int] | None = None) -> set[int]:
-    found = set() if found is None else found
-    if isinstance(obj, torch.Tensor):
-        key = storage_key(obj) if obj.dtype in _HALF else None
-        if key:
-            found.add(key)
-    elif isinstance(obj, (tuple, list)):
-        for item in obj:
-            _half_ids(item, found)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            _half_ids(item, found)
-    return found
+def _half_ids(obj: Any) -> set[int]:
+    """The storages (:func:`storage_key`) of the 16-bit tensors in ``obj``."""
+    return {key for t in _tensors(obj) if t.dtype in _HALF and (key := storage_key(t))}
 
 
 def widest(dtypes: set[torch.dtype]) -> torch.dtype:
