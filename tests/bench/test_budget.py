@@ -145,23 +145,21 @@ class TestTheBudgetIsKept:
         if spent > budget * PLAN_MARGIN or any(c["status"] != "ok" for c in stored["configs"]):
             assert any("budget" in note for note in stored["notes"])
 
-    def test_a_quiet_fast_machine_gets_what_was_asked(self, tmp_path):
+    @staticmethod
+    def _bench(tmp_path, budget: float, **world: float) -> tuple[Clock, dict]:
         clock = Clock()
-        world = World(clock, load=2.0, run=0.05, slower=1.0, busy=0)
         with Store(tmp_path / "b.sqlite") as store:
-            run = store.load_run(run_bench(BenchOptions(pipeline="scripted", configs=CONFIGS, repeat=3, warmup=1, budget=280,
-                                                        cores=2, clock=clock), _hardware(), store,
-                                           executor=ScriptedExecutor(world)))
+            return clock, store.load_run(run_bench(BenchOptions(pipeline="scripted", configs=CONFIGS, repeat=3, warmup=1,
+                                                         budget=budget, cores=2, clock=clock), _hardware(), store,
+                                            executor=ScriptedExecutor(World(clock, busy=0, **world))))
+
+    def test_a_quiet_fast_machine_gets_what_was_asked(self, tmp_path):
+        _, run = self._bench(tmp_path, 280, load=2.0, run=0.05, slower=1.0)
         assert all(c["status"] == "ok" and len(c["samples"]) >= 3 for c in run["configs"])
         assert any("as asked" in note for note in run["notes"])
 
     def test_configurations_far_slower_than_planned_are_stopped_and_stored_as_not_measured(self, tmp_path):
-        clock = Clock()
-        world = World(clock, load=5.0, run=4.0, slower=6.0, busy=0)
-        with Store(tmp_path / "b.sqlite") as store:
-            run = store.load_run(run_bench(BenchOptions(pipeline="scripted", configs=CONFIGS, repeat=3, warmup=1, budget=120,
-                                                        cores=2, clock=clock), _hardware(), store,
-                                           executor=ScriptedExecutor(world)))
+        clock, run = self._bench(tmp_path, 120, load=5.0, run=4.0, slower=6.0)
         skipped = [c for c in run["configs"] if c["status"] == "skipped"]
         assert skipped and all("not measured" in c["error"] for c in skipped)
         assert any("time budget" in c["error"] for c in skipped)
