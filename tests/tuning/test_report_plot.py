@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from mixprec.tuning.report import label_offsets, plot_limits
@@ -17,6 +17,7 @@ class TestPlotLimits:
     @settings(max_examples=200, deadline=None)
     @given(values=st.lists(finite, min_size=1, max_size=30), bound=finite,
            extra=st.lists(st.sampled_from([math.inf, math.nan]), max_size=3))
+    @example(values=[5e-324], bound=0.0, extra=[])  # a span so small that a tenth of it rounds to nothing
     def test_every_value_inside_and_infinite_ones_above(self, values, bound, extra):
         low, high, cap = plot_limits(values + extra, bound)
         assert low < min(values) and max(values) < cap < high

@@ -116,7 +116,8 @@ def plot_limits(values: Sequence[float], bound: float) -> tuple[float, float, fl
     span = top - bottom
     if span <= 0:
         span = max(abs(top) * 1e-3, 1e-6)
-    margin = span * 0.1
+    # At least a few float steps of the values: a margin a tenth of a tiny span can round away.
+    margin = max(span * 0.1, 8 * math.ulp(max(abs(top), abs(bottom))))
     cap = top + 1.5 * margin
     return bottom - margin, cap + margin, cap
 
