@@ -39,7 +39,7 @@ from mixprec.diagnose.dtype_errors import is_dtype_error
 __all__ = [
     "POLICIES", "PROBES", "REPEATS", "TIERS", "Case", "combos", "make_policy", "expected_tier",
     "check_combination", "plan_problems", "sqnr_db", "compare_waveform", "compare_generation",
-    "check_fp32_after_revert", "check_pins_own_weights", "output_differences",
+    "check_fp32_after_revert", "check_pins_own_weights", "output_differences", "GUARDED", "check_guarded",
 ]
 
 #: Policies every model runs under. The presets are resolved against the probe.
@@ -535,3 +535,17 @@ def compare_generation(ref, out, tier: str, *, vocab_size: int, tokens_ref: torc
         assert gap <= 2 * err * scale + 1e-6, f"step {first}: picked a token {gap / scale:.3f} std below the fp32 choice"
         metrics["flip_gap_rel"] = gap / scale
     return metrics
+
+
+#: The (policy, probe) pairs the real apps run under the guard: 16-bit compute, 16-bit storage
+#: with fp32 compute, and two presets.
+GUARDED = [("bf16-native", "measured"), ("fp16-storage-fp32-compute", "measured"), ("fast", "bf16-fast"),
+           ("memory", "measured")]
+
+
+def check_guarded(case: Case, policy: str, hw: Any, record_property: Callable[..., None]) -> None:
+    """One guarded combination: it runs (:func:`check_combination`), every pin owns weights
+    itself, and the first fp32 run after revert equals the one before apply."""
+    metrics = check_combination(case, policy, hw, record_property, guard=True)
+    check_pins_own_weights(case, metrics)
+    check_fp32_after_revert(case)

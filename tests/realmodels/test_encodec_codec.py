@@ -27,7 +27,7 @@ import math
 import pytest
 import torch
 
-from realmodels_harness import (Case, check_combination, check_fp32_after_revert, check_pins_own_weights, combos,
+from realmodels_harness import (GUARDED, Case, check_combination, check_fp32_after_revert, check_guarded, combos,
                                 compare_waveform)
 
 SAMPLE_RATE = 8000
@@ -112,9 +112,6 @@ def test_encodec_encode_decode(encodec_codec, policy, hw, record_property):
     check_fp32_after_revert(encodec_codec)
 
 
-@pytest.mark.parametrize(("policy", "hw"), [("bf16-native", "measured"), ("fp16-storage-fp32-compute", "measured"),
-                                            ("fast", "bf16-fast"), ("memory", "measured")], indirect=["hw"])
+@pytest.mark.parametrize(("policy", "hw"), GUARDED, indirect=["hw"])
 def test_encodec_under_the_guard(encodec_codec, policy, hw, record_property):
-    metrics = check_combination(encodec_codec, policy, hw, record_property, guard=True)
-    check_pins_own_weights(encodec_codec, metrics)
-    check_fp32_after_revert(encodec_codec)
+    check_guarded(encodec_codec, policy, hw, record_property)

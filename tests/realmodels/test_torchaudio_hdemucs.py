@@ -19,7 +19,7 @@ import math
 import pytest
 import torch
 
-from realmodels_harness import (Case, check_combination, check_fp32_after_revert, check_pins_own_weights, combos,
+from realmodels_harness import (GUARDED, Case, check_combination, check_fp32_after_revert, check_guarded, combos,
                                 compare_waveform)
 
 SAMPLE_RATE = 8000
@@ -61,9 +61,6 @@ def test_hdemucs_separation(hdemucs, policy, hw, record_property):
     check_fp32_after_revert(hdemucs)
 
 
-@pytest.mark.parametrize(("policy", "hw"), [("bf16-native", "measured"), ("fp16-storage-fp32-compute", "measured"),
-                                            ("fast", "bf16-fast"), ("memory", "measured")], indirect=["hw"])
+@pytest.mark.parametrize(("policy", "hw"), GUARDED, indirect=["hw"])
 def test_hdemucs_under_the_guard(hdemucs, policy, hw, record_property):
-    metrics = check_combination(hdemucs, policy, hw, record_property, guard=True)
-    check_pins_own_weights(hdemucs, metrics)
-    check_fp32_after_revert(hdemucs)
+    check_guarded(hdemucs, policy, hw, record_property)

@@ -31,7 +31,8 @@ import numpy as np
 import pytest
 import torch
 
-from realmodels_harness import (Case, check_combination, check_fp32_after_revert, check_pins_own_weights, combos,
+from realmodels_harness import (GUARDED, Case, check_combination, check_fp32_after_revert, check_guarded,
+                                check_pins_own_weights, combos,
                                 compare_generation)
 
 SAMPLE_RATE = 16000
@@ -167,12 +168,9 @@ def test_whisper_transcribe(whisper_transcribe, policy, hw, record_property):
     check_fp32_after_revert(whisper_transcribe)
 
 
-@pytest.mark.parametrize(("policy", "hw"), [("bf16-native", "measured"), ("fp16-storage-fp32-compute", "measured"),
-                                            ("fast", "bf16-fast"), ("memory", "measured")], indirect=["hw"])
+@pytest.mark.parametrize(("policy", "hw"), GUARDED, indirect=["hw"])
 def test_whisper_decode_under_the_guard(whisper_decode, policy, hw, record_property):
-    metrics = check_combination(whisper_decode, policy, hw, record_property, guard=True)
-    check_pins_own_weights(whisper_decode, metrics)
-    check_fp32_after_revert(whisper_decode)
+    check_guarded(whisper_decode, policy, hw, record_property)
 
 
 @pytest.mark.parametrize(("policy", "hw"), [("bf16-native", "measured"), ("fp16-storage-fp32-compute", "measured")],
