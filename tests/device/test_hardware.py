@@ -79,9 +79,16 @@ def test_probe_is_cached_per_machine(tmp_path, monkeypatch):
     assert second.dtypes == first.dtypes
 
 
-def test_a_probe_on_a_busy_machine_says_undecided_and_caches_nothing(tmp_path, monkeypatch):
-    """bf16's calls slowed by other jobs in every other round: no verdict, no cache."""
+@pytest.mark.parametrize(("flags", "storage", "said"), [
+    (("avx2",), "fp32", "used as emulated from the CPU flags (none of amx_bf16, avx512_bf16), not measured"),
+    (("avx2", "avx512_bf16"), "bf16", "used as fast from the CPU flags (avx512_bf16), not measured"),
+    (("avx2", "avx512_bf16", "amx_bf16"), "bf16", "used as fast from the CPU flags (amx_bf16), not measured"),
+])
+def test_a_probe_on_a_busy_machine_says_undecided_and_caches_nothing(tmp_path, monkeypatch, flags, storage, said):
+    """bf16's calls slowed by other jobs in every other round: no verdict, no cache; the
+    presets use what the CPU's flags state instead, and say so."""
     monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(hardware, "_cpu_info", lambda: ("Simulated CPU", flags))
 
     def busy(dtype, level, n):
         if dtype == torch.bfloat16:
@@ -93,8 +100,11 @@ def test_a_probe_on_a_busy_machine_says_undecided_and_caches_nothing(tmp_path, m
     assert hw.dtypes["bf16"].klass == hardware.UNDECIDED
     assert not list(tmp_path.glob("probe-*.json"))
     policy, reasons = presets.resolve("fast", hw)
-    assert all(r.storage in (None, "fp32") for r in policy.rules)  # the safe choice
-    assert any("disagreed" in r for r in reasons)
+    assert {r.storage for r in policy.rules if r.storage} == {storage}
+    bf16 = next(r for r in reasons if r.startswith("bf16:"))
+    assert "timing rounds disagreed" in bf16 and "no evidence" in bf16 and bf16.endswith(said), reasons
+    if storage == "bf16":
+        assert policy.rules[0].reason == "bf16 is " + said.removeprefix("used as ")
     assert hardware.probe("cpu", layers=False).dtypes == hw.dtypes  # this process keeps its answer
     hardware._UNDECIDED_THIS_PROCESS.clear()  # as a new process starts
     monkeypatch.undo()
@@ -188,7 +198,9 @@ class TestProbeKeepsOnlyTrustworthyFigures:
         assert hardware.cache_path(hw).exists() is (klass == "fast")
         if klass == hardware.UNSTABLE:
             policy, reasons = presets.resolve("fast", hw)
-            assert all(r.storage in (None, "fp32") for r in policy.rules)  # no evidence: the safe choice
+            # No evidence: what the flags state decides (bf16 units: bf16; none: emulated, so fp32).
+            units = set(flags) & {"avx512_bf16", "amx_bf16"}
+            assert {r.storage for r in policy.rules if r.storage} == ({"bf16"} if units else {"fp32"})
             assert any(r.startswith("bf16: the probe's figure is unstable") and "no evidence" in r for r in reasons), reasons
         hardware._UNDECIDED_THIS_PROCESS.clear()
 

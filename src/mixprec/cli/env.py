@@ -82,15 +82,19 @@ def env(
         ["memory", gib(hw.memory_bytes)], ["cpu flags", " ".join(hw.cpu_flags) or None],
         ["threads", hw.threads],
         ["fp32 matmul GFLOP/s by level", " / ".join(f"{k} {v:.0f}" for k, v in hw.matmul_levels.items())],
-        ["probe", f"{hw.matmul_size}x{hw.matmul_size} matmul, {hw.seconds:.2f} s" + (" (cached)" if hw.cached else "")],
+        ["probe", f"{hw.matmul_size}x{hw.matmul_size} matmul, {hw.seconds:.2f} s" + (f", timed in {hw.clock}" if hw.clock else "")
+         + (" (cached)" if hw.cached else "")],
     ]))
-    console.print(table("Precisions (measured)", ["dtype", "supported", "GFLOP/s", "vs fp32", "class"], [
-        [d.name, "yes" if d.supported else "no", d.gflops, hardware.ratio_text(d.ratio, d.klass), d.klass]
+    console.print(table("Precisions (measured)", ["dtype", "supported", "GFLOP/s", "vs fp32", "class", "used as"], [
+        [d.name, "yes" if d.supported else "no", d.gflops, hardware.ratio_text(d.ratio, d.klass), d.klass,
+         hw.effective(d.name).klass]
         for d in hw.dtypes.values()
     ]))
     for d in hw.dtypes.values():
-        if d.note:  # an undecided or unstable figure: why it is no evidence, and that it was not cached
-            say(console, f"  {d.name} {d.klass}: {d.note}; not cached, used as not fast")
+        if d.note:  # an undecided or unstable figure: why it is no evidence, that it was not cached, and what is used
+            used = hw.effective(d.name)
+            say(console, f"  {d.name} {d.klass}: {d.note}; not cached, "
+                + (f"used as {used.klass} {used.note.split(':')[0]}" if used is not d else "used as not fast"))
     if hw.layers:
         console.print(table("Layer kinds: the 16-bit layer's time over an fp32 island's, casts included", [
             "dtype", "layer", "fp32 island gain", "presets keep it fp32"], [

@@ -8,6 +8,11 @@ flags alone mislead: a CPU may compute fp16 at 1 GFLOP/s through emulation
 three times the fp32 rate. The result is cached per machine, device and torch
 version in the user cache directory (``MIXPREC_CACHE_DIR`` overrides it).
 
+On a CPU the probe times on one thread in CPU time (:mod:`mixprec.device.clock`), so other
+processes on the machine cannot move its classes; on a GPU, with CUDA events. Where its
+rounds still cannot decide, decisions use what the hardware states
+(:meth:`Hardware.effective`, :func:`stated`), labelled "not measured".
+
 The probe restores every global torch flag it changes.
 """
 
@@ -20,18 +25,20 @@ import os
 import platform
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from mixprec._quote import quote
 from mixprec.device import backends
+from mixprec.device.clock import clock_for
 from mixprec.device.trust import ceiling, holds, settled, tight
 
 __all__ = ["DtypeSpeed", "Hardware", "probe", "resolve_device", "cache_dir", "available_memory", "DTYPES", "classify", "contradiction", "forget", "cache_path",
-           "UNDECIDED", "UNSTABLE", "ceiling", "ratio_text"]
+           "UNDECIDED", "UNSTABLE", "ceiling", "ratio_text", "stated"]
 
 #: The precisions the probe measures, by short name.
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -49,7 +56,7 @@ UNDECIDED = "undecided"
 #: used as if not fast, said with its reason (``DtypeSpeed.note``), never cached.
 UNSTABLE = "unstable"
 
-_PROBE_VERSION = 4  # 4: figures checked for spread and physical bounds; older caches are measured again
+_PROBE_VERSION = 5  # 5: a CPU timed on one thread in CPU time; 4: figures checked for spread and physical bounds
 
 
 
@@ -75,6 +82,49 @@ def classify(ratio: float | None, supported: bool) -> str:
     if ratio < EMULATED_RATIO:
         return "emulated"
     return "no_speedup"
+
+
+#: What the hardware states about a precision, used only where the probe's timing cannot decide
+#: (a class ``undecided`` or ``unstable``): (device type, precision, the CPU flag or the least
+#: CUDA compute capability that states it, its class). The first row that applies wins; a
+#: row with no feature applies to every such device. The classes follow what was measured on
+#: such parts: AMX-BF16 and AVX512-BF16 run bf16 matmuls 2x to 18x fp32; AVX512-FP16 without
+#: AMX-FP16 runs fp16 at about 1.1x; without those units a CPU emulates 16-bit types
+#: (0.01x to 0.06x). Tensor cores run bf16 from compute capability 8.0, fp16 from 7.0.
+_STATED: tuple[tuple[str, str, str | tuple[int, int] | None, str], ...] = (
+    ("cpu", "bf16", "amx_bf16", "fast"),
+    ("cpu", "bf16", "avx512_bf16", "fast"),
+    ("cpu", "bf16", None, "emulated"),
+    ("cpu", "fp16", "amx_fp16", "fast"),
+    ("cpu", "fp16", "avx512_fp16", "no_speedup"),
+    ("cpu", "fp16", None, "emulated"),
+    ("cuda", "bf16", (8, 0), "fast"),
+    ("cuda", "fp16", (7, 0), "fast"),
+    ("cuda", "tf32", (8, 0), "fast"),
+)
+
+
+def stated(dtype: str, device_type: str, cpu_flags: tuple[str, ...] = (),
+           capability: tuple[int, int] | None = None) -> tuple[str, str] | None:
+    """The class the hardware states for ``dtype`` and where that comes from, e.g.
+    ``("fast", "from the CPU flags (amx_bf16), not measured")``; ``None`` where no row of
+    :data:`_STATED` applies (the probe's measurement is then all there is)."""
+    for kind, name, feature, klass in _STATED:
+        if kind != device_type or name != dtype:
+            continue
+        if isinstance(feature, tuple):
+            if capability is not None and tuple(capability) >= feature:
+                return klass, f"from the compute capability ({capability[0]}.{capability[1]} >= {feature[0]}.{feature[1]}), not measured"
+            continue
+        if feature is None:
+            return klass, f"from the CPU flags (none of {', '.join(_STATED_FLAGS[dtype])}), not measured"
+        if feature in cpu_flags:
+            return klass, f"from the CPU flags ({feature}), not measured"
+    return None
+
+
+_STATED_FLAGS = {name: tuple(f for kind, n, f, _ in _STATED if kind == "cpu" and n == name and isinstance(f, str))
+                 for name in ("bf16", "fp16")}
 
 
 @dataclass(frozen=True)
@@ -117,7 +167,8 @@ class Hardware:
         capability: CUDA compute capability, e.g. ``(8, 0)``; ``None`` elsewhere.
         memory_bytes: device memory (CUDA) or system memory (CPU).
         cpu_flags: the precision-relevant CPU flags (``avx512_bf16``, ``amx_bf16``, ``avx512_fp16``...).
-        threads: intra-op threads used for the measurement.
+        threads: the process's intra-op threads (part of the cache key; a CPU is timed on one
+            thread in CPU time, so ``gflops`` there are one thread's rates: see ``clock``).
         torch_version: the torch that was measured.
         dtypes: per precision, its measured speed class.
         matmul_levels: fp32 matmul GFLOP/s under each ``float32_matmul_precision`` level.
@@ -141,15 +192,33 @@ class Hardware:
     #: Per fast 16-bit dtype, per layer kind: how much faster the layer is kept in fp32
     #: (casts included) and whether it is clearly so (:func:`mixprec.device.layers.island_gains`).
     layers: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    #: What timed the figures: ``cpu-time, 1 thread`` on a CPU, ``cuda-events`` on a GPU.
+    clock: str = ""
 
     def is_fast(self, dtype: str) -> bool:
-        """Whether ``dtype`` (``bf16``, ``fp16``, ``tf32``) was measured fast here."""
-        return self.dtypes[dtype].fast
+        """Whether ``dtype`` (``bf16``, ``fp16``, ``tf32``) is fast here (:meth:`effective`)."""
+        return self.effective(dtype).fast
+
+    def effective(self, dtype: str) -> DtypeSpeed:
+        """What decisions use for ``dtype``: the measured class, or where the probe could not
+        decide (``undecided``, ``unstable``), the class the hardware states (:func:`stated`),
+        its ``note`` saying so ("from the CPU flags (amx_bf16), not measured"). A precision
+        neither decides stays as measured (used as not fast)."""
+        speed = self.dtypes[dtype]
+        if speed.klass not in (UNDECIDED, UNSTABLE):
+            return speed
+        said = stated(dtype, self.device_type, self.cpu_flags, self.capability)
+        if said is None:
+            return speed
+        why = f"{said[1]}: the probe could not decide ({speed.note or speed.klass})"
+        return dataclasses.replace(speed, klass=said[0], note=why)
 
     def fast_16bit(self) -> list[str]:
-        """The 16-bit storage types measured fast, fastest first."""
-        fast = [d for d in ("bf16", "fp16") if self.dtypes[d].fast]
-        return sorted(fast, key=lambda d: -(self.dtypes[d].gflops or 0.0))
+        """The 16-bit storage types that are fast here (:meth:`effective`), fastest first:
+        measured ones by their rate, then those only the hardware states fast, bf16 first."""
+        fast = [d for d in ("bf16", "fp16") if self.effective(d).fast]
+        return sorted(fast, key=lambda d: (self.dtypes[d].klass in (UNDECIDED, UNSTABLE), -(self.dtypes[d].gflops or 0.0)
+                                           if self.dtypes[d].klass not in (UNDECIDED, UNSTABLE) else 0.0))
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -259,14 +328,6 @@ def resolve_device(device: str | torch.device | None, *, source: str = "device")
     return dev
 
 
-def _sync(dev: torch.device) -> Callable[[], None]:
-    if dev.type == "cuda":
-        return lambda: torch.cuda.synchronize(dev)
-    if dev.type == "mps":
-        return torch.mps.synchronize
-    return lambda: None
-
-
 class _MatmulCase:
     """One timed configuration: a dtype and the float32 matmul level in force.
 
@@ -280,13 +341,11 @@ class _MatmulCase:
         gen = torch.Generator(device="cpu").manual_seed(0)
         self.a = torch.randn(n, n, generator=gen).to(device=dev, dtype=dtype)
         self.b = torch.randn(n, n, generator=gen).to(device=dev, dtype=dtype)
-        self.sync = _sync(dev)
+        self.clock = clock_for(dev)
 
     def _call(self) -> float:
-        start = time.perf_counter()
-        torch.mm(self.a, self.b)
-        self.sync()
-        return time.perf_counter() - start
+        """Seconds of one matmul on the device's clock (CPU time on a CPU: other processes cannot inflate it)."""
+        return self.clock.time(lambda: torch.mm(self.a, self.b))[1]
 
     def run(self, budget_s: float, first: bool) -> None:
         with backends.numerics(matmul=self.level):
@@ -376,22 +435,21 @@ def _measure(dev: torch.device, n: int, budget_s: float, rounds: int = ROUNDS) -
     return result, levels
 
 
-def _single_thread_classes(dev: torch.device, n: int = 256) -> dict[str, str | None]:
-    """bf16 and fp16 classed from one-thread timings (None: the rounds disagreed)."""
+@contextmanager
+def _timing_threads(dev: torch.device):
+    """On a CPU, one intra-op thread while the probe times: CPU time of one thread is what it
+    computes, whatever else runs (with two, a thread spinning at a barrier while its partner
+    waits for a core counts too: bf16 read 3.5x to 44x fp32 under two CPU hogs on a 2-core
+    Xeon; on one thread 6.9x to 7.3x, as quiet). Ratios, not absolute rates, decide."""
     threads = torch.get_num_threads()
+    if dev.type != "cpu" or threads == 1:
+        yield
+        return
     torch.set_num_threads(1)
     try:
-        cases = {key: _MatmulCase(n, dtype, "highest", dev) for key, dtype in
-                 (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16))}
-        for round_index in range(ROUNDS):
-            for case in cases.values():
-                case.run(0.01, first=round_index == 0)
-    except (RuntimeError, TypeError):
-        return {}
+        yield
     finally:
         torch.set_num_threads(threads)
-    ref = cases["fp32"].rounds
-    return {key: _verdict([r / c for r, c in zip(ref, cases[key].rounds)]) for key in ("bf16", "fp16")}
 
 
 def _cache_key(dev: torch.device, name: str, flags: tuple[str, ...], threads: int) -> str:
@@ -450,11 +508,8 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
 
     n = 2048 if dev.type == "cuda" else 512
     start = time.perf_counter()
-    rates, levels = _measure(dev, n, budget_s)
-    # Under contention for cores a multi-threaded 16-bit kernel can lose far more than an
-    # fp32 one (bf16 measured at 0.2x fp32 on a loaded 2-core EPYC where it is 4x quiet),
-    # the same in every round. One thread needs one core: its classes are the cross-check.
-    single = _single_thread_classes(dev) if dev.type == "cpu" and torch.get_num_threads() > 1 else {}
+    with _timing_threads(dev):
+        rates, levels = _measure(dev, n, budget_s)
     seconds = time.perf_counter() - start
 
     fp32 = rates["fp32"]["rate"] or None
@@ -479,19 +534,18 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
             klass, undecided, note = UNDECIDED, True, "its timing rounds disagreed on the class"
         elif doubt is not None:
             klass, undecided, note = UNSTABLE, True, doubt
-        elif dname in single and supported and single[dname] not in (None, klass):
-            klass, undecided = UNDECIDED, True  # the threads' verdict and one thread's disagree
-            note = f"timed on all threads it looked {classify(ratio, supported)}, on one thread {single[dname]}"
         dtypes[dname] = DtypeSpeed(dname, supported, round(rate, 2) if rate else None, round(ratio, 3) if ratio else None,
                                    klass, note)
 
     hw = Hardware(device_type=dev.type, name=name, capability=capability, memory_bytes=memory, cpu_flags=flags,
                   threads=threads, torch_version=torch.__version__, dtypes=dtypes,
-                  matmul_levels={k: round(v, 2) for k, v in levels.items()}, matmul_size=n, seconds=round(seconds, 3))
+                  matmul_levels={k: round(v, 2) for k, v in levels.items()}, matmul_size=n, seconds=round(seconds, 3),
+                  clock=clock_for(dev).name + (", 1 thread" if dev.type == "cpu" else ""))
     if layers:
         from mixprec.device.layers import island_gains
 
-        fast = {d: island_gains(DTYPES[d], dev, sync=_sync(dev)) for d in ("bf16", "fp16") if dtypes[d].klass == "fast"}
+        with _timing_threads(dev):
+            fast = {d: island_gains(DTYPES[d], dev) for d in ("bf16", "fp16") if dtypes[d].klass == "fast"}
         hw = dataclasses.replace(hw, layers=fast, seconds=round(time.perf_counter() - start, 3))
         # A layer figure whose rounds scattered is kept in this process (as no island), never on disk.
         undecided = undecided or any(info.get("unstable") for kinds in fast.values() for info in kinds.values())

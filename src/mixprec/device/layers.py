@@ -23,12 +23,12 @@ that weights cast one by one would cost.
 from __future__ import annotations
 
 import copy
-import time
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from mixprec.device.clock import Clock, clock_for
 from mixprec.device.trust import interval, tight
 
 __all__ = ["KINDS", "MARGIN", "island_gains"]
@@ -52,13 +52,10 @@ def _first(out: Any) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
-def _best(call: Callable[[], Any], sync: Callable[[], None], budget_s: float) -> float:
+def _best(call: Callable[[], Any], clock: Clock, budget_s: float) -> float:
     best, spent, calls = float("inf"), 0.0, 0
     while spent < budget_s and calls < 10:
-        start = time.perf_counter()
-        call()
-        sync()
-        elapsed = time.perf_counter() - start
+        _, elapsed = clock.time(call)
         spent += elapsed
         calls += 1
         best = min(best, elapsed)
@@ -66,14 +63,17 @@ def _best(call: Callable[[], Any], sync: Callable[[], None], budget_s: float) ->
 
 
 def island_gains(dtype: torch.dtype, device: torch.device, *, rounds: int = 5, budget_s: float = 0.5,
-                 sync: Callable[[], None] = lambda: None, max_rounds: int | None = None) -> dict[str, dict[str, Any]]:
+                 clock: Clock | None = None, max_rounds: int | None = None) -> dict[str, dict[str, Any]]:
     """Per layer kind: ``gain`` (median over rounds of the 16-bit layer's time over the
     fp32 island's: above 1, the island is faster), ``island`` (whether every round
     found it faster by more than :data:`MARGIN`, on rounds that agree), ``unstable``
     (the rounds scattered beyond :data:`~mixprec.device.trust.TIGHT` even after up to
     ``max_rounds``, default twice ``rounds``) and ``range`` (the rounds' range).
     ``budget_s`` bounds the planned rounds; kinds the device cannot run in ``dtype`` are left out.
+    ``clock`` times each call (default :func:`~mixprec.device.clock.clock_for` the device: CPU
+    time on a CPU, which other processes cannot inflate).
     """
+    clock = clock if clock is not None else clock_for(device)
     cases = {}
     gen_state = torch.random.get_rng_state()
     try:
@@ -109,8 +109,8 @@ def island_gains(dtype: torch.dtype, device: torch.device, *, rounds: int = 5, b
             if not todo:
                 break
             for kind, (native, island) in todo.items():
-                t16 = _best(native, sync, per_call)
-                t32 = _best(island, sync, per_call)
+                t16 = _best(native, clock, per_call)
+                t32 = _best(island, clock, per_call)
                 ratios[kind].append(t16 / t32)
     result = {}
     for kind, values in ratios.items():

@@ -46,7 +46,7 @@ from mixprec.policy import CompileSettings, Policy, PolicyError, Rule
 from mixprec.policy.roles import TORCH_NORMS
 from mixprec.device.settings import NumericSettings, did_you_mean
 
-__all__ = ["PRESETS", "resolve", "preset", "UnknownPresetError"]
+__all__ = ["PRESETS", "resolve", "preset", "native16", "UnknownPresetError"]
 
 PRESETS: tuple[str, ...] = ("quality", "balanced", "fast", "memory")
 
@@ -66,8 +66,8 @@ def _fast16(hw: Hardware) -> str | None:
     fast = hw.fast_16bit()
     if hw.device_type == "cuda" and hw.capability is not None and hw.capability < (8, 0):
         # No bf16 tensor cores before Ampere: fp16 is the 16-bit type there.
-        fp16 = hw.dtypes["fp16"]
-        return "fp16" if fp16.supported and not fp16.emulated and fp16.klass not in (UNDECIDED, UNSTABLE) else None
+        fp16 = hw.effective("fp16")
+        return "fp16" if fp16.supported and fp16.fast else None
     return fast[0] if fast else None
 
 
@@ -76,6 +76,12 @@ def _storage16(hw: Hardware) -> str:
     if hw.dtypes["bf16"].supported and not (hw.device_type == "cuda" and hw.capability is not None and hw.capability < (8, 0)):
         return "bf16"
     return "fp16"
+
+
+def native16(hw: Hardware) -> list[str]:
+    """The 16-bit types the device computes natively (supported, not emulated: :meth:`Hardware.effective`),
+    bf16 first: what a preset may be resolved with (``resolve(..., dtype=)``)."""
+    return [d for d in ("bf16", "fp16") if hw.dtypes[d].supported and hw.effective(d).klass in ("fast", "no_speedup")]
 
 
 def _hint_rules(hints: tuple[str, ...], dtype: str, **fields: Any) -> tuple[list[Rule], list[str]]:
@@ -128,13 +134,21 @@ def _island_rules(hardware: Hardware, dtype: str) -> tuple[list[Rule], list[str]
     return rules, reasons
 
 
-def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = ()) -> tuple[Policy, list[str]]:
+def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = (), *,
+            dtype: str | None = None) -> tuple[Policy, list[str]]:
     """Resolve a preset for a device.
+
+    Where the probe's timing could not decide a precision (``undecided``, ``unstable``),
+    what the hardware states is used instead (:meth:`Hardware.effective`: AMX-BF16 or
+    AVX512-BF16 flags, a CUDA compute capability), and the reasons say so: the same
+    preset resolves the same way on a quiet machine and on a busy one.
 
     Args:
         name: ``quality``, ``balanced``, ``fast`` or ``memory`` (case-insensitive).
         hardware: the measured device (:func:`mixprec.device.hardware.probe`).
         hints: the pipeline's precision-sensitive module names or ``type:`` patterns.
+        dtype: resolve with this 16-bit type (``bf16`` or ``fp16``) instead of the one the
+            probe ranks first: what a calibration times as the preset's other candidate.
 
     Returns:
         (policy, human-readable reasons for every choice).
@@ -146,22 +160,29 @@ def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = 
     if key not in PRESETS:
         raise UnknownPresetError(f"unknown preset {quote(name)}{did_you_mean(str(key), PRESETS)}; choose one of: {', '.join(PRESETS)}")
     hints = tuple(hints)
+    if dtype is not None and dtype not in ("bf16", "fp16"):
+        raise PolicyError(f"dtype {quote(dtype)}: a preset is resolved with bf16 or fp16")
     reasons: list[str] = []
     rules: list[Rule] = []
-    fast16 = _fast16(hardware)
+    fast16 = _fast16(hardware) if dtype is None else dtype
+    if dtype is not None:
+        reasons.append(f"resolved with {dtype} as its 16-bit type (asked for; the probe ranks "
+                       f"{_fast16(hardware) or 'no 16-bit type'} first)")
     emulated = [d for d in ("bf16", "fp16") if hardware.dtypes[d].emulated]
     if emulated:
         reasons.append(f"{' and '.join(emulated)} measured emulated on {hardware.name} "
                        f"({', '.join(f'{hardware.dtypes[d].ratio}x fp32' for d in emulated)}): never used for compute")
 
-    undecided = [d for d in ("bf16", "fp16") if hardware.dtypes[d].klass == UNDECIDED]
-    if undecided:
-        reasons.append(f"{' and '.join(undecided)}: the probe's timing rounds disagreed on {hardware.name} (a busy "
-                       "machine?), so treated as not fast and not cached; the next process measures again")
     for d in ("bf16", "fp16"):
-        if hardware.dtypes[d].klass == UNSTABLE:
-            reasons.append(f"{d}: the probe's figure is unstable on {hardware.name} ({hardware.dtypes[d].note}), so it "
-                           "is no evidence: treated as not fast and not cached; the next process measures again")
+        speed, used = hardware.dtypes[d], hardware.effective(d)
+        if speed.klass not in (UNDECIDED, UNSTABLE):
+            continue
+        why = ("the probe's timing rounds disagreed" if speed.klass == UNDECIDED else f"the probe's figure is unstable "
+               f"({speed.note})") + f" on {hardware.name} (a busy machine?), so it is no evidence and is not cached"
+        if used is speed:
+            reasons.append(f"{d}: {why}; nothing states its class either, so treated as not fast; the next process measures again")
+        else:
+            reasons.append(f"{d}: {why}; used as {used.klass} {used.note.split(':')[0]}")
 
     if hardware.device_type == "cuda" and key != "quality":
         reasons.append("a pipeline that decodes token by token is launch-bound on a GPU (hundreds of small kernels per "
@@ -181,9 +202,14 @@ def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = 
             reasons.append("no 16-bit type measured fast here: weights stay fp32")
             rules.append(Rule("*", storage="fp32", optional=True, reason="no fast 16-bit type on this device"))
             return Policy(tuple(rules), NumericSettings(matmul=matmul), name=key), reasons
-        ratio = hardware.dtypes[fast16].ratio
-        rules.append(Rule("*", storage=fast16, optional=True, reason=f"{fast16} measured {ratio}x fp32 matmul speed"))
-        reasons.append(f"weights in {fast16}: measured {ratio}x the fp32 matmul rate")
+        speed = hardware.effective(fast16)
+        if speed is not hardware.dtypes[fast16]:
+            why = f"{fast16} is {speed.klass} {speed.note.split(':')[0]}"
+        else:
+            why = f"{fast16} measured {speed.ratio}x fp32 matmul speed"
+        rules.append(Rule("*", storage=fast16, optional=True, reason=why))
+        reasons.append(f"weights in {fast16}: " + (f"measured {speed.ratio}x the fp32 matmul rate"
+                                                    if speed is hardware.dtypes[fast16] else why))
         islands, why = _island_rules(hardware, fast16)
         rules.extend(islands)
         reasons.extend(why)
@@ -213,8 +239,8 @@ def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = 
         return Policy(tuple(rules), NumericSettings(matmul=matmul), name=key), reasons
 
     # memory
-    storage = _storage16(hardware)
-    native = storage == fast16 or not hardware.dtypes[storage].emulated
+    storage = _storage16(hardware) if dtype is None else dtype
+    native = storage == fast16 or not hardware.effective(storage).emulated
     compute = "native" if native else "fp32"
     rules.append(Rule("*", storage=storage, compute=compute, optional=True, reason="memory: 16-bit weights everywhere"))
     reasons.append(f"all weights stored in {storage} (half the fp32 bytes)"
