@@ -10,13 +10,16 @@ Example:
     ...     ...                             # TF32 / oneDNN fast paths inside only
     >>> with mixprec.apply(model, mixprec.preset("fast")):
     ...     ...                             # bf16 weights where the probe measured bf16 fast
+    >>> with mixprec.apply(model, "fast", calibrate=(x,)):
+    ...     ...                             # the preset's candidates timed on this model, the fastest kept
     >>> mixprec.tune("tts", "snr>=30").policy.save("tuned.toml")  # fastest policy meeting a bound
 """
 
 from mixprec._version import __version__
 from mixprec.device import hardware
 from mixprec.policy import presets
-from mixprec.casting.apply import Applied, RevertError, apply
+from mixprec.casting.apply import Applied, RevertError
+from mixprec.calibration import Calibration, apply, calibrate
 from mixprec.casting.explain import explain, explain_warnings
 from mixprec.casting.targets import ApplyError, weight_bytes
 from mixprec.config.init import init
@@ -38,6 +41,8 @@ from mixprec.device.settings import MATMUL_LEVELS, NumericSettings
 
 
 __all__ = [
+    "Calibration",
+    "calibrate",
     "FallbackStore",
     "Guard",
     "NonFiniteInputError",

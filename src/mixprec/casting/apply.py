@@ -30,7 +30,7 @@ from mixprec.casting.targets import DTYPES, ApplyError, components_of, refuse_me
 from mixprec.policy import ModulePlan, Policy, PolicyError, resolve_modules
 from mixprec.policy.select import UnmatchedRule, UnmatchedRuleWarning, summarise_unmatched, unmatched_rules
 
-__all__ = ["apply", "Applied", "RevertError"]
+__all__ = ["apply", "Applied", "RevertError", "applied_part"]
 
 _KEEP_ORIGINAL = ("cpu", "disk", "none")
 _WIDTH = {"fp16": 0, "bf16": 1, "fp32": 2}
@@ -80,6 +80,8 @@ class Applied:
         self.weights_version = 0
         self._reapplying = False
         self._active = True
+        #: The :class:`~mixprec.calibration.Calibration` that chose the policy, where one did.
+        self.calibration: Any = None
 
     @property
     def active(self) -> bool:
@@ -294,6 +296,14 @@ def apply(
     applied.unmatched = unmatched
     _materialize(applied)
     return applied
+
+
+def applied_part(comps: dict[str, nn.Module]) -> str | None:
+    """The name of the first component that has a mixprec policy applied to it or to a part of it, else ``None``."""
+    for name, root in comps.items():
+        if any(module.__dict__.get(_MARK) for module in root.modules()):
+            return name or "(root)"
+    return None
 
 
 def flatten_rnns(comps: dict[str, nn.Module]) -> None:

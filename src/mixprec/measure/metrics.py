@@ -25,6 +25,7 @@ import torch
 
 __all__ = [
     "KINDS",
+    "sqnr_db",
     "LSD_N_FFT",
     "LSD_HOP",
     "LSD_EPS",
@@ -162,6 +163,22 @@ def _db(signal: float, noise: float) -> float:
     if signal == 0.0:
         return -math.inf
     return 10.0 * math.log10(signal / noise)
+
+
+def sqnr_db(output: torch.Tensor, reference: torch.Tensor) -> float:
+    """``10 log10(sum ref^2 / sum (out - ref)^2)`` of two tensors of one shape, in float64 on the
+    CPU: ``inf`` when identical, ``nan`` where ``output`` holds a non-finite value.
+
+    Raises:
+        ValueError: shapes that differ.
+    """
+    if tuple(output.shape) != tuple(reference.shape):
+        raise ValueError(f"output shape {tuple(output.shape)} does not match reference shape {tuple(reference.shape)}")
+    out = output.detach().to(device="cpu", dtype=torch.float64)
+    ref = reference.detach().to(device="cpu", dtype=torch.float64)
+    if not bool(torch.isfinite(out).all()):
+        return math.nan
+    return _db(_item(ref.square().sum()), _item((out - ref).square().sum()))
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:

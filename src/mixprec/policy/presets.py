@@ -46,7 +46,7 @@ from mixprec.policy import CompileSettings, Policy, PolicyError, Rule
 from mixprec.policy.roles import TORCH_NORMS
 from mixprec.device.settings import NumericSettings, did_you_mean
 
-__all__ = ["PRESETS", "resolve", "preset", "native16", "UnknownPresetError"]
+__all__ = ["PRESETS", "check_name", "resolve", "preset", "native16", "UnknownPresetError"]
 
 PRESETS: tuple[str, ...] = ("quality", "balanced", "fast", "memory")
 
@@ -134,6 +134,18 @@ def _island_rules(hardware: Hardware, dtype: str) -> tuple[list[Rule], list[str]
     return rules, reasons
 
 
+def check_name(name: Any) -> str:
+    """The preset ``name`` names, case and surrounding spaces ignored.
+
+    Raises:
+        UnknownPresetError: naming the value, the closest preset and the valid names.
+    """
+    key = name.strip().lower() if isinstance(name, str) else name
+    if key not in PRESETS:
+        raise UnknownPresetError(f"unknown preset {quote(name)}{did_you_mean(str(key), PRESETS)}; choose one of: {', '.join(PRESETS)}")
+    return key
+
+
 def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = (), *,
             dtype: str | None = None) -> tuple[Policy, list[str]]:
     """Resolve a preset for a device.
@@ -156,9 +168,7 @@ def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = 
     Raises:
         UnknownPresetError: for any other name.
     """
-    key = name.strip().lower() if isinstance(name, str) else name
-    if key not in PRESETS:
-        raise UnknownPresetError(f"unknown preset {quote(name)}{did_you_mean(str(key), PRESETS)}; choose one of: {', '.join(PRESETS)}")
+    key = check_name(name)
     hints = tuple(hints)
     if dtype is not None and dtype not in ("bf16", "fp16"):
         raise PolicyError(f"dtype {quote(dtype)}: a preset is resolved with bf16 or fp16")

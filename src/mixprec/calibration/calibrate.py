@@ -1,0 +1,545 @@
+"""A preset checked on the user's own model: its candidates timed on the model, on its device.
+
+:func:`calibrate` resolves a preset's candidates (:mod:`~mixprec.calibration.candidates`),
+runs the untouched fp32 model once for the reference output, then each candidate once
+(warm-up, and its quality against fp32 on the same inputs: a candidate with non-finite
+outputs, an error, or quality below the preset's floor is out), then times the
+candidates in paired, interleaved rounds (:class:`~mixprec.device.clock.CpuTime` on a CPU,
+CUDA events on a GPU), one candidate applied at a time and reverted before the next, until
+the comparison is settled (:mod:`~mixprec.calibration.decide`), ``max_rounds`` rounds, or
+the ``time_limit``. The rule-based choice stays unless another candidate is supported
+faster; where the rounds cannot decide, it stays and the result says ``undecided`` and why.
+
+A decided result is remembered (:mod:`~mixprec.calibration.cache`): the next process with
+the same model structure, input shapes, device and versions applies it without running
+the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import math
+import statistics
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import nn
+
+from mixprec._quote import quote
+from mixprec.calibration import cache as decisions
+from mixprec.calibration.candidates import REFERENCE, Candidate, candidates
+from mixprec.calibration.decide import MARGIN, MIN_ROUNDS, compare
+from mixprec.casting.apply import Applied, applied_part
+from mixprec.casting.apply import apply as apply_policy
+from mixprec.casting.targets import ApplyError, components_of, weight_bytes
+from mixprec.device.clock import Clock, clock_for
+from mixprec.device.hardware import Hardware, probe
+from mixprec.measure.metrics import sqnr_db
+from mixprec.measure.stats import paired_ratio
+from mixprec.pipelines._base import Pipeline, PipelineOutput
+from mixprec.policy import Policy, Rule
+from mixprec.policy.presets import check_name, preset as resolve_preset
+from mixprec.policy.select import UnmatchedRuleWarning
+
+__all__ = ["calibrate", "Calibration", "apply", "FLOORS_DB", "TIME_LIMIT_S", "MAX_ROUNDS"]
+
+#: The quality floor of each preset: the worst SQNR (dB) of the model's outputs against fp32 on
+#: the same inputs that a candidate must reach. bf16 weights on real all-MiniLM-L6-v2 measured
+#: 49 dB; TF32 alone on a diffusion model's images, 17.7 dB.
+FLOORS_DB: dict[str, float] = {"quality": math.inf, "balanced": 30.0, "fast": 20.0, "memory": 20.0}
+#: Default seconds a calibration may take, the fp32 reference and warm-up included (wall clock).
+TIME_LIMIT_S = 20.0
+#: Default most timed rounds (each round calls every candidate once).
+MAX_ROUNDS = 30
+#: A candidate's calls per round are repeated (the fastest kept) up to this many seconds of its clock.
+_ROUND_TARGET_S = 0.02
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What a calibration decided, and the figures it decided on.
+
+    Attributes:
+        preset: the preset calibrated.
+        policy: the policy to apply (the kept candidate's).
+        chosen: the kept candidate's label (``rules``, ``naive-fp16``, ``fp32``, ...).
+        source: ``measured`` (timed now), ``cache`` (remembered from an earlier
+            calibration) or ``rules`` (nothing was timed: ``quality``).
+        decided: whether the rounds settled every comparison (``False``: the rule-based
+            choice stayed, ``reasons`` say why).
+        reasons: sentences for every choice, figures included.
+        figures: per candidate: ``label``, ``what``, ``also``, ``eligible``, ``sqnr_db``,
+            ``nonfinite``, ``out`` (why it could not be chosen), ``weight_bytes``,
+            ``median_s``, ``vs_fp32`` (speed over the untouched model, a
+            :class:`~mixprec.measure.stats.Ratio` dict) and ``status`` against the incumbent.
+        clock: what timed the rounds (``cpu-time``, ``cuda-events``, ``wall``).
+        rounds: paired timed rounds.
+        seconds: wall seconds the calibration took.
+        when: when it was measured (UTC, ISO 8601).
+        device: the device's name.
+        floor_db: the quality floor applied.
+        cache_path: where the decision is remembered, if it is.
+    """
+
+    preset: str
+    policy: Policy
+    chosen: str
+    source: str
+    decided: bool
+    reasons: tuple[str, ...]
+    figures: tuple[dict[str, Any], ...] = ()
+    clock: str = ""
+    rounds: int = 0
+    seconds: float = 0.0
+    when: str = ""
+    device: str = ""
+    floor_db: float | None = None
+    cache_path: str | None = None
+
+    def figure(self, label: str) -> dict[str, Any] | None:
+        return next((f for f in self.figures if f["label"] == label), None)
+
+    def headline(self) -> str:
+        """One line: what was kept, how fast against fp32, and where it came from."""
+        fig = self.figure(self.chosen) or {}
+        speed = fig.get("vs_fp32")
+        text = f"{self.preset}: {self.chosen}"
+        if speed:
+            text += f" {speed['value']:.2f}x fp32 ({speed['low']:.2f}-{speed['high']:.2f})"
+        if self.source == "cache":
+            text += f", remembered from {self.when} ({self.clock}, {self.rounds} rounds)"
+        elif self.source == "measured":
+            text += f", measured in {self.clock} over {self.rounds} paired rounds ({self.seconds:.1f} s)"
+        else:
+            text += ", from the rules (nothing timed)"
+        if self.decided:
+            return text
+        return text + ("; undecided: the rule-based choice stays" if self.chosen == "rules"
+                       else "; undecided whether another candidate is faster still")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["policy"] = self.policy.to_dict()
+        data["reasons"] = list(self.reasons)
+        data["figures"] = [dict(f) for f in self.figures]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kept = {k: v for k, v in data.items() if k in fields}
+        kept["policy"] = Policy.from_dict(data["policy"], "calibration policy")
+        kept["reasons"] = tuple(data.get("reasons", ()))
+        kept["figures"] = tuple(dict(f) for f in data.get("figures", ()))
+        return cls(**kept)
+
+
+# --------------------------------------------------------------------------- running the target
+
+
+def _default_run(target: Any) -> Callable[[Any], Any]:
+    if isinstance(target, Pipeline):
+        return target.run
+    if not isinstance(target, nn.Module):
+        raise ValueError(f"calibrating a {type(target).__name__}: pass run= (inputs -> outputs), as mixprec cannot "
+                         "know how to call it")
+
+    def call(inputs: Any) -> Any:
+        if isinstance(inputs, Mapping):
+            return target(**inputs)
+        if isinstance(inputs, (tuple, list)):
+            return target(*inputs)
+        return target(inputs)
+
+    return call
+
+
+def _tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:
+    """The floating-point tensors of an output (tensors, sequences, mappings, dataclasses such as a ModelOutput)."""
+    if depth > 8:
+        return []
+    if isinstance(value, torch.Tensor):
+        return [value] if value.is_floating_point() or value.is_complex() else []
+    if isinstance(value, PipelineOutput):
+        extras = [v for v in value.extras().values() if isinstance(v, torch.Tensor)]
+        return _tensors(value.output, depth + 1) + [t for e in extras for t in _tensors(e, depth + 1)]
+    if isinstance(value, Mapping):
+        return [t for v in value.values() for t in _tensors(v, depth + 1)]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v, depth + 1)]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [t for f in dataclasses.fields(value) for t in _tensors(getattr(value, f.name), depth + 1)]
+    return []
+
+
+def _detached(value: Any) -> list[torch.Tensor]:
+    return [t.detach().to("cpu", torch.complex128 if t.is_complex() else torch.float64).clone() for t in _tensors(value)]
+
+
+def _quality(out: list[torch.Tensor], ref: list[torch.Tensor]) -> tuple[float, int]:
+    """The worst SQNR over the output tensors, and the count of non-finite values."""
+    if len(out) != len(ref):
+        raise ValueError(f"the output holds {len(out)} floating-point tensors where fp32's held {len(ref)}")
+    if not ref:
+        raise ValueError("the output holds no floating-point tensor to compare with fp32's")
+    nonfinite = sum(int((~torch.isfinite(o)).sum()) for o in out)
+    worst = math.inf
+    for o, r in zip(out, ref):
+        if o.is_complex() or r.is_complex():
+            o, r = torch.view_as_real(o.to(torch.complex128)), torch.view_as_real(r.to(torch.complex128))
+        value = sqnr_db(o, r)
+        worst = min(worst, value) if not math.isnan(value) else -math.inf
+    return worst, nonfinite
+
+
+def _device_of(components: dict[str, nn.Module]) -> torch.device:
+    for root in components.values():
+        for tensor in [*root.parameters(), *root.buffers()]:
+            if tensor.is_floating_point() and not tensor.is_meta:
+                return tensor.device
+    return torch.device("cpu")
+
+
+def _applied(target: Any, policy: Policy | None) -> contextlib.AbstractContextManager:
+    if policy is None:
+        return contextlib.nullcontext()
+    with warnings.catch_warnings():
+        # A preset's optional rules (output heads, norms) may match nothing in this model: not news here.
+        warnings.simplefilter("ignore", UnmatchedRuleWarning)
+        return apply_policy(target, policy, keep_original="cpu")
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:200]}{'...' if len(text) > 200 else ''}"
+
+
+class _Trials:
+    """Runs candidates on the target, one applied at a time (reverted before the next)."""
+
+    def __init__(self, target: Any, run: Callable[[Any], Any], inputs: Any, clock: Clock):
+        self.target, self.run, self.inputs, self.clock = target, run, inputs, clock
+        self.calls: dict[str, int] = {}
+
+    def first(self, cand: Candidate) -> tuple[Any, int, float]:
+        """One untimed call (warm-up): the output, the weight bytes under the policy, and one call's clock seconds."""
+        with _applied(self.target, cand.policy) as applied, torch.inference_mode():
+            result, seconds = self.clock.time(lambda: self.run(self.inputs))
+            out = _detached(result)
+            size = applied.weight_bytes() if isinstance(applied, Applied) else weight_bytes(components_of(self.target)[0])
+        return out, size, seconds
+
+    def timed(self, cand: Candidate) -> float:
+        """The fastest of this candidate's calls in one round (one or more: a call of a few
+        milliseconds is repeated up to :data:`_ROUND_TARGET_S` of its clock)."""
+        with _applied(self.target, cand.policy), torch.inference_mode():
+            best = math.inf
+            for _ in range(self.calls.get(cand.label, 1)):
+                _, seconds = self.clock.time(lambda: self.run(self.inputs))
+                best = min(best, seconds)
+        return best
+
+
+# --------------------------------------------------------------------------- the calibration
+
+
+def calibrate(
+    target: Any,
+    preset: str = "fast",
+    inputs: Any = None,
+    *,
+    run: Callable[[Any], Any] | None = None,
+    hints: tuple[str, ...] | list[str] | None = None,
+    hardware: Hardware | None = None,
+    floor_db: float | None = None,
+    time_limit: float = TIME_LIMIT_S,
+    max_rounds: int = MAX_ROUNDS,
+    cache: bool | str = True,
+    clock: Clock | None = None,
+    now: Callable[[], float] = time.monotonic,
+) -> Calibration:
+    """Time a preset's candidates on the model itself and keep the fastest that meets its quality floor.
+
+    Args:
+        target: an ``nn.Module``, a mapping of named modules, or a pipeline (mixprec's
+            reference pipelines and wrapped apps: their ``example_inputs`` and ``run``
+            are used where ``inputs`` and ``run`` are not given).
+        preset: ``balanced``, ``fast`` or ``memory`` (``quality`` is fp32 by definition:
+            returned as resolved, nothing timed).
+        inputs: example inputs, as the app calls the model: a tuple of positional
+            arguments, a dict of keyword arguments, or one value. The decision is valid
+            for inputs of these shapes and dtypes.
+        run: ``inputs -> outputs`` (default: ``target(*inputs)`` / ``target(**inputs)`` /
+            ``target(inputs)``; a pipeline's ``run``). Every floating-point tensor of the
+            outputs is compared with fp32's.
+        hints: precision-sensitive module names for the presets (default: a pipeline's own).
+        hardware: the probe of the model's device (default: :func:`mixprec.device.hardware.probe`).
+        floor_db: the worst output SQNR against fp32 a candidate must reach (default
+            :data:`FLOORS_DB` of the preset).
+        time_limit: wall seconds the whole calibration may take, the fp32 reference and
+            the warm-up included; the rounds stop before one would cross it.
+        max_rounds: most timed rounds.
+        cache: ``True``: reuse a remembered decision and remember a new decided one;
+            ``"refresh"``: measure again and remember; ``False``: neither read nor write.
+        clock: what times the calls (default :func:`~mixprec.device.clock.clock_for` the
+            model's device: CPU time on a CPU, CUDA events on a GPU).
+        now: the wall clock the time limit is read from.
+
+    Returns:
+        A :class:`Calibration`; apply its ``policy`` (or use ``mixprec.apply(model, "fast",
+        calibrate=inputs)``, which does both).
+
+    Raises:
+        UnknownPresetError: a name that is not a preset.
+        ApplyError: the target already has a policy applied.
+        ValueError: no inputs for a model that is not a pipeline, a bad option, or the fp32
+            model itself failing on the inputs (its own error, chained).
+
+    Example:
+        >>> result = mixprec.calibrate(model, "fast", (input_ids,))
+        >>> print(result.headline())
+        >>> with mixprec.apply(model, result.policy):
+        ...     model(input_ids)
+    """
+    started = now()
+    name = check_name(preset)
+    if cache not in (True, False, "refresh"):
+        raise ValueError(f"cache={quote(cache)}: choose True, False or 'refresh'")
+    if not (isinstance(time_limit, (int, float)) and time_limit > 0):
+        raise ValueError(f"time_limit={quote(time_limit)}: give a positive number of seconds")
+    if not (isinstance(max_rounds, int) and max_rounds >= 1):
+        raise ValueError(f"max_rounds={quote(max_rounds)}: give a whole number of rounds, at least 1")
+    components, own_hints = components_of(target)
+    busy = applied_part(components)
+    if busy is not None:
+        raise ApplyError(f"component {busy!r} already has a mixprec policy applied: calibrate the model as it is "
+                         "(revert that policy first), since the reference must be the untouched fp32 model")
+    pipeline = isinstance(target, Pipeline)
+    if inputs is None:
+        if not pipeline:
+            raise ValueError(f"calibrate needs example inputs for a {type(target).__name__}: the model is timed on them "
+                             "(a tuple of positional arguments, a dict of keyword arguments, or one value)")
+        inputs = target.example_inputs(1, 0)
+    run = run or _default_run(target)
+    device = _device_of(components)
+    hw = hardware if hardware is not None else probe(device)
+    hints = tuple(own_hints if hints is None else hints)
+    floor = float(FLOORS_DB[name] if floor_db is None else floor_db)
+    clock = clock or clock_for(device)
+
+    if name == "quality":
+        policy = resolve_preset(name, hardware=hw, hints=hints)
+        return Calibration(name, policy, "rules", "rules", True,
+                           ("quality is fp32 at float32 matmul precision 'highest' by definition: nothing to choose, nothing timed",),
+                           device=hw.name, floor_db=None)
+
+    fields = decisions.key_fields(name, components, inputs, hw, hints=hints, floor_db=floor)
+    if cache is True:
+        record = decisions.lookup(fields)
+        if record is not None:
+            return _remembered(record)
+
+    result = _measure(target, run, inputs, name, hw, hints, floor, clock, time_limit, max_rounds, now, started, pipeline)
+    if cache and result.decided:
+        path = decisions.store(fields, result.to_dict())
+        result = dataclasses.replace(result, cache_path=str(path) if path else None)
+    elif cache and not result.decided:
+        result = dataclasses.replace(result, reasons=result.reasons + (
+            "not remembered: an undecided calibration is measured again by the next one",))
+    return result
+
+
+_calibrate = calibrate  # apply's own argument is named calibrate
+
+
+def _remembered(record: Mapping[str, Any]) -> Calibration:
+    found = Calibration.from_dict(record)
+    return dataclasses.replace(found, source="cache", cache_path=record.get("path") or found.cache_path,
+                               reasons=(f"remembered: decided on {found.device} at {found.when} in {found.clock} over "
+                                        f"{found.rounds} paired rounds; the model was not run",) + found.reasons)
+
+
+def _measure(target: Any, run: Callable[[Any], Any], inputs: Any, name: str, hw: Hardware, hints: tuple[str, ...],
+             floor: float, clock: Clock, time_limit: float, max_rounds: int, now: Callable[[], float], started: float,
+             pipeline: bool) -> Calibration:
+    cands = candidates(name, hw, hints)
+    by_label = {c.label: c for c in cands}
+    trials = _Trials(target, run, inputs, clock)
+    try:
+        with torch.inference_mode():
+            reference = run(inputs)
+    except Exception as exc:
+        raise ValueError(f"the fp32 model itself failed on the example inputs ({_short(exc)}): calibrate needs inputs "
+                         "the model runs on") from exc
+    if pipeline:
+        trials.inputs = target.teacher_forced(inputs, reference)  # replay fp32's discrete choices
+    ref = _detached(reference)
+    del reference
+
+    figures: dict[str, dict[str, Any]] = {}
+    live: list[Candidate] = []
+    for cand in cands:
+        fig = {"label": cand.label, "what": cand.what, "also": list(cand.also), "eligible": cand.eligible,
+               "sqnr_db": None, "nonfinite": 0, "out": None, "weight_bytes": None, "median_s": None,
+               "vs_fp32": None, "status": None}
+        figures[cand.label] = fig
+        try:
+            out, size, seconds = trials.first(cand)
+            sqnr, nonfinite = _quality(out, ref)
+        except Exception as exc:  # noqa: BLE001 - any failure of a candidate rules it out, said with its error
+            fig["out"] = f"failed: {_short(exc)}"
+            continue
+        fig.update(sqnr_db=sqnr if cand.policy is not None else math.inf, nonfinite=nonfinite, weight_bytes=size)
+        if nonfinite:
+            fig["out"] = f"{nonfinite} non-finite output values"
+        elif cand.policy is not None and not sqnr >= floor:
+            fig["out"] = f"output SQNR {sqnr:.1f} dB against fp32, below {name}'s floor of {floor:g} dB"
+        trials.calls[cand.label] = max(1, min(10, math.ceil(_ROUND_TARGET_S / max(seconds, 1e-6))))
+        live.append(cand)
+
+    samples: dict[str, list[float]] = {c.label: [] for c in live}
+    qualified = [c.label for c in live if figures[c.label]["out"] is None]
+    eligible = [label for label in qualified if by_label[label].eligible]
+    incumbent = "rules" if "rules" in eligible else (REFERENCE if REFERENCE in eligible else (eligible[0] if eligible else None))
+    rounds, last_round, stop_reason = 0, 0.0, None
+    verdicts = None
+    if incumbent is not None and len(eligible) > 1:
+        while True:
+            if rounds >= max_rounds:
+                stop_reason = f"the most rounds ({max_rounds})"
+                break
+            if now() - started + last_round > time_limit:
+                stop_reason = f"the time limit ({time_limit:g} s)"
+                break
+            begin = now()
+            order = live if rounds % 2 == 0 else live[::-1]  # alternate the order: no candidate always runs first
+            for cand in order:
+                samples[cand.label].append(trials.timed(cand))
+            rounds += 1
+            last_round = now() - begin
+            if rounds >= MIN_ROUNDS:
+                verdicts = compare(samples, incumbent, [label for label in eligible if label != incumbent])
+                if verdicts.settled:
+                    break
+
+    reasons: list[str] = []
+    for label in samples:
+        fig = figures[label]
+        if samples[label]:
+            fig["median_s"] = statistics.median(samples[label])
+        if REFERENCE in samples and samples[REFERENCE] and samples[label] and label != REFERENCE:
+            fig["vs_fp32"] = paired_ratio(samples[REFERENCE], samples[label]).to_dict()
+    if verdicts is not None:
+        for label, status in verdicts.status.items():
+            figures[label]["status"] = status
+
+    chosen, decided = "rules", False
+    if incumbent is None:
+        reasons.append(f"no candidate {name} may choose met its floor of {floor:g} dB without an error: the rule-based "
+                       "choice stays, unchecked")
+    elif len(eligible) == 1:
+        chosen, decided = incumbent, True
+        reasons.append(f"only {incumbent} qualified: kept without timing")
+    elif verdicts is None:
+        reasons.append(f"undecided: {rounds} timed rounds before {stop_reason}, {MIN_ROUNDS} needed for a verdict; "
+                       f"the rule-based choice stays (give a longer time_limit)")
+        chosen = "rules" if "rules" in qualified else incumbent
+    else:
+        chosen, decided = verdicts.winner, verdicts.settled
+        if incumbent != "rules" and "rules" in by_label:
+            reasons.append(f"rules out ({figures['rules']['out']}): {incumbent} is the incumbent")
+        beaten = verdicts.ratios.get(chosen)
+        if chosen != incumbent and beaten is not None:
+            reasons.append(f"kept {chosen}: {beaten.text()} the speed of {incumbent} over {beaten.n} paired rounds "
+                           f"in {clock.name}")
+        else:
+            reasons.append(f"kept {chosen}: no candidate was supported faster by more than {MARGIN:.0%}")
+        if not decided:
+            open_ = [f"{label} {paired_ratio(samples[chosen], samples[label]).text()} the speed of {chosen}"
+                     for label in verdicts.contenders]
+            reasons.append(f"undecided after {rounds} rounds ({stop_reason}): {', '.join(open_)} (the interval reaches "
+                           f"past the {MARGIN:.0%} margin)")
+    for label, fig in figures.items():
+        if fig["out"]:
+            reasons.append(f"{label} out: {fig['out']}")
+    for label in samples:
+        fig = figures[label]
+        if fig["vs_fp32"]:
+            r = fig["vs_fp32"]
+            reasons.append(f"{label}: {r['value']:.2f}x fp32 ({r['low']:.2f}-{r['high']:.2f}), SQNR "
+                           + ("exact" if fig["sqnr_db"] == math.inf else f"{fig['sqnr_db']:.1f} dB")
+                           + (f", {fig['status']} than {incumbent}" if fig["status"] in ("faster", "slower") else
+                              f", no gain over {incumbent}" if fig["status"] == "no gain" else
+                              f", undecided against {incumbent}" if fig["status"] == "undecided" else ""))
+
+    kept = by_label[chosen]
+    policy = kept.policy if kept.policy is not None else Policy(
+        (Rule("*", storage="fp32", optional=True, reason=f"{name} calibrated: fp32 was fastest on this model"),), None, name=name)
+    policy = dataclasses.replace(policy, name=name)
+    return Calibration(name, policy, chosen, "measured", decided, tuple(reasons),
+                       tuple(_jsonable(figures[c.label]) for c in cands), clock.name, rounds, round(now() - started, 3),
+                       datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), hw.name, floor)
+
+
+def _jsonable(fig: dict[str, Any]) -> dict[str, Any]:
+    """A figure as JSON keeps it: infinities as strings are not needed, floats stay floats."""
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in fig.items()}
+
+
+# --------------------------------------------------------------------------- apply with calibrate=
+
+
+def apply(
+    target: Any,
+    policy: Policy | str,
+    *,
+    calibrate: Any = None,
+    run: Callable[[Any], Any] | None = None,
+    keep_original: str = "cpu",
+    strict: bool = False,
+    **calibration: Any,
+) -> Applied:
+    """Apply a policy or a preset to a module, a mapping of named modules, or a pipeline.
+
+    ``policy`` may be a :class:`~mixprec.policy.Policy` or a preset's name (resolved for the
+    model's device). With ``calibrate=example_inputs`` the preset is first checked on the
+    model (:func:`calibrate`: its candidates timed on those inputs, the fastest that
+    meets the preset's quality floor kept, the decision remembered); ``calibrate=True``
+    uses a pipeline's own example inputs, and a :class:`Calibration` is applied as it is.
+    Other keyword arguments go to :func:`calibrate` (``time_limit``, ``cache``,
+    ``floor_db``, ``hints``). The returned :class:`~mixprec.casting.apply.Applied` carries
+    the ``calibration``.
+
+    Everything else is :func:`mixprec.casting.apply.apply`: revert restores every tensor
+    bit-exactly.
+
+    Example:
+        >>> with mixprec.apply(model, "fast", calibrate=(input_ids,)) as applied:
+        ...     print(applied.calibration.headline())
+        ...     model(input_ids)
+    """
+    found: Calibration | None = None
+    if isinstance(calibrate, Calibration):
+        found = calibrate
+    elif calibrate is not None and calibrate is not False:
+        if not isinstance(policy, str):
+            raise ApplyError("calibrate= chooses among a preset's candidates: pass the preset's name (for example "
+                             f"'fast') instead of a {type(policy).__name__}")
+        found = _calibrate(target, policy, None if calibrate is True else calibrate, run=run, **calibration)
+    elif calibration:
+        raise ApplyError(f"{', '.join(sorted(calibration))}: options of calibrate=, which was not given")
+    if found is not None:
+        chosen = found.policy
+    elif isinstance(policy, str):
+        components, hints = components_of(target)
+        chosen = resolve_preset(policy, hardware=probe(_device_of(components)), hints=hints)
+    else:
+        chosen = policy
+    applied = apply_policy(target, chosen, keep_original=keep_original, strict=strict)
+    applied.calibration = found
+    return applied

@@ -1,0 +1,112 @@
+"""What a calibration times for a preset: a pure function of the preset, the probe and the hints.
+
+:func:`candidates` lists, for one preset, the policies a user could have ended up with and
+that the preset must not lose to on this model:
+
+* ``rules``: the preset as the rules resolve it from the probe;
+* ``rules-fp16`` / ``rules-bf16``: the same preset resolved with the other 16-bit type, where
+  the device computes both natively (``bf16`` and ``fp16`` where the rules chose fp32);
+* ``rules-no-matmul``: the preset's rules without its float32 matmul level (what the
+  level adds, measured);
+* ``fp32-high`` / ``fp32-medium``: fp32 weights at the preset's matmul level;
+* ``naive-bf16`` / ``naive-fp16``: every module in that type, nothing else: the one-line
+  cast, and the preset without its extras (islands, upcasts, matmul level);
+* ``fp32``: the model as it is, untouched: the reference every ratio is taken against.
+
+Policies that come out identical are timed once under the first label, the others named in
+``also``. The memory preset only chooses among candidates that store 16-bit weights (its
+objective is memory); ``quality`` is fp32 at ``highest`` by definition: nothing to choose.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+from mixprec.device.hardware import Hardware
+from mixprec.device.settings import NumericSettings
+from mixprec.policy import Policy, Rule
+from mixprec.policy.presets import check_name, native16, resolve
+
+__all__ = ["Candidate", "candidates", "REFERENCE"]
+
+#: The label of the untouched model.
+REFERENCE = "fp32"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One policy a calibration times.
+
+    Attributes:
+        label: ``rules``, ``rules-fp16``, ``naive-bf16``, ``fp32``, ...
+        policy: the policy (``None`` for :data:`REFERENCE`, the untouched model).
+        what: one line saying what it is.
+        eligible: whether the preset may choose it (``memory`` chooses 16-bit storage only).
+        also: labels of other candidates that came out as the same policy.
+    """
+
+    label: str
+    policy: Policy | None
+    what: str
+    eligible: bool = True
+    also: tuple[str, ...] = ()
+
+
+def _key(policy: Policy | None) -> str:
+    if policy is None:
+        return "untouched"
+    return json.dumps(dataclasses.replace(policy, name="candidate").to_dict(), sort_keys=True)
+
+
+def _storages(policy: Policy) -> set[str]:
+    return {r.storage for r in policy.rules if r.storage}
+
+
+def candidates(preset: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = ()) -> list[Candidate]:
+    """The candidates of ``preset`` on ``hardware``, the rule-based resolution first and the
+    untouched fp32 model last (see the module docstring).
+
+    Raises:
+        UnknownPresetError: for a name that is not a preset.
+    """
+    key = check_name(preset)
+    hints = tuple(hints)
+    rules, _ = resolve(key, hardware, hints)
+    natives = native16(hardware)
+    chosen = _storages(rules) - {"fp32"}
+    memory = key == "memory"
+    level = rules.numerics.matmul if rules.numerics is not None else "highest"
+
+    found: list[Candidate] = [Candidate("rules", rules, f"{key} as the rules resolve it from the probe")]
+    if key != "quality":
+        for dtype in natives:
+            if dtype not in chosen:
+                policy, _ = resolve(key, hardware, hints, dtype=dtype)
+                found.append(Candidate(f"rules-{dtype}", dataclasses.replace(policy, name=key),
+                                       f"{key} resolved with {dtype} as its 16-bit type"))
+        if level != "highest":
+            found.append(Candidate("rules-no-matmul", dataclasses.replace(rules, numerics=None),
+                                   f"{key}'s rules without its float32 matmul level '{level}'"))
+            found.append(Candidate(f"fp32-{level}", Policy((Rule("*", storage="fp32", optional=True),),
+                                                           NumericSettings(matmul=level), name=f"fp32-{level}"),
+                                   f"fp32 weights, float32 matmul precision '{level}'", eligible=not memory))
+        for dtype in natives:
+            found.append(Candidate(f"naive-{dtype}", Policy((Rule("*", storage=dtype, optional=True,
+                                                                  reason=f"every module in {dtype}"),), name=f"naive-{dtype}"),
+                                   f"every module in {dtype} and nothing else (the one-line cast; {key} without its extras)"))
+    found.append(Candidate(REFERENCE, None, "the model as it is (fp32, torch's defaults): the reference", eligible=not memory))
+
+    merged: dict[str, Candidate] = {}
+    for cand in found:
+        k = _key(cand.policy)
+        if k in merged:
+            first = merged[k]
+            merged[k] = dataclasses.replace(first, also=first.also + (cand.label,), eligible=first.eligible or cand.eligible)
+        else:
+            merged[k] = cand
+    out = list(merged.values())
+    if memory:  # memory chooses among 16-bit storage only
+        out = [dataclasses.replace(c, eligible=c.policy is not None and bool(_storages(c.policy) - {"fp32"})) for c in out]
+    return out
