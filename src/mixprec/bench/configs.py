@@ -65,12 +65,16 @@ class ConfigSpec:
         compile: the configuration's components are compiled (``torch.compile``,
             inductor) after it is set up; the worker times the first call, which
             compiles, separately.
+        calibrated: a preset checked on the pipeline first (``fast+calibrated``:
+            :func:`mixprec.calibrate` on the run's inputs, a remembered decision reused);
+            the stored policy's name says what was kept and how fast it measured.
     """
 
     name: str
     kind: str
     arg: str | None = None
     compile: bool = False
+    calibrated: bool = False
 
     @property
     def dtype(self) -> str | None:
@@ -81,11 +85,19 @@ class ConfigSpec:
 
 
 COMPILE_SUFFIX = "+compile"
+CALIBRATED_SUFFIX = "+calibrated"
 
 
 def _spec(name: str) -> ConfigSpec:
     if name.endswith(COMPILE_SUFFIX) and len(name) > len(COMPILE_SUFFIX):
         return dataclasses.replace(_spec(name[: -len(COMPILE_SUFFIX)]), name=name, compile=True)
+    if name.endswith(CALIBRATED_SUFFIX) and len(name) > len(CALIBRATED_SUFFIX):
+        base = _spec(name[: -len(CALIBRATED_SUFFIX)])
+        if base.kind != "preset" or base.compile:
+            raise UnknownConfigError(f"configuration {quote(name)}: {CALIBRATED_SUFFIX} checks a preset on the pipeline; "
+                                     f"use it on quality, balanced, fast or memory (e.g. fast{CALIBRATED_SUFFIX}, "
+                                     f"fast{CALIBRATED_SUFFIX}{COMPILE_SUFFIX})")
+        return dataclasses.replace(base, name=name, calibrated=True)
     if name in BUILTIN:
         kind, arg, _ = BUILTIN[name]
         if isinstance(arg, torch.dtype):
@@ -98,7 +110,8 @@ def _spec(name: str) -> ConfigSpec:
         return ConfigSpec(name, "policy", os.path.abspath(name))
     raise UnknownConfigError(
         f"unknown configuration {quote(name)}{did_you_mean(name, list(BUILTIN))}; valid: {', '.join(BUILTIN)}, or a policy "
-        f".toml/.json file; any of them with {COMPILE_SUFFIX} (e.g. fast{COMPILE_SUFFIX}) runs compiled"
+        f".toml/.json file; any of them with {COMPILE_SUFFIX} (e.g. fast{COMPILE_SUFFIX}) runs compiled, a preset with "
+        f"{CALIBRATED_SUFFIX} is first checked on the pipeline"
     )
 
 
@@ -162,8 +175,10 @@ def default_configs(hardware: Hardware) -> tuple[list[ConfigSpec], list[str]]:
     return specs, notes
 
 
-def setup(spec: ConfigSpec, pipe: Any, hardware: Hardware | None = None) -> tuple[Callable[[], ContextManager], dict[str, Any]]:
-    """Change ``pipe`` as ``spec`` says (inside a worker process).
+def setup(spec: ConfigSpec, pipe: Any, hardware: Hardware | None = None,
+          inputs: Any = None) -> tuple[Callable[[], ContextManager], dict[str, Any]]:
+    """Change ``pipe`` as ``spec`` says (inside a worker process); a ``+calibrated`` preset is
+    first checked on ``inputs`` (the run's own).
 
     A ``+compile`` configuration is then compiled: a preset or policy through its
     ``compile`` setting (:class:`mixprec.CompileSettings`, so the guard checks outside
@@ -176,7 +191,7 @@ def setup(spec: ConfigSpec, pipe: Any, hardware: Hardware | None = None) -> tupl
     Raises:
         mixprec.ApplyError: a compiled configuration on a machine without a C++ compiler.
     """
-    context, info = _configure(spec, pipe, hardware)
+    context, info = _configure(spec, pipe, hardware, inputs)
     if spec.compile and spec.kind not in ("preset", "policy"):
         settings = CompileSettings()
         check_compiler(settings, any(p.device.type == "cpu" for c in pipe.components.values() for p in c.parameters()))
@@ -185,7 +200,8 @@ def setup(spec: ConfigSpec, pipe: Any, hardware: Hardware | None = None) -> tupl
     return context, info
 
 
-def _configure(spec: ConfigSpec, pipe: Any, hardware: Hardware | None) -> tuple[Callable[[], ContextManager], dict[str, Any]]:
+def _configure(spec: ConfigSpec, pipe: Any, hardware: Hardware | None,
+               inputs: Any = None) -> tuple[Callable[[], ContextManager], dict[str, Any]]:
     info: dict[str, Any] = {"policy": None, "guard": None}
     if spec.kind == "baseline":
         return contextlib.nullcontext, info
@@ -202,7 +218,13 @@ def _configure(spec: ConfigSpec, pipe: Any, hardware: Hardware | None) -> tuple[
         for component in pipe.components.values():
             component.to(dtype)
         return contextlib.nullcontext, info
-    if spec.kind == "preset":
+    if spec.kind == "preset" and spec.calibrated:
+        from mixprec.calibration import calibrate
+
+        result = calibrate(pipe, spec.arg, inputs, hardware=hardware)
+        policy = dataclasses.replace(result.policy, name=f"{spec.arg}, calibrated: {result.headline().split(': ', 1)[1]}")
+        info["calibration"] = result.to_dict()
+    elif spec.kind == "preset":
         policy = preset(spec.arg, hardware=hardware, hints=tuple(getattr(pipe, "sensitive", ())))
     else:
         policy = Policy.load(spec.arg)

@@ -63,7 +63,7 @@ def serve(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs in
                          **job.get("overrides", {}))
     inputs = pipe.example_inputs(job["batch"], job["seed"])
     spec = ConfigSpec(**job["spec"])
-    context, info = setup(spec, pipe, hardware)
+    context, info = setup(spec, pipe, hardware, inputs)
     cuda = pipe.device.type == "cuda" if hasattr(pipe, "device") else False
     baseline = rss_bytes()
     reset_peak()

@@ -70,8 +70,10 @@ class Calibration:
         chosen: the kept candidate's label (``rules``, ``naive-fp16``, ``fp32``, ...).
         source: ``measured`` (timed now), ``cache`` (remembered from an earlier
             calibration) or ``rules`` (nothing was timed: ``quality``).
-        decided: whether the rounds settled every comparison (``False``: the rule-based
-            choice stayed, ``reasons`` say why).
+        decided: whether the rounds reached a verdict (at least
+            :data:`~mixprec.calibration.decide.MIN_ROUNDS` paired rounds; ``False``: the
+            rule-based choice stayed, ``reasons`` say why). Candidates the rounds could not
+            separate from the kept one within 2% are named in ``reasons``.
         reasons: sentences for every choice, figures included.
         figures: per candidate: ``label``, ``what``, ``also``, ``eligible``, ``sqnr_db``,
             ``nonfinite``, ``out`` (why it could not be chosen), ``weight_bytes``,
@@ -117,10 +119,7 @@ class Calibration:
             text += f", measured in {self.clock} over {self.rounds} paired rounds ({self.seconds:.1f} s)"
         else:
             text += ", from the rules (nothing timed)"
-        if self.decided:
-            return text
-        return text + ("; undecided: the rule-based choice stays" if self.chosen == "rules"
-                       else "; undecided whether another candidate is faster still")
+        return text + ("" if self.decided else "; undecided: the rule-based choice stays")
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -435,6 +434,7 @@ def _measure(target: Any, run: Callable[[Any], Any], inputs: Any, name: str, hw:
         if REFERENCE in samples and samples[REFERENCE] and samples[label] and label != REFERENCE:
             fig["vs_fp32"] = paired_ratio(samples[REFERENCE], samples[label]).to_dict()
     if verdicts is not None:
+        figures[incumbent]["status"] = "incumbent"
         for label, status in verdicts.status.items():
             figures[label]["status"] = status
 
@@ -450,7 +450,7 @@ def _measure(target: Any, run: Callable[[Any], Any], inputs: Any, name: str, hw:
                        f"the rule-based choice stays (give a longer time_limit)")
         chosen = "rules" if "rules" in qualified else incumbent
     else:
-        chosen, decided = verdicts.winner, verdicts.settled
+        chosen, decided = verdicts.winner, True
         if incumbent != "rules" and "rules" in by_label:
             reasons.append(f"rules out ({figures['rules']['out']}): {incumbent} is the incumbent")
         beaten = verdicts.ratios.get(chosen)
@@ -458,12 +458,12 @@ def _measure(target: Any, run: Callable[[Any], Any], inputs: Any, name: str, hw:
             reasons.append(f"kept {chosen}: {beaten.text()} the speed of {incumbent} over {beaten.n} paired rounds "
                            f"in {clock.name}")
         else:
-            reasons.append(f"kept {chosen}: no candidate was supported faster by more than {MARGIN:.0%}")
-        if not decided:
+            reasons.append(f"kept {chosen}: no candidate was supported faster")
+        if not verdicts.settled:
             open_ = [f"{label} {paired_ratio(samples[chosen], samples[label]).text()} the speed of {chosen}"
                      for label in verdicts.contenders]
-            reasons.append(f"undecided after {rounds} rounds ({stop_reason}): {', '.join(open_)} (the interval reaches "
-                           f"past the {MARGIN:.0%} margin)")
+            reasons.append(f"not separated after {rounds} rounds ({stop_reason}): {', '.join(open_)}; its interval "
+                           f"reaches past {1 + MARGIN:g}x, so it may be up to that much faster")
     for label, fig in figures.items():
         if fig["out"]:
             reasons.append(f"{label} out: {fig['out']}")

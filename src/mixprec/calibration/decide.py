@@ -7,10 +7,10 @@ candidates ran under the same conditions and gives one ratio;
 a confidence interval. Against the incumbent (the rule-based resolution, or the untouched
 model where the rules' choice fell out), a challenger is
 
-* ``faster``: the whole interval above ``1 + margin``;
+* ``faster``: the whole interval above 1 (supported faster);
 * ``slower``: the whole interval below 1;
-* ``no gain``: the interval reaches no higher than ``1 + margin`` (it cannot be faster by the margin);
-* ``undecided``: anything else (the interval straddles ``1 + margin``).
+* ``no gain``: the interval holds 1 and reaches no higher than ``1 + margin``;
+* ``undecided``: the interval holds 1 and reaches past ``1 + margin``.
 
 The winner is the faster challenger with the highest median ratio (the incumbent where
 none is faster). The measurement is settled when no other candidate may still beat the
@@ -27,7 +27,7 @@ from mixprec.measure.stats import Ratio, paired_ratio
 
 __all__ = ["Verdicts", "compare", "MARGIN", "MIN_ROUNDS"]
 
-#: The gain a challenger's whole interval must show over the incumbent to replace it.
+#: A candidate whose interval against the kept one reaches past this gain keeps the comparison open.
 MARGIN = 0.02
 #: Paired rounds needed before any verdict (a bootstrap interval needs five).
 MIN_ROUNDS = 5
@@ -63,7 +63,7 @@ class Verdicts:
 def _status(ratio: Ratio, margin: float, rounds: int) -> str:
     if rounds < MIN_ROUNDS or ratio.n < MIN_ROUNDS:
         return "undecided"
-    if ratio.low > 1 + margin:
+    if ratio.low > 1:
         return "faster"
     if ratio.high < 1:
         return "slower"

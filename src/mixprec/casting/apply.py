@@ -24,7 +24,7 @@ from mixprec.casting.compile import Compiled, any_on_cpu, check_compiler
 from mixprec.casting.explain import dtype_read_warnings, explain_rows
 from mixprec.casting.follow import WeightChanges, replaced_by_app
 from mixprec.casting.hooks import own_tensors
-from mixprec.casting.install import install_wrappers
+from mixprec.casting.install import install_pins, install_wrappers
 from mixprec.casting.kinds import fits_file, stored_bytes
 from mixprec.casting.targets import DTYPES, ApplyError, components_of, refuse_meta, refuse_unsupported, weight_bytes
 from mixprec.policy import ModulePlan, Policy, PolicyError, resolve_modules
@@ -80,6 +80,7 @@ class Applied:
         self.weights_version = 0
         self._reapplying = False
         self._active = True
+        self._reapplied = False
         #: The :class:`~mixprec.calibration.Calibration` that chose the policy, where one did.
         self.calibration: Any = None
 
@@ -230,6 +231,9 @@ class Applied:
                 self._reapplying = False
                 self._numerics = kept
         self.policy, self.plans, self.original_bytes, self.unmatched = policy, plans, 0, unmatched
+        # A re-apply (the guard's fallback, possibly in the middle of a call) keeps the full set of
+        # wrappers even where the new policy is all fp32: the call in flight may hold 16-bit tensors.
+        self._reapplied = True
         _materialize(self)
 
     # The table `mixprec explain` prints.
@@ -296,6 +300,12 @@ def apply(
     applied.unmatched = unmatched
     _materialize(applied)
     return applied
+
+
+def _all_fp32(comps: dict[str, nn.Module]) -> bool:
+    """Every floating-point parameter and buffer of the components is fp32 (whatever its kind: sparse, subclass)."""
+    return all(t.dtype == torch.float32 for root in comps.values() for t in [*root.parameters(), *root.buffers()]
+               if t is not None and t.is_floating_point())
 
 
 def applied_part(comps: dict[str, nn.Module]) -> str | None:
@@ -397,7 +407,11 @@ def _materialize(applied: Applied) -> None:
         if policy.numerics is not None and applied._numerics is None:  # a re-apply may keep them in force
             applied._numerics = backends.apply_settings(policy.numerics, owner=f"the numerics of policy {policy.name!r}",
                                                         keep_app_changes=True)
-        install_wrappers(comps, by_module, policy, applied._entry_dtypes, applied._handles, applied._pinned)
+        if new_data or any(p.storage != "fp32" or p.compute_dtype != "fp32" or p.upcast_attention or p.output_dtype
+                           for p in plans) or not _all_fp32(comps) or applied._reapplied:
+            install_wrappers(comps, by_module, policy, applied._entry_dtypes, applied._handles, applied._pinned)
+        else:  # nothing changes a dtype (a first apply): no wrapper would do anything but cost
+            install_pins(comps, by_module, applied._pinned)
         if keep_original != "none":
             applied._changes = WeightChanges({key: t for key, (t, _) in new_data.items()}, applied._locations, applied._follow)
             applied._handles.extend(applied._changes.install(comps))

@@ -11,10 +11,10 @@ import sys
 import warnings
 
 # The order of these modules is the order of the commands in ``mixprec --help``.
-from mixprec.cli import env, models, bench, tune, ui
+from mixprec.cli import env, models, calibrate, bench, tune, ui
 from mixprec.cli._app import app
 
-__all__ = ["app", "main", "env", "models", "bench", "tune", "ui"]
+__all__ = ["app", "main", "env", "models", "calibrate", "bench", "tune", "ui"]
 
 
 def main(argv: list[str] | None = None) -> None:

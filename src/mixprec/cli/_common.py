@@ -24,7 +24,7 @@ console = SafeConsole(width=None if sys.stdout.isatty() or "COLUMNS" in os.envir
 err_console = SafeConsole(stderr=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
-SizeFlag = Annotated[str, typer.Option("--size", help="Pipeline size: default (benchmark-sized) or test (tiny).")]
+SizeFlag = Annotated[str, typer.Option("--size", help="Pipeline size: test (tiny), default (benchmark-sized) or large (GPU-sized: Chatterbox / Stable Diffusion 1.5 shapes).")]
 PipelineFlag = Annotated[str, typer.Option("--pipeline", help="Pipeline name (see `mixprec pipelines`), or your factory: module.path:factory or path/to/file.py:factory.")]
 DeviceFlag = Annotated[Optional[str], typer.Option("--device", help="cpu | cuda | cuda:N | mps (default: best available)")]
 #: ``--device`` of the commands that measure and store (``bench``, ``tune``): the CPU unless asked.

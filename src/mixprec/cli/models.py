@@ -64,20 +64,32 @@ def explain(
     device: DeviceFlag = None,
     all_modules: Annotated[bool, typer.Option("--all", help="List every module, not only those that own weights.")] = False,
     expand: Annotated[bool, typer.Option("--expand", help="One row per module: repeated blocks (layers.0, layers.1, ...) are not collapsed into one row.")] = False,
+    calibrate: Annotated[bool, typer.Option("--calibrate", help="Check the preset on the pipeline itself (as `mixprec calibrate`; a remembered decision is reused) and explain the policy it keeps.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Per module: storage and compute dtype and the rule that decided them, after a summary.
 
     The pipeline is built on --device (its factory gets it when it accepts one, else the
-    pipeline is moved there), and the presets follow that device's probe.
+    pipeline is moved there), and the presets follow that device's probe. With
+    --calibrate the preset's candidates are timed on the pipeline (batch 1), or a
+    remembered decision is reused, and the figures it was decided on are shown.
     """
     from mixprec import pipelines
 
     _one_policy(preset, policy)
+    if calibrate and preset is None:
+        fail(ValueError("--calibrate checks a preset on the pipeline: give --preset, not --policy"))
+    calibration = None
     try:
         device = checked_device(device)
         pipe = pipelines.get(pipeline, size=size, device=device)
-        pol = _policy_for(pipe, preset, policy, device)
+        if calibrate:
+            from mixprec.calibration import calibrate as run_calibration
+
+            calibration = run_calibration(pipe, preset, example_inputs(pipe, pipeline, 1, 0))
+            pol = calibration.policy
+        else:
+            pol = _policy_for(pipe, preset, policy, device)
         rows = mixprec.explain(pipe, pol)
         pitfalls = mixprec.explain_warnings(pipe, pol)
         unmatched = explain_unmatched(pipe, pol)
@@ -90,7 +102,8 @@ def explain(
     if as_json:
         console.print_json(json.dumps({"device": device, "policy": pol.to_dict(), "modules": rows,
                                        "warnings": summarise_unmatched(unmatched) + pitfalls,
-                                       "unmatched_rules": [u.to_dict() for u in unmatched], "advice": advice}))
+                                       "unmatched_rules": [u.to_dict() for u in unmatched], "advice": advice,
+                                       "calibration": calibration.to_dict() if calibration is not None else None}, default=str))
         return
     title = f"{pipeline} under {pol.name} on {device}"
     shown = explain_rows(rows, expand=expand)
@@ -107,6 +120,15 @@ def explain(
         say(err_console, ("warning:", "yellow"), " ", message)
     for hint in advice:
         say(console, "advice: ", hint, soft_wrap=False)
+    if calibration is not None:
+        from mixprec.cli.calibrate import CALIBRATION_COLUMNS, calibration_lines, calibration_rows
+
+        lines = calibration_lines(calibration)
+        say(console, "calibrated: ", lines[0], soft_wrap=False)
+        console.print(table(f"{pipeline}: {preset}'s candidates", CALIBRATION_COLUMNS, calibration_rows(calibration),
+                            drop=("out / also", "weights")))
+        for reason in lines[1:]:
+            say(console, "  - ", reason, soft_wrap=False)
 
 
 def _device_type(device: str) -> str:
