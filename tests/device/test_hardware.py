@@ -302,3 +302,49 @@ class TestProbeFiguresReadAsTheirClass:
                "machine": {"device_type": "cpu", "name": "Simulated CPU", "dtypes": hw.to_dict()["dtypes"]}}
         assert f"bf16 {klass}" + (f" ({shown})" if shown else "") in render_html([run])
         hardware._UNDECIDED_THIS_PROCESS.clear()
+
+
+class TestWhatTheHardwareStates:
+    """Where the probe cannot decide, decisions use what the CPU flags or the compute capability state."""
+
+    @pytest.mark.parametrize(("dtype", "device", "flags", "capability", "klass", "source"), [
+        ("bf16", "cpu", ("avx2", "amx_bf16", "avx512_bf16"), None, "fast", "amx_bf16"),
+        ("bf16", "cpu", ("avx2", "avx512_bf16"), None, "fast", "avx512_bf16"),
+        ("bf16", "cpu", ("avx2",), None, "emulated", "none of amx_bf16, avx512_bf16"),
+        ("fp16", "cpu", ("avx512_fp16",), None, "no_speedup", "avx512_fp16"),
+        ("fp16", "cpu", ("avx512_fp16", "amx_fp16"), None, "fast", "amx_fp16"),
+        ("fp16", "cpu", ("avx2",), None, "emulated", "none of amx_fp16, avx512_fp16"),
+        ("bf16", "cuda", (), (9, 0), "fast", "9.0 >= 8.0"),
+        ("fp16", "cuda", (), (7, 5), "fast", "7.5 >= 7.0"),
+    ])
+    def test_stated(self, dtype, device, flags, capability, klass, source):
+        said = hardware.stated(dtype, device, flags, capability)
+        assert said[0] == klass and source in said[1] and said[1].endswith("not measured")
+
+    def test_nothing_stated_for_an_old_gpu_or_tf32_on_a_cpu(self):
+        assert hardware.stated("bf16", "cuda", (), (7, 5)) is None
+        assert hardware.stated("tf32", "cpu", ("amx_bf16",)) is None
+
+    def test_effective_uses_a_measured_class_as_it_is_and_states_only_the_unsettled(self):
+        import dataclasses
+
+        base = hardware.probe("cpu", layers=False)
+        flagged = dataclasses.replace(base, cpu_flags=("amx_bf16",))
+        measured = dataclasses.replace(flagged, dtypes={**base.dtypes, "bf16": dataclasses.replace(
+            base.dtypes["bf16"], klass="no_speedup", note=None)})
+        assert measured.effective("bf16") is measured.dtypes["bf16"] and not measured.is_fast("bf16")
+        busy = dataclasses.replace(flagged, dtypes={**base.dtypes, "bf16": dataclasses.replace(
+            base.dtypes["bf16"], klass=hardware.UNSTABLE, note="its rounds scattered")})
+        used = busy.effective("bf16")
+        assert used.klass == "fast" and used.note.startswith("from the CPU flags (amx_bf16), not measured")
+        assert "its rounds scattered" in used.note and busy.fast_16bit()[0] == "bf16"
+
+
+def test_a_cpu_probe_times_one_thread_in_cpu_time_and_restores_the_threads(tmp_path, monkeypatch):
+    monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
+    threads = torch.get_num_threads()
+    seen = []
+    monkeypatch.setattr(hardware._MatmulCase, "_call", lambda case: seen.append(torch.get_num_threads()) or 0.001)
+    hw = hardware.probe("cpu", layers=False, use_cache=False)
+    assert set(seen) == {1} and torch.get_num_threads() == threads
+    assert hw.clock == "cpu-time, 1 thread" and hw.threads == threads

@@ -55,9 +55,12 @@ class Candidate:
 
 
 def _key(policy: Policy | None) -> str:
+    """What a policy does (its rules' reasons and its name left out)."""
     if policy is None:
         return "untouched"
-    return json.dumps(dataclasses.replace(policy, name="candidate").to_dict(), sort_keys=True)
+    data = dataclasses.replace(policy, name="candidate").to_dict()
+    data["rules"] = [{k: v for k, v in rule.items() if k != "reason"} for rule in data["rules"]]
+    return json.dumps(data, sort_keys=True)
 
 
 def _storages(policy: Policy) -> set[str]:

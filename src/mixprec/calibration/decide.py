@@ -75,7 +75,8 @@ def _status(ratio: Ratio, margin: float, rounds: int) -> str:
 def compare(samples: Mapping[str, Sequence[float]], incumbent: str, challengers: Sequence[str], *,
             margin: float = MARGIN) -> Verdicts:
     """Each challenger against ``incumbent`` over their paired rounds (``samples``: label ->
-    seconds per round, the same rounds in the same order), and the winner.
+    seconds per round, the same rounds in the same order), and the winner (of equal medians,
+    the one listed later in ``challengers``).
 
     Example:
         >>> compare({"rules": [1.0] * 5, "naive-bf16": [0.5] * 5}, "rules", ["naive-bf16"]).winner
@@ -89,7 +90,9 @@ def compare(samples: Mapping[str, Sequence[float]], incumbent: str, challengers:
         ratio = paired_ratio(base, list(samples[label]))
         ratios[label], status[label] = ratio, _status(ratio, margin, min(len(base), len(samples[label])))
     faster = [label for label in ratios if status[label] == "faster"]
-    winner = max(faster, key=lambda label: ratios[label].value) if faster else incumbent
+    # Equal medians: the later challenger wins (callers list the simplest change, the untouched model, last).
+    order = {label: i for i, label in enumerate(ratios)}
+    winner = max(faster, key=lambda label: (ratios[label].value, order[label])) if faster else incumbent
     rounds = min(len(v) for v in samples.values()) if samples else 0
     contenders = tuple(label for label in [incumbent, *ratios] if label != winner and (
         rounds < MIN_ROUNDS or paired_ratio(list(samples[winner]), list(samples[label])).high > 1 + margin))
