@@ -18,9 +18,18 @@ counting the Python function calls whose code lies in the mixprec package, excep
 reference pipelines' own code (``mixprec/pipelines``): the Python work mixprec adds per
 run. Quality is the SQNR of the warm-up output against the fp32 output.
 
+A ``+calibrated`` preset (``fast+calibrated``) is first checked on the pipeline by
+:func:`mixprec.calibrate` (its candidates timed on the same inputs, within
+``--calibration-limit`` seconds; a remembered decision is reused unless ``--fresh``), then
+applied like any preset; its decision is listed under the table. Calls are timed with the
+device's clock (``--clock``; default CPU time on a CPU, CUDA events on a GPU), and the
+last column compares each configuration with the fastest of fp32 and the naive casts in
+the same round.
+
 Usage:
     HF_HUB_OFFLINE=1 python benchmarks/bench_overhead.py [--pipelines tts,diffusion,minilm] [--sizes test,default]
-        [--repeat 5] [--calls 3] [--configs fp32,naive-bf16,naive-fp16,balanced,fast,memory] [--device cpu] [--out FILE]
+        [--batches 1] [--repeat 5] [--calls 3] [--configs fp32,naive-bf16,naive-fp16,balanced,fast,memory]
+        [--device cpu] [--clock cpu-time|wall] [--calibration-limit 20] [--fresh] [--out FILE]
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from bench_presets import sqnr_db
 import mixprec
 from mixprec import hardware, pipelines
 from mixprec.bench import configs
+from mixprec.device import clock as mixprec_clock
 
 CONFIGS = "fp32,naive-bf16,naive-fp16,balanced,fast,memory"
 KINDS = ("baseline", "naive", "autocast", "preset")  # the ones this script can revert in place
@@ -50,10 +60,13 @@ STEADY = 4
 
 
 @contextlib.contextmanager
-def configured(spec: configs.ConfigSpec, pipe, hw: hardware.Hardware):
-    """``pipe`` set up as ``spec`` says inside the block, back to its fp32 self (bit-exact) after it."""
+def configured(spec: configs.ConfigSpec, pipe, hw: hardware.Hardware, calibrated: dict | None = None):
+    """``pipe`` set up as ``spec`` says inside the block, back to its fp32 self (bit-exact) after it
+    (a ``+calibrated`` preset applies ``calibrated[spec.name].policy``)."""
     if spec.kind == "preset":
-        applied = mixprec.apply(pipe, mixprec.preset(spec.arg, hardware=hw, hints=tuple(pipe.sensitive)))
+        policy = (calibrated[spec.name].policy if spec.calibrated
+                  else mixprec.preset(spec.arg, hardware=hw, hints=tuple(pipe.sensitive)))
+        applied = mixprec.apply(pipe, policy)
         try:
             yield
         finally:
@@ -88,10 +101,19 @@ def python_calls(run) -> Counter:
     return counts
 
 
-def bench(name: str, size: str, specs: list, repeat: int, calls: int, hw: hardware.Hardware, device: str) -> list[str]:
-    """The markdown table of one pipeline at one size."""
+def bench(name: str, size: str, specs: list, repeat: int, calls: int, hw: hardware.Hardware, device: str, *,
+          batch: int = 1, clock=None, calibration_limit: float = 20.0, fresh: bool = False) -> list[str]:
+    """The markdown table of one pipeline at one size and batch."""
     pipe = pipelines.get(name, size=size, seed=0, device=device)
-    inputs = pipe.example_inputs(1, 0)
+    inputs = pipe.example_inputs(batch, 0)
+    clock = clock or mixprec_clock.clock_for(device)
+    calibrated, took = {}, {}
+    for spec in specs:
+        if spec.calibrated:
+            start = time.monotonic()
+            calibrated[spec.name] = mixprec.calibrate(pipe, spec.arg, inputs, hardware=hw, time_limit=calibration_limit,
+                                                      cache="refresh" if fresh else True)
+            took[spec.name] = time.monotonic() - start
     reference = pipe.run(inputs)
     kwargs = {"speech_tokens": reference.speech_tokens} if name == "tts" else {}
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
@@ -106,31 +128,31 @@ def bench(name: str, size: str, specs: list, repeat: int, calls: int, hw: hardwa
     counts: dict[str, Counter] = {}
     for round_index in range(repeat + 1):  # round 0: warm-up, quality and the counted run
         for spec in (specs if round_index % 2 else specs[::-1]):
-            with configured(spec, pipe, hw):
+            with configured(spec, pipe, hw, calibrated):
                 if round_index == 0:
                     quality[spec.name] = sqnr_db(run().output, reference.output)
                     for _ in range(STEADY):
                         run()
                     counts[spec.name] = python_calls(run)
                     continue
-                samples = []
-                for _ in range(calls):
-                    start = time.perf_counter()
-                    run()
-                    samples.append(time.perf_counter() - start)
-                times[spec.name].append(min(samples))
+                times[spec.name].append(min(clock.time(run)[1] for _ in range(calls)))
     exact = torch.equal(run().output, reference.output)
 
     naive = [times[n] for n in ("naive-bf16", "naive-fp16") if n in times]
     best_naive = [min(round_times) for round_times in zip(*naive)] if naive else None
-    lines = [f"### {name}, size={size}", "",
-             "| config | median ms | speed-up vs fp32 (interval) | vs best naive (interval) "
-             "| SQNR vs fp32 (dB) | mixprec Python calls per run |", "|---|---|---|---|---|---|"]
+    best_plain = [min(round_times) for round_times in zip(times["fp32"], *naive)]
+    lines = [f"### {name}, size={size}, batch {batch}", "",
+             f"| config | median ms ({clock.name}) | speed-up vs fp32 (interval) | vs best naive (interval) "
+             "| vs fastest of fp32 and naive (interval) | SQNR vs fp32 (dB) | mixprec Python calls per run |",
+             "|---|---|---|---|---|---|---|"]
     for spec in specs:
         t = times[spec.name]
         lines.append(f"| {spec.name} | {statistics.median(t) * 1e3:.1f} | "
                      f"{'reference' if spec.name == 'fp32' else speedup(times['fp32'], t)} | "
-                     f"{speedup(best_naive, t) if best_naive else '-'} | {quality[spec.name]:.1f} | {counts[spec.name]['mixprec']} |")
+                     f"{speedup(best_naive, t) if best_naive else '-'} | {speedup(best_plain, t)} | "
+                     f"{quality[spec.name]:.1f} | {counts[spec.name]['mixprec']} |")
+    for label, result in calibrated.items():
+        lines.append(f"- {label}: kept **{result.chosen}** ({result.source}, {took[label]:.1f} s): {result.headline()}")
     lines += ["", f"Not counted: the pipeline's own code in mixprec/pipelines, {counts['fp32']['pipeline']} calls per fp32 run. "
               f"fp32 after every configuration was applied and reverted: {'bit-exact' if exact else 'NOT bit-exact'} "
               "against the first run.", ""]
@@ -145,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=3, help="timed calls per configuration and round (the fastest counts)")
     parser.add_argument("--configs", default=CONFIGS, help="fp32, naive-bf16/fp16, autocast-bf16/fp16, presets")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--batches", default="1", help="batch sizes, e.g. 1,16")
+    parser.add_argument("--clock", default=None, help="cpu-time | cuda-events | wall (default: the device's)")
+    parser.add_argument("--calibration-limit", type=float, default=20.0, help="seconds each +calibrated preset may take")
+    parser.add_argument("--fresh", action="store_true", help="calibrate again even where a decision is remembered")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     hw = hardware.probe(args.device)
@@ -160,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{hw.threads} threads, torch {torch.__version__}; probe: "
         + ", ".join(f"{d} {hw.dtypes[d].klass} ({hardware.ratio_text(hw.dtypes[d].ratio, hw.dtypes[d].klass)})"
                     for d in ("bf16", "fp16")),
-        f"batch 1; {args.repeat} interleaved A-B-B-A rounds after a warm-up round; per round, the fastest of {args.calls} "
+        f"clock: {mixprec_clock.clock_for(args.device, args.clock).name}; batch {args.batches}; {args.repeat} interleaved A-B-B-A rounds after a warm-up round; per round, the fastest of {args.calls} "
         "calls; ratios paired per round (median, 95 % bootstrap interval, or the range below 5 rounds): speed-up = "
         "fp32 time / its time, 'vs best naive' = the faster naive cast's time / its time; a figure only where the "
         "interval lies wholly above 1 (faster) or below 1 (slower), else 'undecided' with the interval, or 'undecided "
@@ -168,11 +194,14 @@ def main(argv: list[str] | None = None) -> int:
         *notes,
         "",
     ]
+    clock = mixprec_clock.clock_for(args.device, args.clock)
     for name in args.pipelines.split(","):
         for size in args.sizes.split(","):
-            table = bench(name.strip(), size.strip(), specs, args.repeat, args.calls, hw, args.device)
-            print("\n".join(table), flush=True)
-            lines += table
+            for batch in [int(b) for b in args.batches.split(",")]:
+                table = bench(name.strip(), size.strip(), specs, args.repeat, args.calls, hw, args.device, batch=batch,
+                              clock=clock, calibration_limit=args.calibration_limit, fresh=args.fresh)
+                print("\n".join(table), flush=True)
+                lines += table
     return finish(lines, args.out)
 
 

@@ -11,8 +11,10 @@ check goes on):
 3. ``mixprec bench`` of the tts and diffusion reference pipelines at ``--size`` (``large``:
    Chatterbox-scale and SD-1.5-scale) under every configuration: fp32, TF32, autocast,
    the naive casts, the presets, and compiled twins; within a ``--budget`` per pipeline.
-4. What mixprec adds per run: ``benchmarks/bench_overhead.py`` (presets against fp32 and
-   the naive casts in paired rounds, and the Python calls mixprec makes per run).
+4. What mixprec adds per run: ``benchmarks/bench_overhead.py`` (presets, and presets
+   calibrated on the pipeline (``fast+calibrated``: their candidates timed with CUDA
+   events), against fp32 and the naive casts in paired rounds, and the Python calls
+   mixprec makes per run).
 5. The numerics guard's cost: the tts pipeline under ``fast``, with and without
    ``mixprec.guard``, in interleaved rounds.
 
@@ -202,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                       args.budget * 1.5 + 120, env)
     # bench_overhead.py reverts in place: fp32, the naive casts and the presets only.
     overhead = [c for c in configs.split(",") if c == "fp32" or c.startswith("naive-") or c in ("quality", "balanced", "fast", "memory")]
+    overhead += [f"{p}+calibrated" for p in ("balanced", "fast", "memory") if p in overhead]
     lines += _run("What mixprec adds per run", [sys.executable, str(HERE / "bench_overhead.py"), "--pipelines", ",".join(pipelines),
                                                 "--sizes", size, "--device", args.device, "--repeat", "4", "--calls", "2",
                                                 "--configs", ",".join(overhead)],

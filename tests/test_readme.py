@@ -33,6 +33,7 @@ RUN: list[tuple[str, int]] = [
     (r"^MIXPREC_FLOAT32_MATMUL_PRECISION=fastest mixprec config show$", 2),  # the README shows this error
     (r"^mixprec fallbacks list$", 0),
     (r"^mixprec runs list$", 0),
+    (r"^mixprec calibrate --list$", 0),
 ]
 
 #: (pattern, reason): commands left out, each with why.
@@ -42,6 +43,7 @@ SKIP: list[tuple[str, str]] = [
     (r"^mixprec pipelines$", "builds every pipeline size to count its weights (a minute on a loaded 2-core machine)"),
     (r"^mixprec explain ", "builds a pipeline first (tens of seconds on 2 cores); tests/cli covers explain"),
     (r"^mixprec bench ", "long: a benchmark of several configurations"),
+    (r"^mixprec calibrate --pipeline ", "times a preset's candidates on a pipeline (seconds to minutes); tests/cli covers it"),
     (r"^mixprec tune ", "long: a measured search"),
     (r"^mixprec diagnose ", "long: profiles every module of a pipeline"),
     (r"^mixprec run ", "runs a whole pipeline (and the examples need downloaded weights)"),

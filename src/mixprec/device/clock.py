@@ -20,11 +20,12 @@ run. On a GPU, CUDA events time the kernels on the device between two points of 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
 
-__all__ = ["Clock", "CpuTime", "CudaEvents", "WallTime", "clock_for", "CLOCKS"]
+__all__ = ["Clock", "CpuTime", "CudaEvents", "WallTime", "clock_for", "one_thread", "CLOCKS"]
 
 #: The clock names :func:`clock_for` accepts.
 CLOCKS = ("cpu-time", "cuda-events", "wall")
@@ -111,3 +112,21 @@ def clock_for(device: torch.device | str | None, kind: str | None = None) -> Clo
             raise ValueError(f"clock 'cuda-events' times CUDA work; the device is {dev}: choose cpu-time or wall")
         return CudaEvents(dev)
     return CpuTime() if kind == "cpu-time" else WallTime(dev)
+
+
+@contextmanager
+def one_thread(dev: torch.device) -> Iterator[None]:
+    """On a CPU, one intra-op thread inside the block (restored after it), for timing where
+    other processes must not move the figures. The probe times so: CPU time of one thread is what it
+    computes, whatever else runs (with two, a thread spinning at a barrier while its partner
+    waits for a core counts too: bf16 read 3.5x to 44x fp32 under two CPU hogs on a 2-core
+    Xeon; on one thread 6.9x to 7.3x, as quiet). Ratios, not absolute rates, decide."""
+    threads = torch.get_num_threads()
+    if dev.type != "cpu" or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

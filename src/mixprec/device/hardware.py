@@ -25,7 +25,6 @@ import os
 import platform
 import statistics
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,8 @@ import torch
 
 from mixprec._quote import quote
 from mixprec.device import backends
-from mixprec.device.clock import clock_for
+from mixprec.device.clock import clock_for, one_thread
+from mixprec.device.stated import stated
 from mixprec.device.trust import ceiling, holds, settled, tight
 
 __all__ = ["DtypeSpeed", "Hardware", "probe", "resolve_device", "cache_dir", "available_memory", "DTYPES", "classify", "contradiction", "forget", "cache_path",
@@ -82,49 +82,6 @@ def classify(ratio: float | None, supported: bool) -> str:
     if ratio < EMULATED_RATIO:
         return "emulated"
     return "no_speedup"
-
-
-#: What the hardware states about a precision, used only where the probe's timing cannot decide
-#: (a class ``undecided`` or ``unstable``): (device type, precision, the CPU flag or the least
-#: CUDA compute capability that states it, its class). The first row that applies wins; a
-#: row with no feature applies to every such device. The classes follow what was measured on
-#: such parts: AMX-BF16 and AVX512-BF16 run bf16 matmuls 2x to 18x fp32; AVX512-FP16 without
-#: AMX-FP16 runs fp16 at about 1.1x; without those units a CPU emulates 16-bit types
-#: (0.01x to 0.06x). Tensor cores run bf16 from compute capability 8.0, fp16 from 7.0.
-_STATED: tuple[tuple[str, str, str | tuple[int, int] | None, str], ...] = (
-    ("cpu", "bf16", "amx_bf16", "fast"),
-    ("cpu", "bf16", "avx512_bf16", "fast"),
-    ("cpu", "bf16", None, "emulated"),
-    ("cpu", "fp16", "amx_fp16", "fast"),
-    ("cpu", "fp16", "avx512_fp16", "no_speedup"),
-    ("cpu", "fp16", None, "emulated"),
-    ("cuda", "bf16", (8, 0), "fast"),
-    ("cuda", "fp16", (7, 0), "fast"),
-    ("cuda", "tf32", (8, 0), "fast"),
-)
-
-
-def stated(dtype: str, device_type: str, cpu_flags: tuple[str, ...] = (),
-           capability: tuple[int, int] | None = None) -> tuple[str, str] | None:
-    """The class the hardware states for ``dtype`` and where that comes from, e.g.
-    ``("fast", "from the CPU flags (amx_bf16), not measured")``; ``None`` where no row of
-    :data:`_STATED` applies (the probe's measurement is then all there is)."""
-    for kind, name, feature, klass in _STATED:
-        if kind != device_type or name != dtype:
-            continue
-        if isinstance(feature, tuple):
-            if capability is not None and tuple(capability) >= feature:
-                return klass, f"from the compute capability ({capability[0]}.{capability[1]} >= {feature[0]}.{feature[1]}), not measured"
-            continue
-        if feature is None:
-            return klass, f"from the CPU flags (none of {', '.join(_STATED_FLAGS[dtype])}), not measured"
-        if feature in cpu_flags:
-            return klass, f"from the CPU flags ({feature}), not measured"
-    return None
-
-
-_STATED_FLAGS = {name: tuple(f for kind, n, f, _ in _STATED if kind == "cpu" and n == name and isinstance(f, str))
-                 for name in ("bf16", "fp16")}
 
 
 @dataclass(frozen=True)
@@ -435,23 +392,6 @@ def _measure(dev: torch.device, n: int, budget_s: float, rounds: int = ROUNDS) -
     return result, levels
 
 
-@contextmanager
-def _timing_threads(dev: torch.device):
-    """On a CPU, one intra-op thread while the probe times: CPU time of one thread is what it
-    computes, whatever else runs (with two, a thread spinning at a barrier while its partner
-    waits for a core counts too: bf16 read 3.5x to 44x fp32 under two CPU hogs on a 2-core
-    Xeon; on one thread 6.9x to 7.3x, as quiet). Ratios, not absolute rates, decide."""
-    threads = torch.get_num_threads()
-    if dev.type != "cpu" or threads == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def _cache_key(dev: torch.device, name: str, flags: tuple[str, ...], threads: int) -> str:
     raw = json.dumps([_PROBE_VERSION, dev.type, name, flags, threads, torch.__version__, platform.machine()])
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
@@ -508,7 +448,7 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
 
     n = 2048 if dev.type == "cuda" else 512
     start = time.perf_counter()
-    with _timing_threads(dev):
+    with one_thread(dev):
         rates, levels = _measure(dev, n, budget_s)
     seconds = time.perf_counter() - start
 
@@ -544,7 +484,7 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
     if layers:
         from mixprec.device.layers import island_gains
 
-        with _timing_threads(dev):
+        with one_thread(dev):
             fast = {d: island_gains(DTYPES[d], dev) for d in ("bf16", "fp16") if dtypes[d].klass == "fast"}
         hw = dataclasses.replace(hw, layers=fast, seconds=round(time.perf_counter() - start, 3))
         # A layer figure whose rounds scattered is kept in this process (as no island), never on disk.
