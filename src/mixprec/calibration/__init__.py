@@ -19,7 +19,8 @@ Example:
 """
 
 from mixprec.calibration import cache
-from mixprec.calibration.calibrate import FLOORS_DB, MAX_ROUNDS, TIME_LIMIT_S, Calibration, apply, calibrate
+from mixprec.calibration.calibrate import FLOORS_DB, MAX_ROUNDS, TIME_LIMIT_S, apply, calibrate
+from mixprec.calibration.result import Calibration
 from mixprec.calibration.candidates import Candidate, candidates
 from mixprec.calibration.cache import clear, entries
 

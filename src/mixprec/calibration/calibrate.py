@@ -17,34 +17,30 @@ the model.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import math
 import statistics
 import time
-import warnings
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import torch
-from torch import nn
 
 from mixprec._quote import quote
 from mixprec.calibration import cache as decisions
 from mixprec.calibration.candidates import REFERENCE, Candidate, candidates
 from mixprec.calibration.decide import MARGIN, MIN_ROUNDS, compare
+from mixprec.calibration.result import Calibration
+from mixprec.calibration.trials import ROUND_TARGET_S, Trials, default_run, detached, device_of, output_quality, short
 from mixprec.casting.apply import Applied, applied_part
 from mixprec.casting.apply import apply as apply_policy
-from mixprec.casting.targets import ApplyError, components_of, weight_bytes
+from mixprec.casting.targets import ApplyError, components_of
 from mixprec.device.clock import Clock, clock_for
 from mixprec.device.hardware import Hardware, probe
-from mixprec.measure.metrics import sqnr_db
 from mixprec.measure.stats import paired_ratio
-from mixprec.pipelines._base import Pipeline, PipelineOutput
+from mixprec.pipelines._base import Pipeline
 from mixprec.policy import Policy, Rule
 from mixprec.policy.presets import check_name, preset as resolve_preset
-from mixprec.policy.select import UnmatchedRuleWarning
 
 __all__ = ["calibrate", "Calibration", "apply", "FLOORS_DB", "TIME_LIMIT_S", "MAX_ROUNDS"]
 
@@ -56,192 +52,6 @@ FLOORS_DB: dict[str, float] = {"quality": math.inf, "balanced": 30.0, "fast": 20
 TIME_LIMIT_S = 20.0
 #: Default most timed rounds (each round calls every candidate once).
 MAX_ROUNDS = 30
-#: A candidate's calls per round are repeated (the fastest kept) up to this many seconds of its clock.
-_ROUND_TARGET_S = 0.02
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """What a calibration decided, and the figures it decided on.
-
-    Attributes:
-        preset: the preset calibrated.
-        policy: the policy to apply (the kept candidate's).
-        chosen: the kept candidate's label (``rules``, ``naive-fp16``, ``fp32``, ...).
-        source: ``measured`` (timed now), ``cache`` (remembered from an earlier
-            calibration) or ``rules`` (nothing was timed: ``quality``).
-        decided: whether the rounds reached a verdict (at least
-            :data:`~mixprec.calibration.decide.MIN_ROUNDS` paired rounds; ``False``: the
-            rule-based choice stayed, ``reasons`` say why). Candidates the rounds could not
-            separate from the kept one within 2% are named in ``reasons``.
-        reasons: sentences for every choice, figures included.
-        figures: per candidate: ``label``, ``what``, ``also``, ``eligible``, ``sqnr_db``,
-            ``nonfinite``, ``out`` (why it could not be chosen), ``weight_bytes``,
-            ``median_s``, ``vs_fp32`` (speed over the untouched model, a
-            :class:`~mixprec.measure.stats.Ratio` dict) and ``status`` against the incumbent.
-        clock: what timed the rounds (``cpu-time``, ``cuda-events``, ``wall``).
-        rounds: paired timed rounds.
-        seconds: wall seconds the calibration took.
-        when: when it was measured (UTC, ISO 8601).
-        device: the device's name.
-        floor_db: the quality floor applied.
-        cache_path: where the decision is remembered, if it is.
-    """
-
-    preset: str
-    policy: Policy
-    chosen: str
-    source: str
-    decided: bool
-    reasons: tuple[str, ...]
-    figures: tuple[dict[str, Any], ...] = ()
-    clock: str = ""
-    rounds: int = 0
-    seconds: float = 0.0
-    when: str = ""
-    device: str = ""
-    floor_db: float | None = None
-    cache_path: str | None = None
-
-    def figure(self, label: str) -> dict[str, Any] | None:
-        return next((f for f in self.figures if f["label"] == label), None)
-
-    def headline(self) -> str:
-        """One line: what was kept, how fast against fp32, and where it came from."""
-        fig = self.figure(self.chosen) or {}
-        speed = fig.get("vs_fp32")
-        text = f"{self.preset}: {self.chosen}"
-        if speed:
-            text += f" {speed['value']:.2f}x fp32 ({speed['low']:.2f}-{speed['high']:.2f})"
-        if self.source == "cache":
-            text += f", remembered from {self.when} ({self.clock}, {self.rounds} rounds)"
-        elif self.source == "measured":
-            text += f", measured in {self.clock} over {self.rounds} paired rounds ({self.seconds:.1f} s)"
-        else:
-            text += ", from the rules (nothing timed)"
-        return text + ("" if self.decided else "; undecided: the rule-based choice stays")
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["policy"] = self.policy.to_dict()
-        data["reasons"] = list(self.reasons)
-        data["figures"] = [dict(f) for f in self.figures]
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        kept = {k: v for k, v in data.items() if k in fields}
-        kept["policy"] = Policy.from_dict(data["policy"], "calibration policy")
-        kept["reasons"] = tuple(data.get("reasons", ()))
-        kept["figures"] = tuple(dict(f) for f in data.get("figures", ()))
-        return cls(**kept)
-
-
-# --------------------------------------------------------------------------- running the target
-
-
-def _default_run(target: Any) -> Callable[[Any], Any]:
-    if isinstance(target, Pipeline):
-        return target.run
-    if not isinstance(target, nn.Module):
-        raise ValueError(f"calibrating a {type(target).__name__}: pass run= (inputs -> outputs), as mixprec cannot "
-                         "know how to call it")
-
-    def call(inputs: Any) -> Any:
-        if isinstance(inputs, Mapping):
-            return target(**inputs)
-        if isinstance(inputs, (tuple, list)):
-            return target(*inputs)
-        return target(inputs)
-
-    return call
-
-
-def _tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:
-    """The floating-point tensors of an output (tensors, sequences, mappings, dataclasses such as a ModelOutput)."""
-    if depth > 8:
-        return []
-    if isinstance(value, torch.Tensor):
-        return [value] if value.is_floating_point() or value.is_complex() else []
-    if isinstance(value, PipelineOutput):
-        extras = [v for v in value.extras().values() if isinstance(v, torch.Tensor)]
-        return _tensors(value.output, depth + 1) + [t for e in extras for t in _tensors(e, depth + 1)]
-    if isinstance(value, Mapping):
-        return [t for v in value.values() for t in _tensors(v, depth + 1)]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v, depth + 1)]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return [t for f in dataclasses.fields(value) for t in _tensors(getattr(value, f.name), depth + 1)]
-    return []
-
-
-def _detached(value: Any) -> list[torch.Tensor]:
-    return [t.detach().to("cpu", torch.complex128 if t.is_complex() else torch.float64).clone() for t in _tensors(value)]
-
-
-def _quality(out: list[torch.Tensor], ref: list[torch.Tensor]) -> tuple[float, int]:
-    """The worst SQNR over the output tensors, and the count of non-finite values."""
-    if len(out) != len(ref):
-        raise ValueError(f"the output holds {len(out)} floating-point tensors where fp32's held {len(ref)}")
-    if not ref:
-        raise ValueError("the output holds no floating-point tensor to compare with fp32's")
-    nonfinite = sum(int((~torch.isfinite(o)).sum()) for o in out)
-    worst = math.inf
-    for o, r in zip(out, ref):
-        if o.is_complex() or r.is_complex():
-            o, r = torch.view_as_real(o.to(torch.complex128)), torch.view_as_real(r.to(torch.complex128))
-        value = sqnr_db(o, r)
-        worst = min(worst, value) if not math.isnan(value) else -math.inf
-    return worst, nonfinite
-
-
-def _device_of(components: dict[str, nn.Module]) -> torch.device:
-    for root in components.values():
-        for tensor in [*root.parameters(), *root.buffers()]:
-            if tensor.is_floating_point() and not tensor.is_meta:
-                return tensor.device
-    return torch.device("cpu")
-
-
-def _applied(target: Any, policy: Policy | None) -> contextlib.AbstractContextManager:
-    if policy is None:
-        return contextlib.nullcontext()
-    with warnings.catch_warnings():
-        # A preset's optional rules (output heads, norms) may match nothing in this model: not news here.
-        warnings.simplefilter("ignore", UnmatchedRuleWarning)
-        return apply_policy(target, policy, keep_original="cpu")
-
-
-def _short(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text[:200]}{'...' if len(text) > 200 else ''}"
-
-
-class _Trials:
-    """Runs candidates on the target, one applied at a time (reverted before the next)."""
-
-    def __init__(self, target: Any, run: Callable[[Any], Any], inputs: Any, clock: Clock):
-        self.target, self.run, self.inputs, self.clock = target, run, inputs, clock
-        self.calls: dict[str, int] = {}
-
-    def first(self, cand: Candidate) -> tuple[Any, int, float]:
-        """One untimed call (warm-up): the output, the weight bytes under the policy, and one call's clock seconds."""
-        with _applied(self.target, cand.policy) as applied, torch.inference_mode():
-            result, seconds = self.clock.time(lambda: self.run(self.inputs))
-            out = _detached(result)
-            size = applied.weight_bytes() if isinstance(applied, Applied) else weight_bytes(components_of(self.target)[0])
-        return out, size, seconds
-
-    def timed(self, cand: Candidate) -> float:
-        """The fastest of this candidate's calls in one round (one or more: a call of a few
-        milliseconds is repeated up to :data:`_ROUND_TARGET_S` of its clock)."""
-        with _applied(self.target, cand.policy), torch.inference_mode():
-            best = math.inf
-            for _ in range(self.calls.get(cand.label, 1)):
-                _, seconds = self.clock.time(lambda: self.run(self.inputs))
-                best = min(best, seconds)
-        return best
 
 
 # --------------------------------------------------------------------------- the calibration
@@ -324,8 +134,8 @@ def calibrate(
             raise ValueError(f"calibrate needs example inputs for a {type(target).__name__}: the model is timed on them "
                              "(a tuple of positional arguments, a dict of keyword arguments, or one value)")
         inputs = target.example_inputs(1, 0)
-    run = run or _default_run(target)
-    device = _device_of(components)
+    run = run or default_run(target)
+    device = device_of(components)
     hw = hardware if hardware is not None else probe(device)
     hints = tuple(own_hints if hints is None else hints)
     floor = float(FLOORS_DB[name] if floor_db is None else floor_db)
@@ -368,16 +178,16 @@ def _measure(target: Any, run: Callable[[Any], Any], inputs: Any, name: str, hw:
              pipeline: bool) -> Calibration:
     cands = candidates(name, hw, hints)
     by_label = {c.label: c for c in cands}
-    trials = _Trials(target, run, inputs, clock)
+    trials = Trials(target, run, inputs, clock)
     try:
         with torch.inference_mode():
             reference = run(inputs)
     except Exception as exc:
-        raise ValueError(f"the fp32 model itself failed on the example inputs ({_short(exc)}): calibrate needs inputs "
+        raise ValueError(f"the fp32 model itself failed on the example inputs ({short(exc)}): calibrate needs inputs "
                          "the model runs on") from exc
     if pipeline:
         trials.inputs = target.teacher_forced(inputs, reference)  # replay fp32's discrete choices
-    ref = _detached(reference)
+    ref = detached(reference)
     del reference
 
     figures: dict[str, dict[str, Any]] = {}
@@ -389,16 +199,16 @@ def _measure(target: Any, run: Callable[[Any], Any], inputs: Any, name: str, hw:
         figures[cand.label] = fig
         try:
             out, size, seconds = trials.first(cand)
-            sqnr, nonfinite = _quality(out, ref)
+            sqnr, nonfinite = output_quality(out, ref)
         except Exception as exc:  # noqa: BLE001 - any failure of a candidate rules it out, said with its error
-            fig["out"] = f"failed: {_short(exc)}"
+            fig["out"] = f"failed: {short(exc)}"
             continue
         fig.update(sqnr_db=sqnr if cand.policy is not None else math.inf, nonfinite=nonfinite, weight_bytes=size)
         if nonfinite:
             fig["out"] = f"{nonfinite} non-finite output values"
         elif cand.policy is not None and not sqnr >= floor:
             fig["out"] = f"output SQNR {sqnr:.1f} dB against fp32, below {name}'s floor of {floor:g} dB"
-        trials.calls[cand.label] = max(1, min(10, math.ceil(_ROUND_TARGET_S / max(seconds, 1e-6))))
+        trials.calls[cand.label] = max(1, min(10, math.ceil(ROUND_TARGET_S / max(seconds, 1e-6))))
         live.append(cand)
 
     samples: dict[str, list[float]] = {c.label: [] for c in live}
@@ -537,7 +347,7 @@ def apply(
         chosen = found.policy
     elif isinstance(policy, str):
         components, hints = components_of(target)
-        chosen = resolve_preset(policy, hardware=probe(_device_of(components)), hints=hints)
+        chosen = resolve_preset(policy, hardware=probe(device_of(components)), hints=hints)
     else:
         chosen = policy
     applied = apply_policy(target, chosen, keep_original=keep_original, strict=strict)
