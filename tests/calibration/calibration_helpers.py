@@ -24,9 +24,10 @@ def machine(bf16: float = 3.0, fp16: float = 1.1, flags: tuple[str, ...] = ("avx
 
 
 class MLP(nn.Module):
-    """Counts its calls; its output depends on every weight."""
+    """Counts its calls; its output depends on every weight. Casts its input to its weights'
+    dtype, as app code often does (``x.to(self.dtype)``), unless ``casts_input`` is false."""
 
-    def __init__(self, width: int = 32, depth: int = 3):
+    def __init__(self, width: int = 32, depth: int = 3, casts_input: bool = True):
         super().__init__()
         g = torch.Generator().manual_seed(0)
         self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
@@ -34,9 +35,12 @@ class MLP(nn.Module):
             for layer in self.layers:
                 layer.weight.copy_(torch.randn(width, width, generator=g) / width**0.5)
         self.calls = 0
+        self.casts_input = casts_input
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
+        if self.casts_input:
+            x = x.to(self.layers[0].weight.dtype)
         for layer in self.layers:
             x = torch.tanh(layer(x))
         return x

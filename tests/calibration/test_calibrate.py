@@ -100,6 +100,16 @@ def test_a_candidate_that_raises_is_out_with_its_error(x):
     assert result.chosen == "rules"
 
 
+def test_a_one_line_cast_the_model_cannot_run_is_out_and_the_wrapped_policies_run_it(x):
+    """A model that feeds its fp32 inputs straight to its layers runs under ``model.to(bf16)`` only
+    with mixprec's entry casts: the one-line casts are out with torch's own error, the preset runs."""
+    model = MLP(casts_input=False)
+    result = _calibrate(model, x, by_dtype(fp32=1.0, bf16=0.5, fp16=0.3, fp16_medium=0.25))
+    for label in ("naive-bf16", "naive-fp16"):
+        assert result.figure(label)["out"].startswith("failed: RuntimeError: mat1 and mat2 must have the same dtype")
+    assert result.chosen == "rules-fp16" and result.figure("rules")["sqnr_db"] > 20
+
+
 def test_rounds_that_cannot_separate_the_candidates_keep_the_rule_based_choice(model, x):
     noisy = lambda dtype, matmul, n: 1.0 if n % 2 else 0.3  # noqa: E731 - every candidate scatters the same way
     result = _calibrate(model, x, noisy, time_limit=40.0, now=Ticks(1.0))

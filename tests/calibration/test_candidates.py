@@ -18,9 +18,10 @@ def test_fast_on_a_cpu_with_both_16_bit_types_native():
     found = candidates("fast", machine(bf16=3.0, fp16=1.1))
     labels = _labels(found)
     assert labels[0] == "rules" and labels[-1] == "fp32"
-    assert {"rules-fp16", "rules-no-matmul", "fp32-medium", "naive-fp16"} <= set(labels)
+    assert {"rules-fp16", "rules-no-matmul", "fp32-medium", "naive-bf16", "naive-fp16"} <= set(labels)
     by = {c.label: c for c in found}
-    assert by["rules-no-matmul"].also == ("naive-bf16",)  # fast without its matmul level is the one-line cast here
+    # The one-line cast: every module in the type and no wrapper at all, as model.to(dtype).
+    assert by["naive-bf16"].policy.wrappers == "none" and by["rules-no-matmul"].policy.wrappers == "auto"
     assert {r.storage for r in by["rules"].policy.rules if r.storage} == {"bf16"}
     assert {r.storage for r in by["rules-fp16"].policy.rules if r.storage} == {"fp16"}
     assert by["rules-no-matmul"].policy.numerics is None and by["rules"].policy.numerics.matmul == "medium"
@@ -33,10 +34,9 @@ def test_an_emulated_type_is_never_a_candidate():
 
 
 def test_identical_policies_are_timed_once_and_named_together():
-    # fast without islands and without its matmul level is exactly the one-line cast.
-    found = {c.label: c for c in candidates("fast", machine(bf16=3.0, fp16=0.01))}
-    assert "rules-no-matmul" in found
-    assert "naive-bf16" in found["rules-no-matmul"].also and "naive-bf16" not in found
+    # No 16-bit type known fast: fast's rules are fp32 weights at matmul 'medium', which is fp32-medium.
+    found = {c.label: c for c in candidates("fast", machine(flags=(), klass={"bf16": "undecided", "fp16": "undecided"}))}
+    assert found["rules"].also == ("fp32-medium",) and "fp32-medium" not in found
 
 
 def test_memory_chooses_among_16_bit_storage_only():

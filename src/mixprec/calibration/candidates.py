@@ -9,8 +9,10 @@ that the preset must not lose to on this model:
 * ``rules-no-matmul``: the preset's rules without its float32 matmul level (what the
   level adds, measured);
 * ``fp32-high`` / ``fp32-medium``: fp32 weights at the preset's matmul level;
-* ``naive-bf16`` / ``naive-fp16``: every module in that type, nothing else: the one-line
-  cast, and the preset without its extras (islands, upcasts, matmul level);
+* ``naive-bf16`` / ``naive-fp16``: every module in that type and nothing else, no wrapper
+  (``Policy.wrappers="none"``): the one-line cast ``model.to(dtype)``, and the preset
+  without its extras (islands, upcasts, matmul level, wrappers). Where the model's own
+  code cannot meet the dtypes without mixprec's casts, its first call fails and it is out;
 * ``fp32``: the model as it is, untouched: the reference every ratio is taken against.
 
 Policies that come out identical are timed once under the first label, the others named in
@@ -97,8 +99,9 @@ def candidates(preset: str, hardware: Hardware, hints: tuple[str, ...] | list[st
                                    f"fp32 weights, float32 matmul precision '{level}'", eligible=not memory))
         for dtype in natives:
             found.append(Candidate(f"naive-{dtype}", Policy((Rule("*", storage=dtype, optional=True,
-                                                                  reason=f"every module in {dtype}"),), name=f"naive-{dtype}"),
-                                   f"every module in {dtype} and nothing else (the one-line cast; {key} without its extras)"))
+                                                                  reason=f"every module in {dtype}, no wrapper"),),
+                                                            name=f"naive-{dtype}", wrappers="none"),
+                                   f"every module in {dtype}, no wrapper (the one-line cast; {key} without its extras)"))
     found.append(Candidate(REFERENCE, None, "the model as it is (fp32, torch's defaults): the reference", eligible=not memory))
 
     merged: dict[str, Candidate] = {}

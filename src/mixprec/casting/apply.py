@@ -302,6 +302,19 @@ def apply(
     return applied
 
 
+def _wrapped(policy: Policy, plans: list[ModulePlan], comps: dict[str, nn.Module], cast: bool, reapplied: bool) -> bool:
+    """Whether an apply installs wrappers: not where nothing changes a dtype (a first apply of
+    an all-fp32 plan on fp32 weights), nor for ``wrappers="none"`` on a uniform plan (one
+    storage and compute dtype everywhere, nothing upcast); a re-apply (the guard's fallback,
+    maybe mid-call) always does."""
+    if reapplied:
+        return True
+    uniform = len({(p.storage, p.compute_dtype) for p in plans}) <= 1 and not any(p.upcast_attention or p.output_dtype for p in plans)
+    if policy.wrappers == "none" and uniform:
+        return False
+    return cast or not uniform or any(p.storage != "fp32" or p.compute_dtype != "fp32" for p in plans) or not _all_fp32(comps)
+
+
 def _all_fp32(comps: dict[str, nn.Module]) -> bool:
     """Every floating-point parameter and buffer of the components is fp32 (whatever its kind: sparse, subclass)."""
     return all(t.dtype == torch.float32 for root in comps.values() for t in [*root.parameters(), *root.buffers()]
@@ -407,10 +420,9 @@ def _materialize(applied: Applied) -> None:
         if policy.numerics is not None and applied._numerics is None:  # a re-apply may keep them in force
             applied._numerics = backends.apply_settings(policy.numerics, owner=f"the numerics of policy {policy.name!r}",
                                                         keep_app_changes=True)
-        if new_data or any(p.storage != "fp32" or p.compute_dtype != "fp32" or p.upcast_attention or p.output_dtype
-                           for p in plans) or not _all_fp32(comps) or applied._reapplied:
+        if _wrapped(policy, plans, comps, bool(new_data), applied._reapplied):
             install_wrappers(comps, by_module, policy, applied._entry_dtypes, applied._handles, applied._pinned)
-        else:  # nothing changes a dtype (a first apply): no wrapper would do anything but cost
+        else:  # nothing changes a dtype, or the policy asks for none: no wrapper
             install_pins(comps, by_module, applied._pinned)
         if keep_original != "none":
             applied._changes = WeightChanges({key: t for key, (t, _) in new_data.items()}, applied._locations, applied._follow)

@@ -244,6 +244,12 @@ class Policy:
             ``_skip_layerwise_casting_patterns``, a VAE's ``force_upcast``).
         compile: compile each component after applying (:class:`CompileSettings`),
             or ``None`` to leave them as they are. Revert undoes it.
+        wrappers: ``auto`` (casts at every place dtypes may meet: component entries, app
+            entries, fp32 islands; what makes a policy run on code written for fp32) or
+            ``none`` (the weights are cast as planned and nothing else is installed, as
+            ``model.to(dtype)`` does: the model's own code must meet the dtypes). ``none``
+            holds only while every module has one storage and compute dtype and nothing is
+            upcast; a mixed plan (a keep-fp32 rule, a guard's pin) gets its wrappers.
 
     Example:
         >>> Policy(rules=(Rule("*", storage="bf16"), Rule("type:*Norm", keep_fp32=True)))
@@ -255,9 +261,12 @@ class Policy:
     version: int = 1
     model_declarations: bool = True
     compile: CompileSettings | None = None
+    wrappers: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", tuple(self.rules))
+        if self.wrappers not in WRAPPERS:
+            raise PolicyError(f"policy wrappers: {quote(self.wrappers)}; choose one of: {', '.join(WRAPPERS)}")
         if self.compile is not None and not isinstance(self.compile, CompileSettings):
             raise PolicyError(f"policy compile must be CompileSettings or None, got {type(self.compile).__name__}")
         if not isinstance(self.model_declarations, bool):
@@ -279,6 +288,8 @@ class Policy:
             data["model_declarations"] = False
         if self.compile is not None:
             data["compile"] = self.compile.to_dict()
+        if self.wrappers != "auto":
+            data["wrappers"] = self.wrappers
         data["rules"] = [r.to_dict() for r in self.rules]
         return data
 
@@ -305,6 +316,7 @@ class Policy:
             name=name,
             model_declarations=declared,
             compile=compile_settings or None,
+            wrappers=data.get("wrappers", "auto"),
         )
 
     def to_toml(self) -> str:
@@ -364,12 +376,16 @@ class Policy:
 
 
 #: The top-level keys of a policy document, and the type each value must have.
+#: What :attr:`Policy.wrappers` may be.
+WRAPPERS = ("auto", "none")
+
 _DOCUMENT_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "version": ((int,), "the integer 1"),
     "name": ((str,), "a string"),
     "numerics": ((dict,), "a table of float32 settings"),
     "model_declarations": ((bool,), "true or false"),
     "compile": ((dict, bool), "a table (mode, dynamic, backend) or true/false"),
+    "wrappers": ((str,), "'auto' or 'none'"),
     "rules": ((list,), "an array of tables ([[rules]])"),
 }
 
