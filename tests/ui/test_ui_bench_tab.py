@@ -194,3 +194,18 @@ class TestSpeedOutsideTables:
 
         said = speedup_text(2.5, 2.5, 2.5, 1, lang)
         assert t("bench.cell_undecided", lang).strip("\u2068\u2069") in said and "n=1" in said and "2.5" not in said
+
+
+@pytest.mark.parametrize("lang", ["en", "zh", "ja", "he"])
+def test_a_calibrated_preset_says_what_its_calibration_kept(lang):
+    from mixprec.ui.bench_tab import CONFIGS
+
+    assert {"balanced+calibrated", "fast+calibrated", "memory+calibrated"} <= set(CONFIGS)
+    kept = "fast, calibrated: naive-bf16 1.49x fp32 (1.43-1.52), measured in cpu-time over 30 paired rounds (9.5 s)"
+    configs = [_cfg("fp32", [1.0, 1.1, 0.9, 1.0, 1.05]), dict(_cfg("fast+calibrated", [0.5, 0.55, 0.45, 0.5, 0.52]),
+                                                              policy={"name": kept, "rules": []})]
+    run = {"id": 1, "pipeline": "minilm", "size": "test", "status": "complete", "configs": configs, "notes": []}
+    text = results_table(run, lang)
+    assert t("bench.note_calibrated", lang) in text and f"fast+calibrated: {kept}" in text
+    plain = {**run, "configs": [configs[0], dict(_cfg("fast", [0.5] * 5), policy={"name": "fast", "rules": []})]}
+    assert t("bench.note_calibrated", lang) not in results_table(plain, lang)

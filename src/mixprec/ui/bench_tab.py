@@ -23,7 +23,7 @@ import gradio as gr
 from mixprec import pipelines
 from mixprec._quote import clip
 from mixprec.device import hardware
-from mixprec.bench.configs import BUILTIN
+from mixprec.bench.configs import BUILTIN, CALIBRATED_SUFFIX
 from mixprec.ui.forms import (SIZES, cancel_job, check_choice, check_whole, devices, error_text, markdown_table, png_html,
                               status_html, store_location)
 from mixprec.ui.i18n import DEFAULT_LANGUAGE, bidi, messages, t
@@ -33,8 +33,8 @@ from mixprec.ui.widgets import device_picker, pipeline_pickers, start_cancel, st
 __all__ = ["CONFIGS", "DEFAULT_CONFIGS", "MAX_RUNS", "TABLE_COLUMNS", "bench_cancel", "bench_run", "build_bench_tab",
            "devices", "list_runs", "results_table", "show_run"]
 
-#: Configurations offered (those of ``mixprec bench --configs``).
-CONFIGS: tuple[str, ...] = tuple(BUILTIN)
+#: Configurations offered (those of ``mixprec bench --configs``), the presets also checked on the pipeline first.
+CONFIGS: tuple[str, ...] = tuple(BUILTIN) + tuple(f"{p}{CALIBRATED_SUFFIX}" for p in ("balanced", "fast", "memory"))
 #: Checked at start: the reference and one preset, so a first run is quick.
 DEFAULT_CONFIGS: tuple[str, ...] = ("fp32", "fast")
 #: Upper bound of the timed and warm-up runs typed into the tab.
@@ -73,6 +73,11 @@ def results_table(run: dict[str, Any], lang: str) -> str:
              if any(c.startswith(word) for c in cells)]
     if any(c not in ("reference", "—") for c in cells):
         notes.append(t("bench.note_paired", lang))
+    # A calibrated preset: what its calibration kept, and how fast it measured (the stored policy's name says it).
+    calibrated = [f"{c['name']}: {(c.get('policy') or {}).get('name')}" for c in run.get("configs") or ()
+                  if str(c.get("name", "")).endswith(CALIBRATED_SUFFIX) and (c.get("policy") or {}).get("name")]
+    if calibrated:
+        notes.append(t("bench.note_calibrated", lang) + "".join(f"\n\n- {bidi(html.escape(line), lang)}" for line in calibrated))
     # What makes the figures less than certain is said beside them, as the CLI and the report do.
     doubts = [n for n in run.get("notes") or () if any(w in n for w in _DOUBTS)]
     return (table + "".join(f"\n\n{n}" for n in notes)
