@@ -38,3 +38,14 @@ def test_two_faster_challengers_the_better_wins_and_a_close_pair_stays_open():
     close = compare({"rules": base, "a": [0.5, 0.4, 0.5, 0.6, 0.5, 0.45, 0.55, 0.5],
                      "b": [0.45, 0.5, 0.55, 0.5, 0.4, 0.5, 0.5, 0.6]}, "rules", ["a", "b"])
     assert set(close.status.values()) == {"faster"} and not close.settled
+
+
+def test_of_two_faster_challengers_the_rounds_cannot_tell_apart_the_more_exact_wins():
+    base = [1.0] * 8
+    a = [0.50, 0.52, 0.48, 0.5, 0.51, 0.49, 0.5, 0.5]
+    b = [0.51, 0.50, 0.49, 0.5, 0.50, 0.50, 0.52, 0.49]
+    samples = {"rules": base, "fp32-high": a, "fp32": b}
+    assert compare(samples, "rules", ["fp32-high", "fp32"], quality={"fp32-high": 45.0, "fp32": float("inf")}).winner == "fp32"
+    assert compare(samples, "rules", ["fp32-high", "fp32"], quality={"fp32-high": 90.0, "fp32": 45.0}).winner == "fp32-high"
+    clearly = {"rules": base, "fp32-high": [0.25] * 8, "fp32": b}  # clearly faster wins whatever its quality
+    assert compare(clearly, "rules", ["fp32-high", "fp32"], quality={"fp32-high": 45.0, "fp32": float("inf")}).winner == "fp32-high"

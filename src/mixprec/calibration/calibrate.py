@@ -232,7 +232,8 @@ def _measure(target: Any, run: Callable[[Any], Any], inputs: Any, name: str, hw:
             rounds += 1
             last_round = now() - begin
             if rounds >= MIN_ROUNDS:
-                verdicts = compare(samples, incumbent, [label for label in eligible if label != incumbent])
+                verdicts = compare(samples, incumbent, [label for label in eligible if label != incumbent],
+                                   quality={label: figures[label]["sqnr_db"] for label in eligible})
                 if verdicts.settled:
                     break
 

@@ -20,6 +20,7 @@ than ``1 + margin``. Nothing undecided is ever called a winner.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -73,10 +74,12 @@ def _status(ratio: Ratio, margin: float, rounds: int) -> str:
 
 
 def compare(samples: Mapping[str, Sequence[float]], incumbent: str, challengers: Sequence[str], *,
-            margin: float = MARGIN) -> Verdicts:
+            margin: float = MARGIN, quality: Mapping[str, float] | None = None) -> Verdicts:
     """Each challenger against ``incumbent`` over their paired rounds (``samples``: label ->
     seconds per round, the same rounds in the same order), and the winner (of equal medians,
-    the one listed later in ``challengers``).
+    the one listed later in ``challengers``). With ``quality`` (label -> output SQNR, higher is
+    better), a faster challenger the rounds cannot tell from the fastest (its paired interval
+    against it reaches 1) wins over it where its quality is higher: as fast, and more exact.
 
     Example:
         >>> compare({"rules": [1.0] * 5, "naive-bf16": [0.5] * 5}, "rules", ["naive-bf16"]).winner
@@ -93,6 +96,10 @@ def compare(samples: Mapping[str, Sequence[float]], incumbent: str, challengers:
     # Equal medians: the later challenger wins (callers list the simplest change, the untouched model, last).
     order = {label: i for i, label in enumerate(ratios)}
     winner = max(faster, key=lambda label: (ratios[label].value, order[label])) if faster else incumbent
+    if faster and quality:
+        alike = [label for label in faster if label == winner
+                 or paired_ratio(list(samples[winner]), list(samples[label])).high >= 1.0]
+        winner = max(alike, key=lambda label: (quality.get(label, -math.inf), label == winner, order[label]))
     rounds = min(len(v) for v in samples.values()) if samples else 0
     contenders = tuple(label for label in [incumbent, *ratios] if label != winner and (
         rounds < MIN_ROUNDS or paired_ratio(list(samples[winner]), list(samples[label])).high > 1 + margin))
