@@ -227,3 +227,10 @@ def test_a_calibration_round_trips(model, x):
     result = _calibrate(model, x, by_dtype(fp32=1.0, bf16=0.5, fp16=0.25))
     again = mixprec.Calibration.from_dict(result.to_dict())
     assert again == result
+
+
+def test_a_time_limit_reached_before_every_candidate_ran_once_leaves_the_rest_untried(model, x):
+    result = _calibrate(model, x, by_dtype(fp32=1.0, bf16=0.5, fp16=0.25), time_limit=8.0, now=Ticks(2.0))
+    untried = [f["label"] for f in result.figures if (f["out"] or "").startswith("not tried: the time limit (8 s)")]
+    assert untried and "rules" not in untried and result.figure("rules")["out"] is None
+    assert result.chosen == "rules" and not result.decided

@@ -192,17 +192,24 @@ def _measure(target: Any, run: Callable[[Any], Any], inputs: Any, name: str, hw:
 
     figures: dict[str, dict[str, Any]] = {}
     live: list[Candidate] = []
+    last_trial = 0.0
     for cand in cands:
         fig = {"label": cand.label, "what": cand.what, "also": list(cand.also), "eligible": cand.eligible,
                "sqnr_db": None, "nonfinite": 0, "out": None, "weight_bytes": None, "median_s": None,
                "vs_fp32": None, "status": None}
         figures[cand.label] = fig
+        if cand.label != "rules" and now() - started + last_trial > time_limit:
+            fig["out"] = f"not tried: the time limit ({time_limit:g} s) came first"
+            continue
+        begin = now()
         try:
             out, size, seconds = trials.first(cand)
             sqnr, nonfinite = output_quality(out, ref)
         except Exception as exc:  # noqa: BLE001 - any failure of a candidate rules it out, said with its error
             fig["out"] = f"failed: {short(exc)}"
             continue
+        finally:
+            last_trial = now() - begin
         fig.update(sqnr_db=sqnr if cand.policy is not None else math.inf, nonfinite=nonfinite, weight_bytes=size)
         if nonfinite:
             fig["out"] = f"{nonfinite} non-finite output values"
