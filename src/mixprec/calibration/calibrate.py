@@ -45,9 +45,11 @@ from mixprec.policy.presets import check_name, preset as resolve_preset
 __all__ = ["calibrate", "Calibration", "apply", "FLOORS_DB", "TIME_LIMIT_S", "MAX_ROUNDS"]
 
 #: The quality floor of each preset: the worst SQNR (dB) of the model's outputs against fp32 on
-#: the same inputs that a candidate must reach. bf16 weights on real all-MiniLM-L6-v2 measured
-#: 49 dB; TF32 alone on a diffusion model's images, 17.7 dB.
-FLOORS_DB: dict[str, float] = {"quality": math.inf, "balanced": 30.0, "fast": 20.0, "memory": 20.0}
+#: the same inputs that a candidate must reach. bf16 weights measured 49 dB on real
+#: all-MiniLM-L6-v2, 41 dB on the tts pipeline and 27.5 dB on the diffusion pipeline's images
+#: (teacher-forced, test size): ``balanced`` keeps what its rules give there, and rules out a
+#: candidate that loses more.
+FLOORS_DB: dict[str, float] = {"quality": math.inf, "balanced": 25.0, "fast": 20.0, "memory": 20.0}
 #: Default seconds a calibration may take, the fp32 reference and warm-up included (wall clock).
 TIME_LIMIT_S = 20.0
 #: Default most timed rounds (each round calls every candidate once).

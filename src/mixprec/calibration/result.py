@@ -71,7 +71,10 @@ class Calibration:
             text += f", measured in {self.clock} over {self.rounds} paired rounds ({self.seconds:.1f} s)"
         else:
             text += ", from the rules (nothing timed)"
-        return text + ("" if self.decided else "; undecided: the rule-based choice stays")
+        if self.decided:
+            return text
+        return text + ("; undecided: the rule-based choice stays" if self.chosen == "rules"
+                       else f"; undecided: the rules were out, so {self.chosen} stays")
 
     def to_dict(self) -> dict[str, Any]:
         """Standard JSON data: an exact SQNR (``inf``) is written ``"inf"``, as mixprec's exports write it."""
