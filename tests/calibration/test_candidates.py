@@ -17,7 +17,8 @@ def _labels(found):
 def test_fast_on_a_cpu_with_both_16_bit_types_native():
     found = candidates("fast", machine(bf16=3.0, fp16=1.1))
     labels = _labels(found)
-    assert labels[0] == "rules" and labels[-1] == "fp32"
+    # Tried in this order: a time limit may stop the first calls before the last.
+    assert labels[:4] == ["rules", "fp32", "naive-bf16", "naive-fp16"]
     assert {"rules-fp16", "rules-no-matmul", "fp32-medium", "naive-bf16", "naive-fp16"} <= set(labels)
     by = {c.label: c for c in found}
     # The one-line cast: every module in the type and no wrapper at all, as model.to(dtype).

@@ -18,7 +18,7 @@ def test_calibrate_remembers_and_the_next_run_reuses_it(tmp_path, monkeypatch):
     assert first.exit_code == 0, first.output
     data = json.loads(first.output)["calibrations"]["fast"]
     labels = [f["label"] for f in data["figures"]]
-    assert labels[0] == "rules" and labels[-1] == "fp32" and data["chosen"] in labels
+    assert labels[:2] == ["rules", "fp32"] and data["chosen"] in labels
     assert data["source"] == "measured" and data["clock"] == "cpu-time"
     if data["decided"]:
         again = json.loads(runner.invoke(app, args).output)["calibrations"]["fast"]

@@ -34,7 +34,7 @@ from mixprec.calibration.result import Calibration
 from mixprec.calibration.trials import ROUND_TARGET_S, Trials, default_run, detached, device_of, output_quality, short
 from mixprec.casting.apply import Applied, applied_part
 from mixprec.casting.apply import apply as apply_policy
-from mixprec.casting.targets import ApplyError, components_of
+from mixprec.casting.targets import ApplyError, components_of, weight_bytes
 from mixprec.device.clock import Clock, clock_for
 from mixprec.device.hardware import Hardware, probe
 from mixprec.measure.stats import paired_ratio
@@ -183,7 +183,7 @@ def _measure(target: Any, run: Callable[[Any], Any], inputs: Any, name: str, hw:
     trials = Trials(target, run, inputs, clock)
     try:
         with torch.inference_mode():
-            reference = run(inputs)
+            reference, reference_s = clock.time(lambda: run(inputs))
     except Exception as exc:
         raise ValueError(f"the fp32 model itself failed on the example inputs ({short(exc)}): calibrate needs inputs "
                          "the model runs on") from exc
@@ -205,7 +205,10 @@ def _measure(target: Any, run: Callable[[Any], Any], inputs: Any, name: str, hw:
             continue
         begin = now()
         try:
-            out, size, seconds = trials.first(cand)
+            if cand.policy is None:  # the untouched model: its reference run was its first call
+                out, size, seconds = ref, weight_bytes(trials.components), reference_s
+            else:
+                out, size, seconds = trials.first(cand)
             sqnr, nonfinite = output_quality(out, ref)
         except Exception as exc:  # noqa: BLE001 - any failure of a candidate rules it out, said with its error
             fig["out"] = f"failed: {short(exc)}"
@@ -241,7 +244,9 @@ def _measure(target: Any, run: Callable[[Any], Any], inputs: Any, name: str, hw:
             rounds += 1
             last_round = now() - begin
             if rounds >= MIN_ROUNDS:
-                verdicts = compare(samples, incumbent, [label for label in eligible if label != incumbent],
+                # Of candidates timed alike, the simpler change is kept: compare lets the later win ties.
+                challengers = sorted((label for label in eligible if label != incumbent), key=lambda l: by_label[l].simplicity)
+                verdicts = compare(samples, incumbent, challengers,
                                    quality={label: figures[label]["sqnr_db"] for label in eligible})
                 if verdicts.settled:
                     break

@@ -47,6 +47,8 @@ class Candidate:
         what: one line saying what it is.
         eligible: whether the preset may choose it (``memory`` chooses 16-bit storage only).
         also: labels of other candidates that came out as the same policy.
+        simplicity: how little it changes (the untouched model most, the rules least): of
+            two candidates the rounds time alike, the simpler is kept.
     """
 
     label: str
@@ -54,6 +56,7 @@ class Candidate:
     what: str
     eligible: bool = True
     also: tuple[str, ...] = ()
+    simplicity: int = 0
 
 
 def _key(policy: Policy | None) -> str:
@@ -70,8 +73,9 @@ def _storages(policy: Policy) -> set[str]:
 
 
 def candidates(preset: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = ()) -> list[Candidate]:
-    """The candidates of ``preset`` on ``hardware``, the rule-based resolution first and the
-    untouched fp32 model last (see the module docstring).
+    """The candidates of ``preset`` on ``hardware``, in the order a calibration tries them: the
+    rule-based resolution, the untouched fp32 model, the one-line casts (the rules' type first),
+    then the preset's variants (see the module docstring).
 
     Raises:
         UnknownPresetError: for a name that is not a preset.
@@ -84,25 +88,29 @@ def candidates(preset: str, hardware: Hardware, hints: tuple[str, ...] | list[st
     memory = key == "memory"
     level = rules.numerics.matmul if rules.numerics is not None else "highest"
 
+    # In the order they are tried (a time limit may stop the first calls before the last):
+    # the rules, the untouched model, the one-line casts, then the preset's variants.
     found: list[Candidate] = [Candidate("rules", rules, f"{key} as the rules resolve it from the probe")]
+    found.append(Candidate(REFERENCE, None, "the model as it is (fp32, torch's defaults): the reference",
+                           eligible=not memory, simplicity=5))
     if key != "quality":
+        for dtype in sorted(natives, key=lambda d: d not in chosen):
+            found.append(Candidate(f"naive-{dtype}", Policy((Rule("*", storage=dtype, optional=True,
+                                                                  reason=f"every module in {dtype}, no wrapper"),),
+                                                            name=f"naive-{dtype}", wrappers="none"),
+                                   f"every module in {dtype}, no wrapper (the one-line cast; {key} without its extras)",
+                                   simplicity=4))
         for dtype in natives:
             if dtype not in chosen:
                 policy, _ = resolve(key, hardware, hints, dtype=dtype)
                 found.append(Candidate(f"rules-{dtype}", dataclasses.replace(policy, name=key),
-                                       f"{key} resolved with {dtype} as its 16-bit type"))
+                                       f"{key} resolved with {dtype} as its 16-bit type", simplicity=1))
         if level != "highest":
             found.append(Candidate("rules-no-matmul", dataclasses.replace(rules, numerics=None),
-                                   f"{key}'s rules without its float32 matmul level '{level}'"))
+                                   f"{key}'s rules without its float32 matmul level '{level}'", simplicity=2))
             found.append(Candidate(f"fp32-{level}", Policy((Rule("*", storage="fp32", optional=True),),
                                                            NumericSettings(matmul=level), name=f"fp32-{level}"),
-                                   f"fp32 weights, float32 matmul precision '{level}'", eligible=not memory))
-        for dtype in natives:
-            found.append(Candidate(f"naive-{dtype}", Policy((Rule("*", storage=dtype, optional=True,
-                                                                  reason=f"every module in {dtype}, no wrapper"),),
-                                                            name=f"naive-{dtype}", wrappers="none"),
-                                   f"every module in {dtype}, no wrapper (the one-line cast; {key} without its extras)"))
-    found.append(Candidate(REFERENCE, None, "the model as it is (fp32, torch's defaults): the reference", eligible=not memory))
+                                   f"fp32 weights, float32 matmul precision '{level}'", eligible=not memory, simplicity=3))
 
     merged: dict[str, Candidate] = {}
     for cand in found:

@@ -112,12 +112,16 @@ class Trials:
         self.target, self.run, self.inputs, self.clock = target, run, inputs, clock
         self.calls: dict[str, int] = {}
 
+    @property
+    def components(self) -> dict[str, nn.Module]:
+        return components_of(self.target)[0]
+
     def first(self, cand: Candidate) -> tuple[Any, int, float]:
         """One untimed call (warm-up): the output, the weight bytes under the policy, and one call's clock seconds."""
         with _applied(self.target, cand.policy) as applied, torch.inference_mode():
             result, seconds = self.clock.time(lambda: self.run(self.inputs))
             out = detached(result)
-            size = applied.weight_bytes() if isinstance(applied, Applied) else weight_bytes(components_of(self.target)[0])
+            size = applied.weight_bytes() if isinstance(applied, Applied) else weight_bytes(self.components)
         return out, size, seconds
 
     def timed(self, cand: Candidate) -> float:
