@@ -233,4 +233,11 @@ def test_a_time_limit_reached_before_every_candidate_ran_once_leaves_the_rest_un
     result = _calibrate(model, x, by_dtype(fp32=1.0, bf16=0.5, fp16=0.25), time_limit=8.0, now=Ticks(2.0))
     untried = [f["label"] for f in result.figures if (f["out"] or "").startswith("not tried: the time limit (8 s)")]
     assert untried and "rules" not in untried and result.figure("rules")["out"] is None
+    assert "fp32" not in untried  # its first call was the reference run
     assert result.chosen == "rules" and not result.decided
+
+
+def test_rules_below_the_floor_and_no_time_for_rounds_keep_the_untouched_model(model, x):
+    result = _calibrate(model, x, by_dtype(fp32=1.0, bf16=0.5, fp16=0.25), floor_db=300.0, time_limit=3.0, now=Ticks(2.0))
+    assert result.figure("rules")["out"].startswith("output SQNR") and result.chosen == "fp32"
+    assert "only fp32 qualified: kept without timing" in result.reasons
