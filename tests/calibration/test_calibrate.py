@@ -240,4 +240,5 @@ def test_a_time_limit_reached_before_every_candidate_ran_once_leaves_the_rest_un
 def test_rules_below_the_floor_and_no_time_for_rounds_keep_the_untouched_model(model, x):
     result = _calibrate(model, x, by_dtype(fp32=1.0, bf16=0.5, fp16=0.25), floor_db=300.0, time_limit=3.0, now=Ticks(2.0))
     assert result.figure("rules")["out"].startswith("output SQNR") and result.chosen == "fp32"
-    assert "only fp32 qualified: kept without timing" in result.reasons
+    assert "only fp32 qualified: kept without timing" in result.reasons and not result.decided  # others not tried
+    assert result.reasons[0].startswith("undecided: ") and "not tried within the time limit (3 s)" in result.reasons[0]

@@ -303,6 +303,11 @@ def _measure(target: Any, run: Callable[[Any], Any], inputs: Any, name: str, hw:
                               f", no gain over {incumbent}" if fig["status"] == "no gain" else
                               f", undecided against {incumbent}" if fig["status"] == "undecided" else ""))
 
+    untried = [label for label, fig in figures.items() if (fig["out"] or "").startswith("not tried")]
+    if untried and decided:
+        decided = False  # a choice among the candidates that ran, not among all: measured again next time
+        reasons.insert(0, f"undecided: {', '.join(untried)} not tried within the time limit ({time_limit:g} s); "
+                          f"{chosen} kept among those that ran (give a longer time_limit)")
     kept = by_label[chosen]
     policy = kept.policy if kept.policy is not None else Policy(
         (Rule("*", storage="fp32", optional=True, reason=f"{name} calibrated: fp32 was fastest on this model"),), None, name=name)
