@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 gr = pytest.importorskip("gradio")
@@ -36,7 +38,9 @@ def test_search_streams_a_growing_plot_then_the_result(tuned):
     assert any("now: measuring #0 baseline fp32: 2/" in out[0] for out in working)
     # each candidate redraws the plot
     candidates = [out for out in progress if out[1] != UNCHANGED]
-    assert "Evaluation 1 of 16" in candidates[0][0] and "baseline fp32" in candidates[0][0]
+    # The stream shows the newest event whenever new ones arrived: on a busy machine the first
+    # candidate's event may be overtaken by the second's before it is shown, so no count is fixed.
+    assert re.search(r"Evaluation \d+ of 16", candidates[0][0]) and "baseline fp32" in candidates[0][0]
     plots = [out[1] for out in candidates]
     assert all(p.startswith('<img id="tune-plot-img"') for p in plots)
     assert len(set(plots)) == len(plots)  # the plot changes as candidates arrive
