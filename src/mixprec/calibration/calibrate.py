@@ -194,7 +194,7 @@ def _measure(target: Any, run: Callable[[Any], Any], inputs: Any, name: str, hw:
 
     figures: dict[str, dict[str, Any]] = {}
     live: list[Candidate] = []
-    last_trial = 0.0
+    last_trial, first_calls = 0.0, {}
     for cand in cands:
         fig = {"label": cand.label, "what": cand.what, "also": list(cand.also), "eligible": cand.eligible,
                "sqnr_db": None, "nonfinite": 0, "out": None, "weight_bytes": None, "median_s": None,
@@ -216,6 +216,7 @@ def _measure(target: Any, run: Callable[[Any], Any], inputs: Any, name: str, hw:
             continue
         finally:
             last_trial = now() - begin
+            first_calls[cand.label] = last_trial
         fig.update(sqnr_db=sqnr if cand.policy is not None else math.inf, nonfinite=nonfinite, weight_bytes=size)
         if nonfinite:
             fig["out"] = f"{nonfinite} non-finite output values"
@@ -228,7 +229,8 @@ def _measure(target: Any, run: Callable[[Any], Any], inputs: Any, name: str, hw:
     qualified = [c.label for c in live if figures[c.label]["out"] is None]
     eligible = [label for label in qualified if by_label[label].eligible]
     incumbent = "rules" if "rules" in eligible else (REFERENCE if REFERENCE in eligible else (eligible[0] if eligible else None))
-    rounds, last_round, stop_reason = 0, 0.0, None
+    # Until a round has run, its cost is estimated from the candidates' first calls.
+    rounds, last_round, stop_reason = 0, sum(first_calls.get(c.label, 0.0) for c in live), None
     verdicts = None
     if incumbent is not None and len(eligible) > 1:
         while True:
