@@ -81,11 +81,13 @@ def env(
         ["compute capability", ".".join(map(str, hw.capability)) if hw.capability else None],
         ["memory", gib(hw.memory_bytes)], ["cpu flags", " ".join(hw.cpu_flags) or None],
         ["threads", hw.threads],
-        ["fp32 matmul GFLOP/s by level", " / ".join(f"{k} {v:.0f}" for k, v in hw.matmul_levels.items())],
+        ["fp32 matmul GFLOP/s by level" + (" (one thread)" if "1 thread" in hw.clock else ""),
+         " / ".join(f"{k} {v:.0f}" for k, v in hw.matmul_levels.items())],
         ["probe", f"{hw.matmul_size}x{hw.matmul_size} matmul, {hw.seconds:.2f} s" + (f", timed in {hw.clock}" if hw.clock else "")
          + (" (cached)" if hw.cached else "")],
     ]))
-    console.print(table("Precisions (measured)", ["dtype", "supported", "GFLOP/s", "vs fp32", "class", "used as"], [
+    console.print(table("Precisions (measured)", ["dtype", "supported", "GFLOP/s" + (" (one thread)" if "1 thread" in hw.clock else ""),
+                                                  "vs fp32", "class", "used as"], [
         [d.name, "yes" if d.supported else "no", d.gflops, hardware.ratio_text(d.ratio, d.klass), d.klass,
          hw.effective(d.name).klass]
         for d in hw.dtypes.values()
