@@ -315,13 +315,9 @@ def _measure(target: Any, run: Callable[[Any], Any], inputs: Any, name: str, hw:
         (Rule("*", storage="fp32", optional=True, reason=f"{name} calibrated: fp32 was fastest on this model"),), None, name=name)
     policy = dataclasses.replace(policy, name=name)
     return Calibration(name, policy, chosen, "measured", decided, tuple(reasons),
-                       tuple(_jsonable(figures[c.label]) for c in cands), clock.name, rounds, round(now() - started, 3),
+                       tuple(figures[c.label] for c in cands), clock.name, rounds, round(now() - started, 3),
                        datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), hw.name, floor)
 
-
-def _jsonable(fig: dict[str, Any]) -> dict[str, Any]:
-    """A figure as JSON keeps it: infinities as strings are not needed, floats stay floats."""
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in fig.items()}
 
 
 # --------------------------------------------------------------------------- apply with calibrate=

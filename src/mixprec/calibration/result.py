@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from mixprec._json import number, strict
 from mixprec.policy import Policy
 
 __all__ = ["Calibration"]
@@ -81,8 +81,8 @@ class Calibration:
         data = dataclasses.asdict(self)
         data["policy"] = self.policy.to_dict()
         data["reasons"] = list(self.reasons)
-        data["figures"] = [{k: _strict(v) for k, v in f.items()} for f in self.figures]
-        data["floor_db"] = _strict(self.floor_db)
+        data["figures"] = [strict(dict(f)) for f in self.figures]
+        data["floor_db"] = strict(self.floor_db)
         return data
 
     @classmethod
@@ -91,16 +91,6 @@ class Calibration:
         kept = {k: v for k, v in data.items() if k in fields}
         kept["policy"] = Policy.from_dict(data["policy"], "calibration policy")
         kept["reasons"] = tuple(data.get("reasons", ()))
-        kept["figures"] = tuple({k: (_number(v) if k == "sqnr_db" else v) for k, v in f.items()} for f in data.get("figures", ()))
-        kept["floor_db"] = _number(data.get("floor_db"))
+        kept["figures"] = tuple({k: (number(v) if k == "sqnr_db" else v) for k, v in f.items()} for f in data.get("figures", ()))
+        kept["floor_db"] = number(data.get("floor_db"))
         return cls(**kept)
-
-
-def _strict(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
-
-
-def _number(value: Any) -> Any:
-    return float(value) if value in ("inf", "-inf", "nan") else value

@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
+from mixprec._json import strict
 from mixprec.cli._common import table
 from mixprec.cli._text import say
 
@@ -55,19 +56,9 @@ def _beyond(row: dict[str, Any]) -> str | None:
     return verdict
 
 
-def _strict(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {str(k): _strict(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict(v) for v in value]
-    return value
-
-
 def rows_json(rows: list[dict[str, Any]]) -> str:
     """``compare``'s rows as strict JSON: infinities and NaN as ``"inf"``, ``"-inf"``, ``"nan"``, as the exports write them."""
-    return json.dumps(_strict(rows), allow_nan=False, default=str)
+    return json.dumps(strict(rows), allow_nan=False, default=str)
 
 
 def print_compare(console: Console, run_a: int, run_b: int, rows: list[dict[str, Any]]) -> None:

@@ -4,10 +4,10 @@ and :func:`jsonable` for standard JSON.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from mixprec._json import strict
 from mixprec.measure.stats import Ratio, paired_ratio
 from mixprec.policy import Policy
 from mixprec.tuning.bounds import Bound
@@ -143,11 +143,5 @@ def _plain_seeds(value: Any) -> Any:
 
 
 def jsonable(value: Any) -> Any:
-    """Infinities and NaN as strings, so the stored JSON is standard."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    return value
+    """Infinities and NaN as strings, so the stored JSON is standard (:func:`mixprec._json.strict`)."""
+    return strict(value)
