@@ -261,10 +261,10 @@ def test_browser_benchmark_cancel_and_tune(sync_playwright, tmp_path, clean_env)
 
         status = page.locator("#bench-status")
         for name in ("fp32", "fast"):
-            page.locator("#bench-configs").get_by_label(name).uncheck()
+            page.locator("#bench-configs").get_by_label(name, exact=True).uncheck()
         page.locator("#bench-run-button").click()
         expect(status).to_contain_text(t("bench.error_configs", "en").replace("**", ""))
-        page.locator("#bench-configs").get_by_label("fast").check()
+        page.locator("#bench-configs").get_by_label("fast", exact=True).check()
         _fill(page, "bench-repeat", "500")
         _fill(page, "bench-warmup", "0")
         _fill(page, "bench-path", db)
