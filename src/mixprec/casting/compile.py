@@ -67,12 +67,19 @@ class Compiled:
     """
 
     def __init__(self, root: nn.Module, settings: Any) -> None:
+        from mixprec.casting.decode import StaticDecode
+
         self.root = root
         root.compile(mode=settings.mode, dynamic=settings.dynamic, backend=settings.backend)
         compiled = root._compiled_call_impl
+        #: A decoder's static key/value cache (``None`` for other components).
+        self.decode = StaticDecode(root) if StaticDecode.applies(root) else None
+        decode = self.decode
 
         def call(*args: Any, **kwargs: Any) -> Any:
             try:
+                if decode is not None:
+                    return decode.call(compiled, root._call_impl, args, kwargs)
                 return compiled(*args, **kwargs)
             except Exception as exc:
                 reason = missing_torch_feature(exc)
@@ -84,6 +91,8 @@ class Compiled:
 
     def remove(self) -> None:
         self.root._compiled_call_impl = None
+        if self.decode is not None:
+            self.decode.remove()
 
 
 def check_compiler(settings: Any, on_cpu: bool) -> None:

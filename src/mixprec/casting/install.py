@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from mixprec.casting.fp32compute import Fp32Compute
+from mixprec.casting.frames import inline_only
 from mixprec.casting.meet import DtypeMeet
 from mixprec.casting.prune import Pruner
 from mixprec.casting.hooks import (AppEntry, Boundary, EntryBoundary, EntryGate, LeafCast, UpcastScope, add_method_hook, cast_floats,
@@ -58,6 +59,7 @@ def install_wrappers(comps: dict[str, nn.Module], by_module: dict[int, ModulePla
     Each handle and pinned module is appended as soon as it is installed, so that the
     applied policy's revert removes what a failure half-way left behind.
     """
+    inline_only()  # under torch.compile these hooks are inlined or run eagerly, never compiled alone
     for cname, root in comps.items():
         first_handle = len(handles)
         gate = EntryGate()

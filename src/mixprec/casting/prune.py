@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
+from mixprec.casting.frames import under_compile
 from mixprec.casting.hooks import CallStack, ForwardWrapper, compiling
 from mixprec.casting.meet import OP_ERRORS, may_be_about_dtypes
 
@@ -51,7 +52,12 @@ class Pruner:
 
     def around(self, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         if compiling():
-            return call(*args, **kwargs)
+            return call(*args, **kwargs)  # traced: nothing read or changed here, so nothing guarded
+        if self.pending and under_compile():
+            # Run eagerly inside a compiled call (below a graph break): compiled code pays
+            # nothing for a wrapper's check, and taking one off would change what Dynamo
+            # guards on (a recompile per prune). Nothing is pruned in this component.
+            self.pending = []
         calls = self._calls.items
         if calls:
             return call(*args, **kwargs)

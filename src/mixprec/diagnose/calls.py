@@ -33,13 +33,30 @@ def _rewind_points(args: tuple, kwargs: dict) -> list[tuple[Any, Any]]:
     # loop (rather than at its first call) needs a fresh cache.
     points: list[tuple[Any, Any]] = []
     for value in list(args) + list(kwargs.values()):
-        if hasattr(value, "get_seq_length") and hasattr(value, "crop"):
+        static = _static_layers(value)
+        if static:
+            # A static cache (transformers 5's StaticCache): its tensors keep their size and
+            # address; each layer's length is a tensor, put back in place.
+            points.append((value, _StaticLengths([layer.cumulative_length.clone() for layer in static])))
+        elif hasattr(value, "get_seq_length") and hasattr(value, "crop"):
             points.append((value, int(value.get_seq_length())))
         elif type(value) is dict:
             points.append((value, dict(value)))
         elif type(value) is list:
             points.append((value, list(value)))
     return points
+
+
+def _static_layers(value: Any) -> list[Any]:
+    layers = getattr(value, "layers", None)
+    if not isinstance(layers, (list, tuple)) or not layers:
+        return []
+    static = [layer for layer in layers if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
+    return static if len(static) == len(layers) else []
+
+
+class _StaticLengths(list):
+    """Each layer's length of a static cache when the call started."""
 
 
 @dataclass
@@ -85,6 +102,12 @@ class RecordedCall:
                 continue
             if type(cache) is list:
                 cache[:] = saved
+                continue
+            if isinstance(saved, _StaticLengths):
+                for layer, length in zip(_static_layers(cache), saved):
+                    layer.cumulative_length.copy_(length)
+                    if int(length) == 0:
+                        layer.is_initialized = False  # allocated again in the re-run's dtype
                 continue
             length = saved
             grown = int(cache.get_seq_length()) - length

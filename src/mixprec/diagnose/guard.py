@@ -27,6 +27,7 @@ from torch import nn
 
 from mixprec.casting.apply import Applied
 from mixprec.casting.meet import OP_ERRORS, DeferDtypeErrors, WidenMode, may_be_about_dtypes
+from mixprec.casting.frames import inline_only
 from mixprec.casting.hooks import add_method_hook
 from mixprec.policy.tree import called_children, entry_methods
 from mixprec.diagnose.dtype_errors import (DtypeErrorReport, PrecisionDtypeError, add_note, candidate_scopes, direct_callees,
@@ -108,6 +109,7 @@ class Guard:
     def _install(self) -> None:
         if self.mode == "off":
             return
+        inline_only()  # the guard's frames, like apply's, are inlined by torch.compile or run eagerly
         for cname, root in self.applied.components.items():
             # Every way an app enters the component: its forward and its own methods
             # (S3Gen.inference, embed_ref, vae.decode), one check per outermost call.
