@@ -297,11 +297,14 @@ def test_bench_measures_compiled_configurations_with_their_compile_time(tmp_path
     from typer.testing import CliRunner
 
     from mixprec.bench.store import Store
+    from mixprec.bench.table import render_table_rows
     from mixprec.cli import app
 
     db = tmp_path / "b.sqlite"
-    result = CliRunner().invoke(app, ["bench", "--pipeline", "minilm", "--size", "test", "--configs", "fp32,memory+compile",
-                                      "--repeat", "1", "--warmup", "0", "--db", str(db)])
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # the workers start with an empty one
+    args = ["bench", "--pipeline", "minilm", "--size", "test", "--configs", "fp32,memory+compile", "--repeat", "1",
+            "--warmup", "0", "--db", str(db)]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     by_name = {c["name"]: c for c in Store(db).load_run(1)["configs"]}
     compiled = by_name["memory+compile"]
@@ -316,6 +319,14 @@ def test_bench_measures_compiled_configurations_with_their_compile_time(tmp_path
     assert compiled["policy"]["compile"] == {"mode": "default", "backend": "inductor"}
     assert compiled["metrics"]["sqnr_db"] > 30  # bf16 weights, fp32 compute, compiled: same numbers as eager
     assert compiled["metrics"]["weight_bytes"] < by_name["fp32"]["metrics"]["weight_bytes"] * 0.6
+    assert compiled["metrics"]["compile_cached"] == 0  # every graph generated in the first process
+    # A later process loads what the first compiled from torch's on-disk cache, and the table says so.
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0, again.output
+    run = Store(db).load_run(2)
+    later = {c["name"]: c for c in run["configs"]}["memory+compile"]
+    assert later["metrics"]["compile_cached"] == 1
+    assert {r["config"]: r for r in render_table_rows(run)}["memory+compile"]["compile_cached"] == "100.0%"
     monkeypatch.setenv("CXX", "no-such-compiler")
     monkeypatch.setenv("PATH", "/nonexistent")
     refused = CliRunner().invoke(app, ["bench", "--pipeline", "minilm", "--size", "test", "--configs", "fp32",

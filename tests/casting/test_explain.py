@@ -18,11 +18,15 @@ def _llama():
     return LlamaForCausalLM(config).eval()
 
 
-def test_cuda_graphs_are_offered_for_a_token_decoder_on_cuda_only():
+def test_cuda_graphs_are_offered_for_a_token_decoder_on_cuda_and_a_compiled_one_decodes_on_a_static_cache():
     components = {"lm": _llama(), "post": torch.nn.Linear(4, 4)}
     (advice,) = compile_advice(components, BF16, "cuda")
     assert advice.startswith("lm decodes token by token (") and "reduce-overhead" in advice
-    assert compile_advice(components, BF16, "cpu") == []
+    (measure,) = compile_advice(components, BF16, "cpu")
+    assert "fast+compile" in measure and "CUDA" not in measure
     graphs = Policy(BF16.rules, compile=CompileSettings(mode="reduce-overhead"))
-    assert compile_advice(components, graphs, "cuda") == []
+    (compiled,) = compile_advice(components, graphs, "cuda")
+    assert "static key/value cache" in compiled and compiled.endswith("captured as CUDA graphs")
+    (on_cpu,) = compile_advice(components, Policy(BF16.rules, compile=CompileSettings()), "cpu")
+    assert "static key/value cache" in on_cpu and "CUDA" not in on_cpu
     assert compile_advice({"post": torch.nn.Linear(4, 4)}, BF16, "cuda") == []

@@ -18,7 +18,7 @@ METRIC_ORDER: tuple[str, ...] = (
     "latency_median", "latency_p10", "latency_p90", "latency_mean", "latency_ci_low", "latency_ci_high",
     "latency_ci_exact", "latency_cv", "speedup", "speedup_ci_low", "speedup_ci_high", "speedup_pairs", "unstable",
     "throughput_items_per_s", "tokens_per_s", "rtf", "peak_mem_bytes",
-    "weight_bytes", "compile_s", "max_abs_err", "rel_err", "cosine", "sqnr_db", "snr_db", "lsd_db", "psnr_db", "ssim",
+    "weight_bytes", "compile_s", "compile_cached", "max_abs_err", "rel_err", "cosine", "sqnr_db", "snr_db", "lsd_db", "psnr_db", "ssim",
     "step_sqnr_db", "step_sqnr_worst_db",
     "embedding_cosine_mean", "embedding_cosine_min", "token_agreement", "nonfinite", "fallbacks", "shape_mismatch",
 )

@@ -328,6 +328,7 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
                 answer = call(slot, spent + LOAD_TIMEOUT_S, "reference", forcing, clock=clock, until=until)
                 if slot.alive:
                     slot.compile_s = (answer or {}).get("compile_seconds")
+                    slot.compile_cached = (answer or {}).get("compile_cached")
                     slot.spent = spent
                 step(f"batch {batch}: compiled {slot.spec.name}", 0)
             else:
@@ -463,6 +464,8 @@ def _record(repeat: int, batch: int, slots: list[Slot], store: Store, hardware: 
 
         if slot.compile_s is not None:
             metrics["compile_s"] = slot.compile_s
+        if slot.compile_cached is not None:
+            metrics["compile_cached"] = slot.compile_cached
         if slot.done:
             metrics["peak_mem_bytes"] = slot.done.get("peak_mem_bytes")
             metrics["fallbacks"] = slot.done.get("fallbacks", 0)

@@ -38,6 +38,8 @@ class Slot:
     first: dict[str, Any] | None = None
     done: dict[str, Any] = field(default_factory=dict)
     compile_s: float | None = None
+    #: The share of the compiled graphs that inductor loaded from torch's on-disk cache.
+    compile_cached: float | None = None
     rounds: list[int] = field(default_factory=list)  # the timed round of each sample
     fallbacks: int = 0
     untimed: int = 0  # timed rounds left out because a guard fallback ran in them

@@ -82,8 +82,9 @@ def serve(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs in
             if payload is not None:
                 # Teacher forcing: the runs replay the fp32 run's choices (speech tokens, latents).
                 inputs = pipe.teacher_forced(inputs, reference_output(payload))
-            compile_seconds = None
+            compile_seconds = cached = None
             if spec.compile:
+                graphs_before = _inductor_cache_counts()
                 # The first call compiles: timed here, on the inputs of the timed runs, one
                 # worker at a time. The peak memory reported includes it (compiling takes
                 # memory the app needs too).
@@ -93,7 +94,9 @@ def serve(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs in
                 if cuda:
                     torch.cuda.synchronize()
                 compile_seconds = time.perf_counter() - start
-            conn.send(("ok", {"compile_seconds": compile_seconds}))
+                hits, misses = (after - before for after, before in zip(_inductor_cache_counts(), graphs_before))
+                cached = hits / (hits + misses) if hits + misses else None
+            conn.send(("ok", {"compile_seconds": compile_seconds, "compile_cached": cached}))
         elif command == "run":
             if cuda and not settled:
                 def once() -> None:
@@ -141,3 +144,11 @@ def job_for(spec: Any, *, pipeline: str, size: str, seed: int, batch: int, hardw
     return {"name": f"bench-{spec.name}", "spec": asdict(spec), "pipeline": portable_spec(pipeline), "size": size, "seed": seed, "batch": batch,
             "hardware": hardware.to_dict() if hardware is not None else None, "device": device, "threads": threads,
             "overrides": dict(overrides or {})}
+
+
+def _inductor_cache_counts() -> tuple[int, int]:
+    """Inductor's FX-graph cache hits and misses so far in this process: graphs a compile
+    loaded from torch's on-disk cache (an earlier process compiled them) or generated."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["fxgraph_cache_hit"]), int(counters["inductor"]["fxgraph_cache_miss"])

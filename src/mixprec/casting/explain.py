@@ -129,22 +129,38 @@ def explain_unmatched(target: Any, policy: Policy) -> list[UnmatchedRule]:
 
 
 def compile_advice(target: Any, policy: Policy, device_type: str) -> list[str]:
-    """Where CUDA graphs would pay: components that decode token by token, on a CUDA device,
-    under a policy that does not capture them yet (``compile`` mode ``reduce-overhead``).
+    """What compiling does for the components that decode token by token, and where CUDA graphs would pay.
 
-    A decode step launches hundreds of small kernels for one token; on a GPU the launches,
-    not the arithmetic, are its time, so a 16-bit type alone gains little there. Replaying
-    the step as a CUDA graph removes the launches. On a CPU there is nothing to replay.
+    Under a compile setting, a transformers decoder that compiles whole decodes on a static
+    key/value cache (:mod:`mixprec.casting.decode`: one compiled step for every position);
+    another decoder keeps its own cache, whose growing length may recompile. Without one,
+    on a CUDA device: a decode step launches hundreds of small kernels for one token, so the
+    launches, not the arithmetic, are its time, and a 16-bit type alone gains little there;
+    replaying the step as a CUDA graph (compile mode ``reduce-overhead``) removes them. On a
+    CPU, compiling is offered as something to measure (``mixprec bench --configs fast,fast+compile``).
     """
-    if device_type != "cuda" or (policy.compile is not None and policy.compile.mode == "reduce-overhead"):
-        return []
+    from mixprec.casting.decode import StaticDecode
+
     comps, _ = components_of(target)
     advice = []
     for name, root in comps.items():
         decoder = token_decoder(root)
-        if decoder is not None:
-            advice.append(f"{name or 'the model'} decodes token by token ({type(decoder).__name__} takes a key/value "
-                          "cache): each step is launch-bound on a GPU; capture it as CUDA graphs with the policy's "
+        if decoder is None:
+            continue
+        what = f"{name or 'the model'} decodes token by token ({type(decoder).__name__} takes a key/value cache)"
+        if policy.compile is not None:
+            if StaticDecode.applies(root):
+                advice.append(f"{what}: compiled with a static key/value cache, one compiled step for every position "
+                              "(its own decoding loop and generate() alike)"
+                              + ("; captured as CUDA graphs" if policy.compile.mode == "reduce-overhead" and device_type == "cuda" else ""))
+            else:
+                advice.append(f"{what}: compiled on the cache it makes itself (not a transformers 5 model that compiles "
+                              "whole): a cache that grows by a position per step may recompile")
+        elif device_type == "cuda":
+            advice.append(f"{what}: each step is launch-bound on a GPU; capture it as CUDA graphs with the policy's "
                           "compile setting mode = \"reduce-overhead\" (mixprec.preset(..., overrides={\"compile\": "
                           "{\"mode\": \"reduce-overhead\"}}), or [compile] in a policy file)")
+        elif StaticDecode.applies(root):
+            advice.append(f"{what}: compiled, it would decode on a static key/value cache (one compiled step for "
+                          "every position); measure it here with `mixprec bench --configs fast,fast+compile`")
     return advice

@@ -47,13 +47,13 @@ from mixprec.cli._text import clean, json_text, say
 from mixprec.cli._verdicts import print_compare, print_gate, rows_json
 
 _TERMINAL_COLUMNS = ("config", "batch", "status", "latency", "ci", "speedup", "throughput", "tokens_per_s", "rtf",
-                     "peak_mem", "weights", "compile", "snr", "psnr", "ssim", "step_sqnr", "sqnr", "token_agreement", "nonfinite",
+                     "peak_mem", "weights", "compile", "compile_cached", "snr", "psnr", "ssim", "step_sqnr", "sqnr", "token_agreement", "nonfinite",
                      "fallbacks", "error")
 
 
 #: Where the terminal is narrow, the columns left out first (the HTML report and --json keep every one):
 #: config, speed-up, latency, quality and errors stay longest.
-_DROP_FIRST = ("Compile", "Tokens/s", "RTF", "Throughput", "Latency CI", "Weights", "Non-finite", "Token agreement",
+_DROP_FIRST = ("Compiled from cache", "Compile", "Tokens/s", "RTF", "Throughput", "Latency CI", "Weights", "Non-finite", "Token agreement",
                "SSIM", "Step SQNR", "Fallbacks", "Batch", "Peak mem", "Status")
 
 

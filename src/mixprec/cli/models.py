@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from typing import Annotated, Any, Iterator, Optional
 
@@ -65,6 +66,7 @@ def explain(
     all_modules: Annotated[bool, typer.Option("--all", help="List every module, not only those that own weights.")] = False,
     expand: Annotated[bool, typer.Option("--expand", help="One row per module: repeated blocks (layers.0, layers.1, ...) are not collapsed into one row.")] = False,
     calibrate: Annotated[bool, typer.Option("--calibrate", help="Check the preset on the pipeline itself (as `mixprec calibrate`; a remembered decision is reused) and explain the policy it keeps.")] = False,
+    compiled: Annotated[bool, typer.Option("--compile", help="Explain the policy compiled (torch.compile, inductor; what bench's fast+compile runs): which components decode on a static key/value cache.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Per module: storage and compute dtype and the rule that decided them, after a summary.
@@ -90,6 +92,8 @@ def explain(
             pol = calibration.policy
         else:
             pol = _policy_for(pipe, preset, policy, device)
+        if compiled and pol.compile is None:
+            pol = dataclasses.replace(pol, compile=mixprec.CompileSettings())
         rows = mixprec.explain(pipe, pol)
         pitfalls = mixprec.explain_warnings(pipe, pol)
         unmatched = explain_unmatched(pipe, pol)
