@@ -22,7 +22,7 @@ same folder (torch's own FX-graph and AOT caches; Dynamo still traces in each pr
 Usage:
     HF_HUB_OFFLINE=1 python benchmarks/bench_compile.py [--pipelines tts,diffusion,minilm] [--size default]
         [--configs fast,naive-bf16+compile,fast+compile,fast+compile:unguarded] [--repeat 5] [--calls 1]
-        [--threads 1] [--processes] [--out FILE]
+        [--threads 1] [--processes] [--process-config fast+compile] [--out FILE]
 """
 
 from __future__ import annotations
@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=1, help="timed calls per configuration and round (the fastest counts)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--processes", action="store_true", help="also time the first call in a first and a second process")
+    parser.add_argument("--process-config", default="fast+compile", help="the configuration --processes times")
     parser.add_argument("--first-call", metavar="PIPELINE", help=argparse.SUPPRESS)
     parser.add_argument("--out")
     args = parser.parse_args(argv)
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         lines += bench(name, args.size, labels, args.repeat, args.calls, hw)
     if args.processes:
         lines += ["## Compile time in a first and a later process", ""]
-        compiled = next(label for label in labels if "+compile" in label)
+        compiled = args.process_config
         for name in args.pipelines.split(","):
             lines += processes(name, args.size, compiled, args.threads)
     return finish(lines, args.out)

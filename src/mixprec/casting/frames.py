@@ -1,4 +1,4 @@
-"""mixprec's own frames under ``torch.compile``: inlined into the model's graphs, never compiled alone.
+"""mixprec's own frames under ``torch.compile``: one compiled entry per module, everything else inlined.
 
 Apply's casts, scopes and the guard's checks run as Python around the model's code
 (method hooks, ``forward`` wrappers). Where a compiled component traces without a break,
@@ -23,6 +23,7 @@ graph break) that it is inside one.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 import types
@@ -30,13 +31,14 @@ from typing import Any, Iterator
 
 import torch
 
-__all__ = ["inline_only", "under_compile", "RUNTIME_PACKAGES"]
+__all__ = ["inline_only", "under_compile", "own_code", "RUNTIME_PACKAGES"]
 
 #: Packages whose code runs inside a model's call: apply's hooks, the guard, profiling.
 #: The reference pipelines (``mixprec.pipelines``) are model code and are compiled as any app's.
 RUNTIME_PACKAGES = ("mixprec.casting", "mixprec.diagnose", "mixprec.measure", "mixprec.policy")
 
 _marked: set[str] = set()
+_numbers = itertools.count()
 _lock = threading.Lock()
 
 
@@ -93,6 +95,23 @@ def inline_only() -> int:
                     count += 1
             _marked.add(name)
     return count
+
+
+def own_code(fn: Any, label: str) -> Any:
+    """Give ``fn`` (a wrapper made for one module) a code object of its own, named after ``label``.
+
+    A wrapper installed as a module's ``forward`` is where Dynamo starts compiling that
+    module (torch's ``_call_impl`` is not compiled itself). Dynamo keeps compiled code and
+    counts recompiles per code object: wrappers sharing one code would compile once per
+    module into the same cache until its recompile limit. A copy of the code (a different
+    name, the same bytecode) is not marked by :func:`inline_only`, so it is compiled where
+    it is the outermost frame and inlined everywhere else.
+    """
+    # Numbered: Dynamo's automatic-dynamic memory of input shapes is keyed by file, line and
+    # name, and two modules' shapes must not mark each other's dimensions dynamic.
+    name = "".join(c if c.isalnum() else "_" for c in label) + f"_{next(_numbers)}"
+    fn.__code__ = fn.__code__.replace(co_name=name, **({"co_qualname": name} if hasattr(fn.__code__, "co_qualname") else {}))
+    return fn
 
 
 def under_compile() -> bool:

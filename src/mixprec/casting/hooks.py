@@ -18,11 +18,12 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
+from mixprec.casting.frames import own_code
 from mixprec.casting.upcast import UpcastAttentionMode
 
 __all__ = [
     "AppEntry", "Boundary", "EntryGate", "EntryBoundary", "ForwardWrapper", "LeafCast", "UpcastScope", "pin_fp32", "cast_floats", "own_tensors",
-    "add_method_hook", "MethodHookHandle", "first_float_dtype", "CallStack", "compiling",
+    "add_method_hook", "MethodHookHandle", "first_float_dtype", "CallStack", "compiling", "register_first",
 ]
 
 
@@ -201,6 +202,7 @@ class ForwardWrapper:
     """
 
     def _set(self, module: nn.Module, wrapper: Callable[..., Any], forward: Callable[..., Any]) -> None:
+        own_code(wrapper, f"mixprec_{type(self).__name__}_{type(module).__name__}_forward")
         functools.update_wrapper(wrapper, forward)  # inspect.signature(module.forward) stays the model's
         _carry_signature(wrapper, forward)
         self.module, self.wrapper, self.active = module, wrapper, True
@@ -320,7 +322,7 @@ class EntryGate(threading.local):
         return self.depth == 0
 
     def install(self, root: nn.Module) -> list[Any]:
-        return [root.register_forward_pre_hook(self.enter, prepend=True),
+        return [register_first(root, "forward_pre", self.enter),
                 root.register_forward_hook(self.leave, always_call=True)]
 
 
@@ -406,6 +408,26 @@ class AppEntry(ForwardWrapper):
         return self
 
 
+def register_first(module: nn.Module, kind: str, hook: Callable[..., Any], *, with_kwargs: bool = False) -> Any:
+    """Register a forward (``kind="forward"``) or forward pre-hook (``"forward_pre"``) that runs
+    before the module's other hooks; returns its handle.
+
+    torch's ``prepend=True`` moves the new key to the front of the hooks' ``OrderedDict``, so
+    that its order differs from the order of the dict underneath; Dynamo before torch 2.13
+    traces hooks in one order and guards on positions in the other, and fails while building
+    guards (pytorch#160083). Here the dict is rebuilt with the hook first, in place (handles
+    keep working): both orders agree.
+    """
+    register = getattr(module, f"register_{kind}_hook")
+    handle = register(hook, with_kwargs=with_kwargs) if with_kwargs else register(hook)
+    hooks = getattr(module, f"_{kind}_hooks")
+    rest = [(key, value) for key, value in hooks.items() if key != handle.id]
+    hooks.clear()
+    hooks[handle.id] = hook
+    hooks.update(rest)
+    return handle
+
+
 _METHOD_TABLE = "_mixprec_method_hooks"
 
 
@@ -463,6 +485,7 @@ def add_method_hook(module: nn.Module, name: str, hook: Callable[..., Any], *, p
 
             return call(0, args, kwargs)
 
+        own_code(wrapper, f"mixprec_hooks_{type(module).__name__}_{name}")
         _carry_signature(wrapper, method)
         table[name] = (hooks, wrapper, previous)
         module.__dict__[name] = wrapper

@@ -28,7 +28,7 @@ from torch import nn
 from mixprec.casting.apply import Applied
 from mixprec.casting.meet import OP_ERRORS, DeferDtypeErrors, WidenMode, may_be_about_dtypes
 from mixprec.casting.frames import inline_only
-from mixprec.casting.hooks import add_method_hook
+from mixprec.casting.hooks import add_method_hook, register_first
 from mixprec.policy.tree import called_children, entry_methods
 from mixprec.diagnose.dtype_errors import (DtypeErrorReport, PrecisionDtypeError, add_note, candidate_scopes, direct_callees,
                                           counterparts, is_dtype_error, locate,
@@ -162,7 +162,7 @@ class Guard:
                 # The component's own hooks run outside any compiled region (torch.compile
                 # does not trace the module call that runs them): eager, always.
                 remember = torch.compiler.disable(remember)
-            self._handles.append(root.register_forward_pre_hook(remember, with_kwargs=True, prepend=True))
+            self._handles.append(register_first(root, "forward_pre", remember, with_kwargs=True))
             if component:
                 self._handles.append(root.register_forward_hook(after_compiled))
 

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
+from mixprec.casting.hooks import register_first
 from mixprec.casting.targets import DTYPES
 from mixprec.policy import ModulePlan
 
@@ -171,7 +172,7 @@ def localise_overflow(cname: str, root: nn.Module, plans: list[ModulePlan], reru
     for sub in root.modules():
         if sub is not root:
             # prepend: see each module's own output, before a boundary casts it for its caller
-            handles.append(sub.register_forward_hook(check, prepend=True))
+            handles.append(register_first(sub, "forward", check))
     try:
         output = rerun()
     finally:

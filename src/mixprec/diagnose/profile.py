@@ -60,6 +60,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from mixprec.casting.apply import apply
+from mixprec.casting.hooks import register_first
 from mixprec.casting.kinds import stored_elements
 from mixprec.casting.targets import components_of
 from mixprec.diagnose.capture import (absmax, cast_owned, first_float, fresh_inputs, int_fingerprint, sample, shared_model_memo,
@@ -368,8 +369,8 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
         with apply(target if not isinstance(target, dict) else comps, policy):
             try:
                 for plan in plans:
-                    handles.append(plan.module.register_forward_pre_hook(low_pre, with_kwargs=True, prepend=True))
-                    handles.append(plan.module.register_forward_hook(low_post, prepend=True))
+                    handles.append(register_first(plan.module, "forward_pre", low_pre, with_kwargs=True))
+                    handles.append(register_first(plan.module, "forward", low_post))
                 caller_rng.restore()  # the random state the fp32 run started from
                 with torch.inference_mode(), _WideDraws():
                     low_out = runner(low_inputs)
