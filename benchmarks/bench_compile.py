@@ -22,7 +22,10 @@ same folder (torch's own FX-graph and AOT caches; Dynamo still traces in each pr
 Usage:
     HF_HUB_OFFLINE=1 python benchmarks/bench_compile.py [--pipelines tts,diffusion,minilm] [--size default]
         [--configs fast,naive-bf16+compile,fast+compile,fast+compile:unguarded] [--repeat 5] [--calls 1]
-        [--threads 1] [--processes] [--process-config fast+compile] [--out FILE]
+        [--threads 1] [--device cpu|cuda] [--processes] [--process-config fast+compile] [--out FILE]
+
+A label ending in ``:graphs`` (``fast+compile:graphs``) compiles with mode ``reduce-overhead``
+(CUDA graphs on a GPU).
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ from mixprec.device import clock as mixprec_clock
 
 CONFIGS = "fast,naive-bf16+compile,fast+compile,fast+compile:unguarded"
 UNGUARDED = ":unguarded"
+#: A compiled preset whose compile mode is ``reduce-overhead``: CUDA graphs on a GPU.
+GRAPHS = ":graphs"
 
 
 class LimitWarnings(logging.Handler):
@@ -69,12 +74,20 @@ def graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def prepare(name: str, size: str, label: str, hw):
+def prepare(name: str, size: str, label: str, hw, device: str = "cpu"):
     """A fresh pipeline set up as ``label`` says; returns (pipeline, its guard or None)."""
     spec_name, unguarded = (label[: -len(UNGUARDED)], True) if label.endswith(UNGUARDED) else (label, False)
+    spec_name, graphs = (spec_name[: -len(GRAPHS)], True) if spec_name.endswith(GRAPHS) else (spec_name, False)
     spec = next(s for s in configs.parse_configs(spec_name, hw)[0] if s.name == spec_name)
-    pipe = pipelines.get(name, size=size, seed=0)
-    _, info = configs.setup(spec, pipe, hw)
+    pipe = pipelines.get(name, size=size, seed=0, device=device)
+    if graphs:
+        if spec.kind != "preset" or not spec.compile:
+            raise SystemExit(f"{label}: {GRAPHS} takes a compiled preset, such as fast+compile{GRAPHS}")
+        policy = mixprec.preset(spec.arg, hardware=hw, hints=tuple(pipe.sensitive),
+                                overrides={"compile": {"mode": "reduce-overhead"}})
+        info = {"guard": mixprec.guard(mixprec.apply(pipe, policy), on_nonfinite="fallback", hardware=hw, remember=False)}
+    else:
+        _, info = configs.setup(spec, pipe, hw)
     guard = info.get("guard")
     if unguarded and guard is not None:
         guard.remove()
@@ -82,17 +95,17 @@ def prepare(name: str, size: str, label: str, hw):
     return pipe, guard
 
 
-def bench(name: str, size: str, labels: list[str], repeat: int, calls: int, hw) -> list[str]:
-    reference_pipe = pipelines.get(name, size=size, seed=0)
+def bench(name: str, size: str, labels: list[str], repeat: int, calls: int, hw, device: str = "cpu") -> list[str]:
+    reference_pipe = pipelines.get(name, size=size, seed=0, device=device)
     inputs = reference_pipe.example_inputs(1, 0)
     with torch.no_grad():
         reference = reference_pipe.run(inputs)
     del reference_pipe
     kwargs = {"speech_tokens": reference.speech_tokens} if name == "tts" else {}
-    clock = mixprec_clock.clock_for("cpu")
+    clock = mixprec_clock.clock_for(device)
     limit = LimitWarnings()
     logging.getLogger("torch._dynamo").addHandler(limit)
-    set_up = {label: prepare(name, size, label, hw) for label in labels}
+    set_up = {label: prepare(name, size, label, hw, device) for label in labels}
     times: dict[str, list[float]] = {label: [] for label in labels}
     first: dict[str, float] = {}
     quality: dict[str, float] = {}
@@ -110,6 +123,8 @@ def bench(name: str, size: str, labels: list[str], repeat: int, calls: int, hw) 
                 before_limit = limit.count
                 start = time.perf_counter()
                 output = run()
+                if device.startswith("cuda"):
+                    torch.cuda.synchronize()
                 first[label] = time.perf_counter() - start
                 quality[label] = sqnr_db(output.output, reference.output)
                 for _ in range(2):
@@ -166,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds after the compile and warm-up round")
     parser.add_argument("--calls", type=int, default=1, help="timed calls per configuration and round (the fastest counts)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu (CPU time) or cuda (CUDA events)")
     parser.add_argument("--processes", action="store_true", help="also time the first call in a first and a second process")
     parser.add_argument("--process-config", default="fast+compile", help="the configuration --processes times")
     parser.add_argument("--first-call", metavar="PIPELINE", help=argparse.SUPPRESS)
@@ -176,12 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.first_call:
         print(json.dumps({"first_call_s": first_call(args.first_call, args.size, labels[0])}))
         return 0
-    hw = hardware.probe()
+    hw = hardware.probe(args.device)
     lines = [f"# Compiled presets: {hw.name}, torch {torch.__version__}, mixprec {mixprec.__version__}, "
              f"{args.threads} thread(s)", "",
              f"Command: `python benchmarks/bench_compile.py {' '.join(argv if argv is not None else sys.argv[1:])}`", ""]
     for name in args.pipelines.split(","):
-        lines += bench(name, args.size, labels, args.repeat, args.calls, hw)
+        lines += bench(name, args.size, labels, args.repeat, args.calls, hw, args.device)
     if args.processes:
         lines += ["## Compile time in a first and a later process", ""]
         compiled = args.process_config

@@ -17,6 +17,11 @@ check goes on):
    mixprec makes per run).
 5. The numerics guard's cost: the tts pipeline under ``fast``, with and without
    ``mixprec.guard``, in interleaved rounds.
+6. Compiled token decode (``benchmarks/bench_compile.py``): tts under ``fast`` compiled with
+   CUDA graphs (``fast+compile:graphs``, its decoder on a static key/value cache) against
+   fp32 eager, ``fast`` eager and ``naive-bf16+compile``, with recompile counts.
+
+The results file is rewritten after every step, so a check cut short keeps what it measured.
 
 The file names the GPU, its driver and torch. On a machine with torch and most
 dependencies preinstalled and no network, put ``src/`` on ``PYTHONPATH`` and install the
@@ -189,19 +194,26 @@ def main(argv: list[str] | None = None) -> int:
     configs = args.configs or (CONFIGS + COMPILED if cuda else CONFIGS)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    path = out / f"gpu-{_name(args.device)}.md"
+
+    def save() -> None:
+        path.write_text("\n".join(lines) + "\n")
     env = {"HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg", "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
     started = time.monotonic()
     lines = [f"# GPU check on {_name(args.device)}", "",
              f"$ HF_HUB_OFFLINE=1 python benchmarks/gpu_check.py {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip(),
              "", *_machine(args.device), f"pipeline size: {size}", ""]
     lines += _numerics(args.device)
+    save()
     lines += _run("mixprec env", [*CLI, "env", "--device", args.device], 120, env)
+    save()
     db = str(out / f"gpu-{_name(args.device)}.sqlite")
     pipelines = [p.strip() for p in args.pipelines.split(",") if p.strip()]
     for pipeline in pipelines:
         lines += _run(f"mixprec bench: {pipeline}", [*CLI, "bench", "--pipeline", pipeline, "--size", size, "--device", args.device,
                                                      "--configs", configs, "--budget", f"{args.budget:.0f}s", "--db", db],
                       args.budget * 1.5 + 120, env)
+        save()
     # bench_overhead.py reverts in place: fp32, the naive casts and the presets only.
     overhead = [c for c in configs.split(",") if c == "fp32" or c.startswith("naive-") or c in ("quality", "balanced", "fast", "memory")]
     overhead += [f"{p}+calibrated" for p in ("balanced", "fast", "memory") if p in overhead]
@@ -209,11 +221,17 @@ def main(argv: list[str] | None = None) -> int:
                                                 "--sizes", size, "--device", args.device, "--repeat", "4", "--calls", "2",
                                                 "--configs", ",".join(overhead)],
                   max(300.0, args.budget * 2), env)
+    save()
     if "tts" in pipelines:
         lines += _guard_cost(args.device, size)
+        save()
+        compiled = "fast+compile" + (":graphs" if cuda else "")
+        lines += _run("Compiled token decode (tts)", [sys.executable, str(HERE / "bench_compile.py"), "--pipelines", "tts",
+                                                      "--size", size, "--device", args.device, "--repeat", "3",
+                                                      "--configs", f"fp32,fast,naive-bf16+compile,{compiled}"],
+                      300, env)
     lines.append(f"The whole check took {time.monotonic() - started:.0f} s.")
-    path = out / f"gpu-{_name(args.device)}.md"
-    path.write_text("\n".join(lines) + "\n")
+    save()
     print(f"wrote {path}")
     return 0
 

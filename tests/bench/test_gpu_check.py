@@ -33,9 +33,10 @@ def test_dry_run_on_the_cpu_writes_every_section(tmp_path, monkeypatch):
     assert "torch reads back: get_float32_matmul_precision = `high`" in text  # the app's env var took effect
     assert "after restore: get_float32_matmul_precision = `highest`" in text
     for section in ("## mixprec env", "## mixprec bench: tts", "## What mixprec adds per run",
-                    "## The numerics guard's cost"):
+                    "## The numerics guard's cost", "## Compiled token decode (tts)"):
         assert section in text
-    assert text.count(": exit 0,") == 3, text  # env, bench, overhead each finished
+    assert text.count(": exit 0,") == 4, text  # env, bench, overhead, compiled decode each finished
+    assert "| fast+compile |" in text and "recompile-limit warnings" in text
     assert torch.get_float32_matmul_precision() == before
 
 
