@@ -22,7 +22,7 @@ same folder (torch's own FX-graph and AOT caches; Dynamo still traces in each pr
 Usage:
     HF_HUB_OFFLINE=1 python benchmarks/bench_compile.py [--pipelines tts,diffusion,minilm] [--size default]
         [--configs fast,naive-bf16+compile,fast+compile,fast+compile:unguarded] [--repeat 5] [--calls 1]
-        [--threads 1] [--device cpu|cuda] [--processes] [--process-config fast+compile] [--out FILE]
+        [--threads 1] [--device cpu|cuda] [--components] [--processes] [--process-config fast+compile] [--out FILE]
 
 A label ending in ``:graphs`` (``fast+compile:graphs``) compiles with mode ``reduce-overhead``
 (CUDA graphs on a GPU).
@@ -149,6 +149,46 @@ def bench(name: str, size: str, labels: list[str], repeat: int, calls: int, hw, 
     return lines + [""]
 
 
+def components(name: str, size: str, labels: list[str], hw, device: str = "cpu", runs: int = 3) -> list[str]:
+    """CPU time of each component's calls in one run, per configuration (``--components``): where the time goes.
+
+    Each component's call is timed through ``_compiled_call_impl`` (the compiled call, or
+    the eager ``_call_impl`` put in its place), after two warm-up runs.
+    """
+    reference_pipe = pipelines.get(name, size=size, seed=0, device=device)
+    inputs = reference_pipe.example_inputs(1, 0)
+    with torch.no_grad():
+        reference = reference_pipe.run(inputs)
+    kwargs = {"speech_tokens": reference.speech_tokens} if name == "tts" else {}
+    table: dict[str, dict[str, float]] = {}
+    for label in labels:
+        pipe, _ = prepare(name, size, label, hw, device)
+        spent: dict[str, float] = {}
+        with torch.no_grad():
+            for _ in range(2):
+                pipe.run(inputs, **kwargs)
+            for cname, component in pipe.components.items():
+                inner = component._compiled_call_impl or component._call_impl
+
+                def timed(*args, _inner=inner, _name=cname, **kw):
+                    start = time.thread_time()
+                    try:
+                        return _inner(*args, **kw)
+                    finally:
+                        spent[_name] = spent.get(_name, 0.0) + time.thread_time() - start
+
+                component._compiled_call_impl = timed
+            start = time.thread_time()
+            for _ in range(runs):
+                pipe.run(inputs, **kwargs)
+            spent["(whole run)"] = time.thread_time() - start
+        table[label] = {k: v / runs * 1e3 for k, v in spent.items()}
+    names = list(next(iter(table.values())))
+    return ([f"#### {name}: CPU ms per run in each component ({runs} runs)", "", "| component | " + " | ".join(labels) + " |",
+             "|---|" + "---|" * len(labels)]
+            + [f"| {c} | " + " | ".join(f"{table[label].get(c, 0.0):.0f}" for label in labels) + " |" for c in names] + [""])
+
+
 def first_call(name: str, size: str, label: str) -> float:
     """The first call's wall time of ``label`` in this process (used by ``--processes``)."""
     hw = hardware.probe()
@@ -184,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu (CPU time) or cuda (CUDA events)")
     parser.add_argument("--processes", action="store_true", help="also time the first call in a first and a second process")
     parser.add_argument("--process-config", default="fast+compile", help="the configuration --processes times")
+    parser.add_argument("--components", action="store_true", help="also the CPU time of each component per configuration")
     parser.add_argument("--first-call", metavar="PIPELINE", help=argparse.SUPPRESS)
     parser.add_argument("--out")
     args = parser.parse_args(argv)
@@ -198,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
              f"Command: `python benchmarks/bench_compile.py {' '.join(argv if argv is not None else sys.argv[1:])}`", ""]
     for name in args.pipelines.split(","):
         lines += bench(name, args.size, labels, args.repeat, args.calls, hw, args.device)
+        if args.components:
+            lines += components(name, args.size, labels, hw, args.device)
     if args.processes:
         lines += ["## Compile time in a first and a later process", ""]
         compiled = args.process_config
