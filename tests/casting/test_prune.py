@@ -67,7 +67,7 @@ def _mixprec_wrapper_calls(fn) -> int:
 
     def profile(frame, event, arg):
         nonlocal count
-        if event == "call" and frame.f_code.co_name == "wrapper" and frame.f_code.co_filename.startswith(here):
+        if event == "call" and frame.f_code.co_name.startswith("mixprec_") and frame.f_code.co_filename.startswith(here):
             count += 1
 
     sys.setprofile(profile)
