@@ -268,7 +268,8 @@ class LeafCast(ForwardWrapper):
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if self.active:
-                self.seen = True
+                if not compiling():  # (traced, it would be a side effect replayed after every compiled call)
+                    self.seen = True
                 dtype = compute()
                 if not kwargs:
                     # Plain tensors already in the right dtype: decide without walking
@@ -346,10 +347,12 @@ class EntryBoundary(ForwardWrapper):
         forward, gate, boundary = module.forward, self.gate, self.boundary
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            self.seen = True
+            if not compiling():  # what the pruner reads; nothing is pruned in compiled code
+                self.seen = True
             if gate.depth or not self.active:
                 return forward(*args, **kwargs)
-            self.needed = True
+            if not compiling():
+                self.needed = True
             gate.depth += 1
             try:
                 return boundary.around(forward, args, kwargs)
@@ -384,7 +387,8 @@ class AppEntry(ForwardWrapper):
         gate = self.gate
         if gate.depth:
             return call(*args, **kwargs)
-        self.needed = True  # entered from app code: what it hands back matters
+        if not compiling():
+            self.needed = True  # entered from app code: what it hands back matters
         caller = first_float_dtype((args, kwargs)) or self.fallback
         gate.depth += 1
         try:
@@ -399,7 +403,8 @@ class AppEntry(ForwardWrapper):
         forward, gate = module.forward, self.gate
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            self.seen = True
+            if not compiling():  # what the pruner reads; nothing is pruned in compiled code
+                self.seen = True
             if gate.depth or not self.active:
                 return forward(*args, **kwargs)
             return self.around(forward, args, kwargs)
