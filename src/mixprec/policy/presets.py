@@ -196,8 +196,8 @@ def resolve(name: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = 
 
     if hardware.device_type == "cuda" and key != "quality":
         reasons.append("a pipeline that decodes token by token is launch-bound on a GPU (hundreds of small kernels per "
-                       "token): capture it as CUDA graphs with compile mode 'reduce-overhead' (`mixprec explain` names "
-                       "the components that decode)")
+                       "token): capture it as CUDA graphs with compile mode 'reduce-overhead', its decoder on a static "
+                       "key/value cache (`mixprec explain --compile` names the components that decode)")
 
     if key == "quality":
         rules.append(Rule("*", storage="fp32", optional=True, reason="quality: full fp32"))
