@@ -130,14 +130,33 @@ def test_a_device_this_machine_lacks_starts_nothing(tmp_path, monkeypatch):
     assert not db.exists()
 
 
-def test_cancel_stops_the_search_and_keeps_what_was_measured(tmp_path):
+def test_cancel_stops_the_search_and_keeps_what_was_measured(tmp_path, monkeypatch):
+    import threading
+
+    # The search waits after its first measured candidate until Cancel was pressed: on a
+    # loaded machine it could otherwise finish before this thread reads its first event.
+    real_tune, pressed = mixprec.tune, threading.Event()
+
+    def tune(*args, progress, **kwargs):
+        def reported(event):
+            progress(event)
+            if event.work is None and event.evaluations >= 1:
+                pressed.wait(timeout=120)
+
+        return real_tune(*args, progress=reported, **kwargs)
+
+    monkeypatch.setattr(mixprec, "tune", tune)
     db = tmp_path / "tune.sqlite"
     job = Job()
     said, outputs = None, []
-    for out in tune_run("zh", "minilm", "test", BOUND, "memory", 40, str(db), job):
-        outputs.append(out)
-        if said is None and job.running and out[1] != UNCHANGED and "次评估" in out[0]:  # after the first measured candidate
-            said = tune_cancel("zh", job)
+    try:
+        for out in tune_run("zh", "minilm", "test", BOUND, "memory", 40, str(db), job):
+            outputs.append(out)
+            if said is None and job.running and out[1] != UNCHANGED and "次评估" in out[0]:  # after the first measured candidate
+                said = tune_cancel("zh", job)
+                pressed.set()
+    finally:
+        pressed.set()
     assert said is not None and t("job.cancelling", "zh") in said
     status, _plot, summary, toml_text = outputs[-1]
     assert "已停止" in status and t("tune.cancelled", "zh") in summary
