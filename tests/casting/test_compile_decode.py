@@ -167,3 +167,35 @@ def test_the_guard_rewinds_a_static_cache_before_it_reruns_a_decoding_step(bf16_
     assert int(cache.get_seq_length()) == 4
     call.restore()
     assert int(cache.get_seq_length()) == 3 and cache.layers[0].is_initialized
+
+
+def test_generate_and_a_batched_loop_with_its_attention_mask_decode_as_the_eager_policy_does(bf16_cpu):
+    model = _decoder()
+    prompt = torch.tensor([[1, 5, 7, 9], [2, 3, 4, 6]])
+    policy = mixprec.Policy((mixprec.Rule("*", storage="bf16"),))
+
+    def loop(steps: int = 8):
+        mask = torch.ones(2, 4, dtype=torch.long)
+        out = model(input_ids=prompt, attention_mask=mask, use_cache=True)
+        tokens = []
+        for _ in range(steps):
+            token = out.logits[:, -1].argmax(-1)
+            tokens.append(token)
+            mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], dim=1)  # the mask grows, as apps pass it
+            out = model(input_ids=token[:, None], attention_mask=mask, past_key_values=out.past_key_values, use_cache=True)
+        return torch.stack(tokens, dim=1), out.past_key_values
+
+    def generated():
+        return model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False, pad_token_id=0)
+
+    applied = mixprec.apply(model, policy)
+    with torch.no_grad():
+        expected_tokens, _ = loop()
+        expected_generated = generated()
+    applied.revert()
+    applied = mixprec.apply(model, _compiled(policy))
+    with torch.no_grad():
+        tokens, cache = loop()
+        assert torch.equal(generated(), expected_generated)
+    applied.revert()
+    assert torch.equal(tokens, expected_tokens) and isinstance(cache, transformers.StaticCache)
