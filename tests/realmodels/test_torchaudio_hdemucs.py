@@ -40,7 +40,7 @@ def _mixture(samples: int = 8192) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def hdemucs() -> Case:
-    from torchaudio.models import HDemucs
+    HDemucs = pytest.importorskip("torchaudio.models").HDemucs  # an optional package (tools/torchaudio_pure.py)
 
     torch.manual_seed(0)
     model = HDemucs(sources=SOURCES, channels=8, nfft=1024, depth=5).eval()
