@@ -95,13 +95,17 @@ def prepare(name: str, size: str, label: str, hw, device: str = "cpu"):
     return pipe, guard
 
 
-def bench(name: str, size: str, labels: list[str], repeat: int, calls: int, hw, device: str = "cpu") -> list[str]:
-    reference_pipe = pipelines.get(name, size=size, seed=0, device=device)
-    inputs = reference_pipe.example_inputs(1, 0)
+def fp32_reference(name: str, size: str, device: str):
+    """(inputs, the fp32 run's output, the run options that teacher-force tts on it)."""
+    pipe = pipelines.get(name, size=size, seed=0, device=device)
+    inputs = pipe.example_inputs(1, 0)
     with torch.no_grad():
-        reference = reference_pipe.run(inputs)
-    del reference_pipe
-    kwargs = {"speech_tokens": reference.speech_tokens} if name == "tts" else {}
+        reference = pipe.run(inputs)
+    return inputs, reference, ({"speech_tokens": reference.speech_tokens} if name == "tts" else {})
+
+
+def bench(name: str, size: str, labels: list[str], repeat: int, calls: int, hw, device: str = "cpu") -> list[str]:
+    inputs, reference, kwargs = fp32_reference(name, size, device)
     clock = mixprec_clock.clock_for(device)
     limit = LimitWarnings()
     logging.getLogger("torch._dynamo").addHandler(limit)
@@ -155,11 +159,7 @@ def components(name: str, size: str, labels: list[str], hw, device: str = "cpu",
     Each component's call is timed through ``_compiled_call_impl`` (the compiled call, or
     the eager ``_call_impl`` put in its place), after two warm-up runs.
     """
-    reference_pipe = pipelines.get(name, size=size, seed=0, device=device)
-    inputs = reference_pipe.example_inputs(1, 0)
-    with torch.no_grad():
-        reference = reference_pipe.run(inputs)
-    kwargs = {"speech_tokens": reference.speech_tokens} if name == "tts" else {}
+    inputs, _, kwargs = fp32_reference(name, size, device)
     table: dict[str, dict[str, float]] = {}
     for label in labels:
         pipe, _ = prepare(name, size, label, hw, device)

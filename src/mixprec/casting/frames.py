@@ -114,12 +114,13 @@ def own_code(fn: Any, label: str) -> Any:
     return fn
 
 
+try:
+    from torch._C._dynamo.eval_frame import get_eval_frame_callback as _eval_frame_callback
+except ImportError:  # a torch without it: only traced code counts as compiled
+    def _eval_frame_callback() -> Any:
+        return None
+
+
 def under_compile() -> bool:
     """Whether this code runs inside a compiled call: traced, or eagerly after a graph break."""
-    if torch.compiler.is_compiling():
-        return True
-    try:
-        from torch._C._dynamo.eval_frame import get_eval_frame_callback
-    except ImportError:
-        return False
-    return get_eval_frame_callback() not in (None, False)
+    return torch.compiler.is_compiling() or _eval_frame_callback() not in (None, False)
