@@ -180,13 +180,18 @@ def test_fp32_compute_of_an_embedding_widens_only_the_rows_it_reads():
     """Bit-identical to a lookup in the widened table, without widening the table per call."""
     import torch.nn.functional as F
 
-    from mixprec.casting.fp32compute import fp32_forward_kind
+    from mixprec.casting.fp32compute import ComputeIn
 
     table = torch.nn.Embedding(1000, 16, padding_idx=0).to(torch.bfloat16)
     ids = torch.randint(0, 1000, (2, 9))
-    forward = fp32_forward_kind(table)
-    out = forward(table, ids)
+    wrapper = ComputeIn(torch.float32).install(table)
+    widened: list[torch.Tensor] = []
+    original_widen = wrapper.widen
+    wrapper.widen = lambda t, entry: widened.append(t) or original_widen(t, entry)  # type: ignore[method-assign]
+    out = table(ids)
+    wrapper.remove()
     assert out.dtype == torch.float32 and torch.equal(out, F.embedding(ids, table.weight.float(), 0))
+    assert [tuple(t.shape) for t in widened] == [(2, 9, 16)]  # the rows read, not the 1000-row table
 
 
 def test_a_hooked_method_shows_its_own_signature_without_unwrapping():

@@ -30,7 +30,7 @@ SPEC = f"{Path(__file__).resolve().parents[2] / 'examples' / 'chatterbox_tts.py'
 # fp32-compute policy, and bf16 everywhere (where the two dtype mismatches first seen on
 # Chatterbox were: a dataclass-carried speaker embedding, and harmonics made in fp32
 # inside the vocoder's forward).
-LIGHT = {("memory", "measured"), ("fp16-storage-fp32-compute", "measured"), ("bf16-native", "measured")}
+LIGHT = {("memory", "measured"), ("fp16-storage-fp32-compute", "measured"), ("bf16-native", "measured"), ("fp8", "measured")}
 
 
 @pytest.fixture(scope="module")

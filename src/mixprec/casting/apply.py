@@ -23,6 +23,7 @@ from mixprec.casting.caches import PlainTensors
 from mixprec.casting.compile import Compiled, any_on_cpu, check_compiler
 from mixprec.casting.explain import dtype_read_warnings, explain_rows
 from mixprec.casting.follow import WeightChanges, replaced_by_app
+from mixprec.casting.fp8 import FP8_DTYPES, Fp8Plan
 from mixprec.casting.hooks import own_tensors
 from mixprec.casting.install import install_pins, install_wrappers
 from mixprec.casting.kinds import fits_file, stored_bytes
@@ -33,7 +34,7 @@ from mixprec.policy.select import UnmatchedRule, UnmatchedRuleWarning, summarise
 __all__ = ["apply", "Applied", "RevertError", "applied_part"]
 
 _KEEP_ORIGINAL = ("cpu", "disk", "none")
-_WIDTH = {"fp16": 0, "bf16": 1, "fp32": 2}
+_WIDTH = {"fp8-e5m2": -2, "fp8": -1, "fp16": 0, "bf16": 1, "fp32": 2}
 _MARK = "_mixprec_applied"
 
 
@@ -76,6 +77,8 @@ class Applied:
         # Each cast parameter's .grad as apply found it, set aside while the policy is applied.
         self._grads: dict[int, torch.Tensor | None] = {}
         self._changes: WeightChanges | None = None
+        #: The fp8 side of this apply (scales, weights kept out of fp8), where a plan stores fp8.
+        self._fp8: Fp8Plan | None = None
         #: Counts the weight changes followed since apply (a fingerprint of the weights is stale after one).
         self.weights_version = 0
         self._reapplying = False
@@ -169,6 +172,8 @@ class Applied:
                             current.data = original
                     else:
                         table[slot[2:]] = tensor
+        if self._fp8 is not None:
+            self._fp8.release()
         flatten_rnns(self.components)
         self._originals.clear()
         self._locations.clear()
@@ -201,6 +206,8 @@ class Applied:
     def _follow(self, key: int, value: torch.Tensor) -> None:
         """Make ``value`` (the app's new weight, at any precision) the original of tensor ``key``."""
         self._followed[key] = value.to("cpu", self._original_dtypes[key], copy=True)
+        if self._fp8 is not None and key in self._originals:
+            self._fp8.requantise(self._originals[key][0], value)  # fp8 values of the new weight, with its scale
         self.weights_version += 1
 
     def reapply(self, policy: Policy, *, strict: bool = False) -> None:
@@ -238,7 +245,7 @@ class Applied:
 
     # The table `mixprec explain` prints.
     def explain(self) -> list[dict[str, Any]]:
-        return explain_rows(self.plans, self.policy)
+        return explain_rows(self.plans, self.policy, self._fp8)
 
     def warnings(self) -> list[str]:
         """Precision pitfalls of this policy on these modules (see :func:`dtype_read_warnings`)."""
@@ -374,20 +381,25 @@ def _materialize(applied: Applied) -> None:
     applied._entry_dtypes = {cname: next((t.dtype for t in root.parameters() if t.is_floating_point()), torch.float32)
                              for cname, root in comps.items()}
     new_data: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    fp8 = Fp8Plan(comps, plans)
     for tid, (t, owned) in owners.items():
-        storages = {plan.storage for plan, _ in owned}
+        storages = {fp8.tensor_storage(plan, key, t) for plan, key in owned}
         widest = max(storages, key=_WIDTH.__getitem__)
         if len(storages) > 1:
-            narrower = [plan for plan, _ in owned if plan.storage != widest]
+            narrower = [plan for plan, key in owned if fp8.tensor_storage(plan, key, t) != widest]
             warnings.warn(f"a {tuple(t.shape)} tensor is shared by {', '.join(sorted({p.qualname or '(root)' for p, _ in owned}))} "
                           f"planned as {', '.join(sorted(storages))}: stored in {widest} for all of them", stacklevel=4)
             for plan in narrower:
-                plan.storage = widest
-        dtype = DTYPES[widest]
-        if t.dtype != dtype:
-            new_data[tid] = (t, t.data.to(dtype))
-            for plan, key in owned:
-                applied._locations.setdefault(tid, []).append((plan.module, key))
+                if plan.storage not in FP8_DTYPES:  # an fp8 plan keeps its other weights in fp8
+                    plan.storage = widest
+        if widest in FP8_DTYPES:
+            new_data[tid] = (t, fp8.cast(t, widest, owned))
+        elif t.dtype != DTYPES[widest]:
+            new_data[tid] = (t, t.data.to(DTYPES[widest]))
+        else:
+            continue
+        for plan, key in owned:
+            applied._locations.setdefault(tid, []).append((plan.module, key))
 
     # Phase 2: keep originals, then swap data in (Parameter objects keep their identity,
     # so tied weights stay tied and optimizers keep their references).
@@ -409,10 +421,11 @@ def _materialize(applied: Applied) -> None:
         # A .grad of the full-precision weight does not fit its 16-bit self: set aside, put back at revert.
         applied._grads = {key: t.grad for key, (t, _) in new_data.items()}
     applied._original_dtypes = {key: t.dtype for key, (t, _) in new_data.items()}
-    for t, data in new_data.values():
+    for tid, (t, data) in new_data.items():
         t.data = data
         if keep_original != "none":
             t.grad = None
+    applied._fp8 = fp8.register(new_data)
     flatten_rnns(comps)
     applied._active = True
 

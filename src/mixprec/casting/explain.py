@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from mixprec.casting.fp8 import FP8_DTYPES, Fp8Plan
+from mixprec.casting.hooks import own_tensors
 from mixprec.casting.kinds import stored_elements
 from mixprec.casting.targets import DTYPES, components_of
 from mixprec.casting.upcast import is_attention_module, sdpa_overflows
@@ -25,9 +27,22 @@ def _island_share(plan: ModulePlan, total: int) -> str:
     return f" ({own / total:.2%} of the weights; casts at its edges on every call)" if total and own else ""
 
 
-def explain_rows(plans: list[ModulePlan], policy: Policy) -> list[dict[str, Any]]:
+def _fp8_storage(plan: ModulePlan, fp8: Fp8Plan) -> tuple[str, str]:
+    """What an fp8-planned module actually stores (fp8 for an eligible weight, else its compute
+    dtype) and, for a weight kept out of fp8, why."""
+    storages = {fp8.tensor_storage(plan, key, t) for key, t in own_tensors(plan.module) if t.is_floating_point()}
+    kept = [f"{name.rpartition('.')[2]} kept in {plan.compute_dtype}: {why}" for name, why in fp8.kept.items()
+            if name.rpartition(".")[0] == plan.qualname]
+    shown = plan.storage if plan.storage in storages else plan.compute_dtype
+    return shown, "; ".join(kept)
+
+
+def explain_rows(plans: list[ModulePlan], policy: Policy, fp8: Fp8Plan | None = None) -> list[dict[str, Any]]:
+    """One row per module (see :func:`explain`); ``fp8``: the apply's fp8 plan, where there is one."""
     rows = []
     mixed = any(p.storage != "fp32" for p in plans)
+    if fp8 is None and any(p.storage in FP8_DTYPES for p in plans):
+        fp8 = Fp8Plan({p.qualname: p.module for p in plans if "." not in p.qualname}, plans)
     total = sum(stored_elements(p) for p in {id(t): t for plan in plans for t in plan.module.parameters(recurse=False)}.values())
     for plan in plans:
         index = plan.decided_by.get("storage")
@@ -45,10 +60,14 @@ def explain_rows(plans: list[ModulePlan], policy: Policy) -> list[dict[str, Any]
             reason = rule.reason if rule is not None else ""
             if mixed and rule is not None and plan.compute_dtype == "fp32" and (rule.keep_fp32 or rule.compute == "fp32"):
                 reason += _island_share(plan, total)
+        storage = plan.storage
+        if fp8 is not None and storage in FP8_DTYPES:
+            storage, kept = _fp8_storage(plan, fp8)
+            reason = "; ".join(r for r in (reason, kept) if r)
         rows.append({
             "module": plan.qualname or "(root)",
             "type": plan.type_name,
-            "storage": plan.storage,
+            "storage": storage,
             "compute": plan.compute_dtype,
             "keep_fp32": plan.keep_fp32,
             "attention": attention,

@@ -27,6 +27,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from mixprec.casting.fp8 import stored_value
 from mixprec.casting.kinds import digest
 from mixprec.casting.targets import ApplyError
 
@@ -129,7 +130,7 @@ class WeightChanges:
                 if before is not None and after == before:
                     continue  # not copied (a shape mismatch, reported by torch)
                 self.follow(key, loaded.detach())
-                self.versions[key] = after
+                self.versions[key] = _version(tensor)  # following may store it anew (fp8 with a new scale)
                 if key in self.digests:
                     self.digests[key] = _digest(tensor)
         return hook
@@ -147,14 +148,14 @@ class WeightChanges:
             now = _version(tensor)
             if (now is None or now == self.versions.get(key)) and not _written(tensor, self.digests.get(key)):
                 continue
-            self.follow(key, tensor.detach().to(original_dtypes[key]))
+            self.follow(key, stored_value(tensor).to(original_dtypes[key]))
             self.versions[key] = now
             self.digests[key] = _digest(tensor)
             module, slot = where[0]
             changed.append(f"{type(module).__name__}.{slot[2:]}")
         if changed:
             warnings.warn(f"{len(changed)} cast parameter(s) were changed in place after the policy was applied "
-                          f"({', '.join(changed[:4])}{', ...' if len(changed) > 4 else ''}): their current 16-bit values "
+                          f"({', '.join(changed[:4])}{', ...' if len(changed) > 4 else ''}): their current reduced-precision values "
                           "become the originals. To keep full precision, change weights with load_state_dict (which "
                           "mixprec follows), or revert, change them, and apply again", stacklevel=4)
         return changed

@@ -1,5 +1,6 @@
 """Where an applied policy's forward wrappers go: casts at component and module boundaries
-where compute dtypes differ, fp32 compute from 16-bit weights, leaf casts, keep-fp32 pins,
+where compute dtypes differ, compute from weights stored in another dtype (fp32 from 16-bit,
+bf16 from fp8), leaf casts, keep-fp32 pins,
 entry gates, and upcast-attention and spectral scopes.
 """
 
@@ -11,7 +12,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from mixprec.casting.fp32compute import Fp32Compute
+from mixprec.casting.fp8 import is_fp8, pin_fp8
+from mixprec.casting.fp32compute import ComputeIn
 from mixprec.casting.frames import inline_only
 from mixprec.casting.meet import DtypeMeet
 from mixprec.casting.prune import Pruner
@@ -34,15 +36,23 @@ def _dtype_fn(plan: ModulePlan, by_module: dict[int, ModulePlan]) -> Callable[[]
     """
     if plan.compute_dtype == "fp32":
         return lambda: torch.float32
-    planned = DTYPES[plan.storage]
+    planned = DTYPES[plan.compute_dtype]
     same = [sub for sub in plan.module.modules()
             if (sub_plan := by_module.get(id(sub))) is not None and sub_plan.compute_dtype == plan.compute_dtype]
-    # Parameters keep their identity through module.half() / .to(); buffers are replaced.
+    # Parameters keep their identity through module.half() / .to(); buffers are replaced. An
+    # fp8-stored weight (or one a compute rule converts per call) is not stored in the compute dtype.
     for sub in same:
-        rep = next((p for p in sub._parameters.values() if p is not None and p.is_floating_point()), None)
+        rep = next((p for p in sub._parameters.values() if p is not None and p.is_floating_point() and p.dtype == planned), None)
         if rep is not None:
             return lambda: rep.dtype
     return lambda: planned
+
+
+def stored_elsewhere(module: nn.Module, dtype: torch.dtype) -> bool:
+    """Whether the module owns a 16/32-bit or fp8 tensor stored in another dtype than ``dtype``,
+    which its forward then reads through a converted copy (:class:`ComputeIn`)."""
+    return any(t.dtype != dtype and (t.dtype in (torch.float16, torch.bfloat16, torch.float32) or is_fp8(t.dtype))
+               for _, t in own_tensors(module))
 
 
 def _owns_float_weights(module: nn.Module) -> bool:
@@ -79,6 +89,8 @@ def install_wrappers(comps: dict[str, nn.Module], by_module: dict[int, ModulePla
             if plan.keep_fp32 and any(True for _ in own_tensors(module)):
                 pin_fp32(module)
                 pinned.append(module)
+            elif pin_fp8(module):
+                pinned.append(module)
             if container:
                 continue
             parent = parent_of.get(id(module))
@@ -105,9 +117,13 @@ def install_wrappers(comps: dict[str, nn.Module], by_module: dict[int, ModulePla
                     handles.append(module.register_forward_pre_hook(boundary.pre, with_kwargs=True))
                     handles.append(module.register_forward_hook(boundary.post, with_kwargs=True, always_call=True))
 
-            fp32_compute = plan.compute == "fp32" and not plan.keep_fp32 and plan.storage != "fp32"
-            if fp32_compute:
-                handles.append(Fp32Compute().install(module))
+            # A module reading weights stored in another dtype computes from copies; so may a block
+            # of such a plan without weights of its own (it may read its children's, as torch's
+            # TransformerEncoderLayer hands its attention's weights to one fused kernel).
+            compute = DTYPES[plan.compute_dtype]
+            if not plan.keep_fp32 and (stored_elsewhere(module, compute) or (
+                    plan.storage != plan.compute_dtype and not _owns_float_weights(module) and module._modules)):
+                handles.append(ComputeIn(compute, min_ndim=0 if compute == torch.float32 or layer else 2).install(module))
             elif mixed and not bounded and _owns_float_weights(module):
                 handles.append(LeafCast(_dtype_fn(plan, by_module), 0 if layer else 2).install(module))
 

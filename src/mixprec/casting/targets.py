@@ -10,11 +10,12 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from mixprec.casting.fp8 import FP8_DTYPES, scale_bytes
 from mixprec.casting.kinds import is_lazy, stored_bytes
 
 __all__ = ["ApplyError", "DTYPES", "components_of", "refuse_meta", "refuse_unsupported", "weight_bytes"]
 
-DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, **FP8_DTYPES}
 
 
 class ApplyError(ValueError):
@@ -88,7 +89,8 @@ def refuse_meta(cast: list[tuple[str, torch.Tensor]]) -> None:
 
 def weight_bytes(target: Any) -> int:
     """Bytes of all unique parameters and buffers of a target, as each kind stores them
-    (a sparse tensor's indices and values, nothing for a meta tensor: :mod:`mixprec.casting.kinds`)."""
+    (a sparse tensor's indices and values, nothing for a meta tensor: :mod:`mixprec.casting.kinds`),
+    and the scales of fp8-stored weights."""
     comps, _ = components_of(target)
     seen: set[int] = set()
     total = 0
@@ -96,5 +98,5 @@ def weight_bytes(target: Any) -> int:
         for t in list(root.parameters()) + list(root.buffers()):
             if id(t) not in seen:
                 seen.add(id(t))
-                total += stored_bytes(t)
+                total += stored_bytes(t) + scale_bytes((t,))
     return total

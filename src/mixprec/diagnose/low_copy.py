@@ -9,7 +9,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from mixprec.casting.hooks import cast_floats
+from mixprec.casting.fp8 import Fp8Weight, dequantise, fp8_eligible, is_fp8, quantise
+from mixprec.casting.hooks import cast_floats, own_tensors
 from mixprec.casting.kinds import copy_module, stored_bytes
 from mixprec.casting.targets import DTYPES
 from mixprec.policy import ModulePlan
@@ -30,13 +31,14 @@ class LowCopy:
     """A private copy of a module (and its subtree) as the policy stores and computes it.
 
     Every floating parameter and buffer is rounded to its module's storage dtype and
-    kept there; for the call each module's tensors are cast to that module's compute
+    kept there (an fp8 weight: quantised with its scales and kept dequantised); for the call each module's tensors are cast to that module's compute
     dtype (bf16 storage with fp32 compute: rounded weights, fp32 arithmetic), as are
     the floating inputs. Inside a block, a module computing in another dtype than its
     parent gets its inputs cast to its dtype and its outputs cast back to its parent's.
     """
 
-    def __init__(self, module: nn.Module, plan: ModulePlan, plans: dict[int, ModulePlan], hook_ids: set[int]):
+    def __init__(self, module: nn.Module, plan: ModulePlan, plans: dict[int, ModulePlan], hook_ids: set[int],
+                 fp8_read: dict[int, str] | None = None):
         def plan_of(original: nn.Module, parent: ModulePlan) -> ModulePlan:
             return plans.get(id(original)) or parent
 
@@ -52,12 +54,23 @@ class LowCopy:
                 parent = sub_plans.get(id(_parent_of(clone, name)), plan) if name else plan
                 own_plan = sub_plans[id(sub)] = plan_of(original, parent) if name else plan
                 storage, compute = DTYPES[own_plan.storage], DTYPES[own_plan.compute_dtype]
-                for t in module_tensors(sub):
-                    if t.is_floating_point():
-                        t.requires_grad_(False)
-                        t.data = t.data.to(storage)
-                        if compute != storage:
-                            self.casts.append((t, compute))
+                originals = dict(own_tensors(original))
+                for key, t in own_tensors(sub):
+                    if not t.is_floating_point():
+                        continue
+                    t.requires_grad_(False)
+                    if is_fp8(storage):
+                        # as apply stores it: an eligible weight in fp8 with its scales (held here
+                        # already dequantised into the compute dtype), everything else in that dtype
+                        source = originals.get(key)
+                        quantised = (quantise(t, storage) if fp8_eligible(sub, key, t)
+                                     and id(source) not in (fp8_read or {}) else None)
+                        t.data = (dequantise(quantised[0], Fp8Weight(quantised[1], storage), compute)
+                                  if quantised is not None else t.data.to(compute))
+                        continue
+                    t.data = t.data.to(storage)
+                    if compute != storage:
+                        self.casts.append((t, compute))
                 if name and own_plan.compute_dtype != parent.compute_dtype:
                     sub.register_forward_pre_hook(_cast_inputs(DTYPES[own_plan.compute_dtype], _min_ndim(sub)),
                                                   with_kwargs=True)

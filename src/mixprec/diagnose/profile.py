@@ -60,6 +60,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from mixprec.casting.apply import apply
+from mixprec.casting.fp8 import FP8_DTYPES, dtype_read_weights
 from mixprec.casting.hooks import register_first
 from mixprec.casting.kinds import stored_elements
 from mixprec.casting.targets import components_of
@@ -224,6 +225,7 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
     block_ids = {id(p.module) for p in plans if blocks and not _owns_weights(p.module)
                  and any(id(sub) in layers for sub in p.module.modules())}
     lowable = layers | block_ids
+    fp8_read = dtype_read_weights(comps) if any(p.storage in FP8_DTYPES for p in plans) else {}
     for plan in plans:
         stats[id(plan.module)].owns_weights = _owns_weights(plan.module)
     copies: dict[int, LowCopy] = {}
@@ -279,7 +281,7 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
             return
         low_copy = copies.get(key)
         if low_copy is None:
-            low_copy = LowCopy(module, by_id[key], by_id, hook_ids)
+            low_copy = LowCopy(module, by_id[key], by_id, hook_ids, fp8_read)
             if key in layers or low_copy.nbytes <= copy_budget[0]:
                 copies[key] = low_copy
                 copy_budget[0] -= low_copy.nbytes if key in block_ids else 0

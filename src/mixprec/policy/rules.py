@@ -45,14 +45,21 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["DTYPE_NAMES", "COMPUTE_MODES", "Rule", "Policy", "PolicyError", "CompileSettings"]
+__all__ = ["DTYPE_NAMES", "FP8_NAMES", "STORAGE_NAMES", "COMPUTE_MODES", "Rule", "Policy", "PolicyError", "CompileSettings"]
 
-#: Storage dtypes a policy may name.
+#: The dtypes a module can compute in (and an output can be cast to).
 DTYPE_NAMES: tuple[str, ...] = ("fp32", "bf16", "fp16")
-#: ``native``: compute in the storage dtype; ``fp32``: keep 16-bit weights, upcast at each forward.
-COMPUTE_MODES: tuple[str, ...] = ("native", "fp32")
+#: 8-bit weight storage (:mod:`mixprec.casting.fp8`): e4m3 (``fp8``) or e5m2, a scale per output channel.
+FP8_NAMES: tuple[str, ...] = ("fp8", "fp8-e5m2")
+#: Storage dtypes a policy may name.
+STORAGE_NAMES: tuple[str, ...] = DTYPE_NAMES + FP8_NAMES
+#: ``native``: compute in the storage dtype (bf16 for fp8 storage); a dtype: compute in it
+#: from the stored weights, converted (dequantised) at each forward.
+COMPUTE_MODES: tuple[str, ...] = ("native", "fp32", "bf16", "fp16")
 
-_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
+_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
+            "float8": "fp8", "float8_e4m3fn": "fp8", "fp8_e4m3fn": "fp8", "fp8-e4m3": "fp8", "fp8_e4m3": "fp8", "e4m3": "fp8",
+            "float8_e5m2": "fp8-e5m2", "fp8_e5m2": "fp8-e5m2", "e5m2": "fp8-e5m2"}
 RULE_FIELDS = ("storage", "compute", "keep_fp32", "upcast_attention", "output_dtype")
 
 
@@ -65,12 +72,13 @@ def nfc(name: str) -> str:
     return name if name.isascii() else unicodedata.normalize("NFC", name)
 
 
-def _dtype_name(value: Any, what: str) -> str:
+def _dtype_name(value: Any, what: str, valid: tuple[str, ...] = DTYPE_NAMES) -> str:
     if not isinstance(value, str):
-        raise PolicyError(f"{what}: expected a string, one of {', '.join(DTYPE_NAMES)}; got {type(value).__name__} {quote(value)}")
+        raise PolicyError(f"{what}: expected a string, one of {', '.join(valid)}; got {type(value).__name__} {quote(value)}")
     name = _ALIASES.get(value.strip().lower(), value.strip().lower())
-    if name not in DTYPE_NAMES:
-        raise PolicyError(f"{what}: unknown dtype {quote(value)}{did_you_mean(name, DTYPE_NAMES)}; valid: {', '.join(DTYPE_NAMES)}")
+    if name not in valid:
+        why = " (fp8 is a storage type: weights are computed in 16 or 32 bits)" if name in FP8_NAMES else ""
+        raise PolicyError(f"{what}: unknown dtype {quote(value)}{why}{did_you_mean(name, valid)}; valid: {', '.join(valid)}")
     return name
 
 
@@ -86,9 +94,13 @@ class Rule:
 
     Attributes:
         match: qualified-name glob, or ``type:<class-name glob>``.
-        storage: ``fp32`` / ``bf16`` / ``fp16`` for parameters and buffers.
-        compute: ``native`` (compute in the storage dtype) or ``fp32`` (keep 16-bit
-            weights, upcast them at each forward).
+        storage: ``fp32`` / ``bf16`` / ``fp16`` for parameters and buffers; ``fp8`` /
+            ``fp8-e5m2`` for the weights of torch's ``Linear``, convolution and
+            ``Embedding`` layers (a scale per output channel; everything else in the
+            compute dtype).
+        compute: ``native`` (compute in the storage dtype; bf16 for fp8 storage) or a
+            dtype, ``fp32`` / ``bf16`` / ``fp16``, to compute in from the stored weights
+            (converted or dequantised at each forward).
         keep_fp32: pin to fp32 storage and compute, surviving ``.half()`` by the app.
         upcast_attention: compute attention scores (Q·Kᵀ, softmax) in fp32.
         output_dtype: cast the module's floating outputs to this dtype.
@@ -117,13 +129,15 @@ class Rule:
                               f"valid: {', '.join('role:' + r for r in ROLES)}")
         where = f"rule {quote(self.match)}"
         if self.storage is not None:
-            object.__setattr__(self, "storage", _dtype_name(self.storage, f"{where} storage"))
+            object.__setattr__(self, "storage", _dtype_name(self.storage, f"{where} storage", STORAGE_NAMES))
         if self.output_dtype is not None:
             object.__setattr__(self, "output_dtype", _dtype_name(self.output_dtype, f"{where} output_dtype"))
         if self.compute is not None:
-            if not isinstance(self.compute, str) or self.compute.strip().lower() not in COMPUTE_MODES:
-                raise PolicyError(f"{where} compute: invalid value {quote(self.compute)}; valid: {', '.join(COMPUTE_MODES)}")
-            object.__setattr__(self, "compute", self.compute.strip().lower())
+            compute = _ALIASES.get(self.compute.strip().lower(), self.compute.strip().lower()) if isinstance(self.compute, str) else None
+            if compute not in COMPUTE_MODES:
+                why = " (fp8 is a storage type: weights are computed in 16 or 32 bits)" if compute in FP8_NAMES else ""
+                raise PolicyError(f"{where} compute: invalid value {quote(self.compute)}{why}; valid: {', '.join(COMPUTE_MODES)}")
+            object.__setattr__(self, "compute", compute)
         for name in ("keep_fp32", "upcast_attention"):
             _opt_bool(getattr(self, name), f"{where} {name}")
         _opt_bool(self.optional, f"{where} optional")

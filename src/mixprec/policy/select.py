@@ -15,7 +15,7 @@ from torch import nn
 
 from mixprec.policy.roles import Declaration, custom_norm_layers, declarations, dtype_sources, norm_layers, output_heads
 from mixprec._quote import quote
-from mixprec.policy.rules import RULE_FIELDS, Policy, nfc
+from mixprec.policy.rules import FP8_NAMES, RULE_FIELDS, Policy, nfc
 
 __all__ = ["ModulePlan", "iter_modules", "resolve_modules", "closest_names", "UnmatchedRule", "UnmatchedRuleWarning",
            "unmatched_rules", "summarise_unmatched"]
@@ -46,8 +46,12 @@ class ModulePlan:
 
     @property
     def compute_dtype(self) -> str:
-        """The dtype this module's forward computes in."""
-        return "fp32" if (self.keep_fp32 or self.compute == "fp32") else self.storage
+        """The dtype this module's forward computes in (never an fp8 one: fp8 weights compute in bf16 natively)."""
+        if self.keep_fp32:
+            return "fp32"
+        if self.compute != "native":
+            return self.compute
+        return "bf16" if self.storage in FP8_NAMES else self.storage
 
     @property
     def type_name(self) -> str:
@@ -134,6 +138,12 @@ def _apply_declarations(plan: ModulePlan, declared: list[Declaration]) -> None:
         if decl.owner and plan.qualname != decl.owner and not plan.qualname.startswith(decl.owner + "."):
             continue
         relative = plan.qualname[len(decl.owner) + 1:] if decl.owner else plan.qualname
+        if plan.storage in FP8_NAMES and decl.when_compute_fp32 and decl.matches(relative):
+            # Layers a model keeps out of low-precision storage (diffusers' skip patterns, meant for
+            # fp8 layerwise casting) stay in the dtype they compute in, not in fp8.
+            plan.storage = plan.compute_dtype
+            plan.declared = f"{decl.source} of {decl.owner or 'the model'}"
+            continue
         if plan.storage not in decl.storages or (decl.when_compute_fp32 and plan.compute != "fp32"):
             continue
         if decl.matches(relative):
