@@ -52,7 +52,9 @@ def test_unmatched_rules_are_reported():
 
 
 @pytest.mark.parametrize(("rule", "message"), [
-    ({"match": "*", "storage": "fp8"}, "unknown dtype 'fp8'"),
+    ({"match": "*", "storage": "fp4"}, "unknown dtype 'fp4'"),
+    ({"match": "*", "compute": "fp8"}, "fp8 is a storage type"),
+    ({"match": "*", "output_dtype": "e4m3"}, "fp8 is a storage type"),
     ({"match": "*", "storage": "bf61"}, "did you mean 'bf16'"),
     ({"match": "*", "compute": "fast"}, "valid: native, fp32"),
     ({"match": "*", "keep_fp32": "yes"}, "keep_fp32: expected true or false"),
