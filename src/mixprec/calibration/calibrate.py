@@ -168,6 +168,22 @@ def calibrate(
 _calibrate = calibrate  # apply's own argument is named calibrate
 
 
+#: The memory preset's fp8 candidate (:func:`mixprec.calibration.candidates.candidates`).
+FP8_LEVEL = "rules-fp8"
+
+
+def _fp8_level(figures: dict[str, dict[str, Any]], eligible: list[str], floor: float) -> str | None:
+    """Why memory keeps its fp8 level, where that candidate met the floor; else ``None``."""
+    if FP8_LEVEL not in eligible:
+        return None
+    fig = figures[FP8_LEVEL]
+    sixteen = [figures[label]["weight_bytes"] for label in eligible if label != FP8_LEVEL and figures[label]["weight_bytes"]]
+    than = f" against {min(sixteen) / 2**20:,.1f} MiB with 16-bit weights" if sixteen else ""
+    return (f"memory's fp8 level kept: output SQNR {fig['sqnr_db']:.1f} dB against fp32 meets memory's floor of "
+            f"{floor:g} dB, with {fig['weight_bytes'] / 2**20:,.1f} MiB of weights{than} (not timed: memory's "
+            "objective is weight bytes; `mixprec tune --objective memory` also finds per-layer exceptions)")
+
+
 def _remembered(record: Mapping[str, Any]) -> Calibration:
     found = Calibration.from_dict(record)
     return dataclasses.replace(found, source="cache", cache_path=record.get("path") or found.cache_path,
@@ -228,6 +244,9 @@ def _measure(target: Any, run: Callable[[Any], Any], inputs: Any, name: str, hw:
     samples: dict[str, list[float]] = {c.label: [] for c in live}
     qualified = [c.label for c in live if figures[c.label]["out"] is None]
     eligible = [label for label in qualified if by_label[label].eligible]
+    fp8_note = _fp8_level(figures, eligible, floor)
+    if fp8_note is not None:  # memory's objective is weight bytes: its fp8 level wins wherever its quality holds
+        eligible = [FP8_LEVEL]
     incumbent = "rules" if "rules" in eligible else (REFERENCE if REFERENCE in eligible else (eligible[0] if eligible else None))
     # Until a round has run, its cost is estimated from the candidates' first calls.
     rounds, last_round, stop_reason = 0, sum(first_calls.get(c.label, 0.0) for c in live), None
@@ -267,12 +286,15 @@ def _measure(target: Any, run: Callable[[Any], Any], inputs: Any, name: str, hw:
             figures[label]["status"] = status
 
     chosen, decided = "rules", False
+    if fp8_note is not None:
+        reasons.append(fp8_note)
     if incumbent is None:
         reasons.append(f"no candidate {name} may choose met its floor of {floor:g} dB without an error: the rule-based "
                        "choice stays, unchecked")
     elif len(eligible) == 1:
         chosen, decided = incumbent, True
-        reasons.append(f"only {incumbent} qualified: kept without timing")
+        if fp8_note is None:
+            reasons.append(f"only {incumbent} qualified: kept without timing")
     elif verdicts is None:
         reasons.append(f"undecided: {rounds} timed rounds before {stop_reason}, {MIN_ROUNDS} needed for a verdict; "
                        f"the rule-based choice stays (give a longer time_limit)")

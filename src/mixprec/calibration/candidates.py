@@ -13,11 +13,13 @@ that the preset must not lose to on this model:
   (``Policy.wrappers="none"``): the one-line cast ``model.to(dtype)``, and the preset
   without its extras (islands, upcasts, matmul level, wrappers). Where the model's own
   code cannot meet the dtypes without mixprec's casts, its first call fails and it is out;
-* ``fp32``: the model as it is, untouched: the reference every ratio is taken against.
+* ``fp32``: the model as it is, untouched: the reference every ratio is taken against;
+* ``rules-fp8`` (memory only): the memory rules with fp8 weights instead of 16-bit ones.
 
 Policies that come out identical are timed once under the first label, the others named in
-``also``. The memory preset only chooses among candidates that store 16-bit weights (its
-objective is memory); ``quality`` is fp32 at ``highest`` by definition: nothing to choose.
+``also``. The memory preset only chooses among candidates that store 16-bit or fp8 weights
+(its objective is memory), and takes its fp8 level without timing wherever that meets its
+floor; ``quality`` is fp32 at ``highest`` by definition: nothing to choose.
 """
 
 from __future__ import annotations
@@ -72,6 +74,19 @@ def _storages(policy: Policy) -> set[str]:
     return {r.storage for r in policy.rules if r.storage}
 
 
+def _fp8_level(rules: Policy) -> Policy:
+    """The memory preset's fp8 level: its 16-bit storage rules store fp8, computed as before
+    (in that 16-bit type natively, or fp32 where the rules compute fp32 from 16-bit weights)."""
+    out = []
+    for rule in rules.rules:
+        if rule.storage in ("bf16", "fp16"):
+            compute = rule.compute if rule.compute not in (None, "native") else rule.storage
+            rule = dataclasses.replace(rule, storage="fp8", compute=compute,
+                                       reason=f"memory's fp8 level: fp8 weights computed in {compute}")
+        out.append(rule)
+    return dataclasses.replace(rules, rules=tuple(out), name="memory")
+
+
 def candidates(preset: str, hardware: Hardware, hints: tuple[str, ...] | list[str] = ()) -> list[Candidate]:
     """The candidates of ``preset`` on ``hardware``, in the order a calibration tries them: the
     rule-based resolution, the untouched fp32 model, the one-line casts (the rules' type first),
@@ -111,6 +126,11 @@ def candidates(preset: str, hardware: Hardware, hints: tuple[str, ...] | list[st
             found.append(Candidate(f"fp32-{level}", Policy((Rule("*", storage="fp32", optional=True),),
                                                            NumericSettings(matmul=level), name=f"fp32-{level}"),
                                    f"fp32 weights, float32 matmul precision '{level}'", eligible=not memory, simplicity=3))
+
+    if memory:
+        found.append(Candidate("rules-fp8", _fp8_level(rules), "memory with fp8 weights (a scale per output channel) "
+                               "computed as the rules compute: the fewest weight bytes, where the floor holds",
+                               simplicity=0))
 
     merged: dict[str, Candidate] = {}
     for cand in found:

@@ -83,6 +83,7 @@ class Config:
         upcast: per-group attention upcast settings.
         matmul: global float32 matmul level (``None``: leave the flags alone).
         compile: compile the components (``Policy.compile``, inductor defaults).
+        reasons: per-group reasons for the storage overrides (the measurement behind each).
     """
 
     base: str
@@ -92,12 +93,17 @@ class Config:
     upcast: tuple[tuple[str, bool], ...] = ()
     matmul: str | None = None
     compile: bool = False
+    reasons: tuple[tuple[str, str], ...] = ()
 
     def policy(self, name: str = "candidate") -> Policy:
         """The policy: base rule, per-group storage and upcast overrides, then the fp32 pins."""
-        rules = [Rule("*", storage=self.base, compute=self.compute, reason=f"{self.base} weights everywhere by default")]
+        base_reason = (f"{self.base} weights everywhere by default" if self.base not in ("fp8", "fp8-e5m2") else
+                       f"{self.base} weights (a scale per output channel) wherever the bound holds, computed in {self.compute or 'bf16'}")
+        rules = [Rule("*", storage=self.base, compute=self.compute, reason=base_reason)]
+        why = dict(self.reasons)
         for group, dtype in self.storage:
-            rules.append(Rule(literal(group), storage=dtype, reason=f"{group} stored in {dtype}: improved the objective within the bound"))
+            rules.append(Rule(literal(group), storage=dtype,
+                              reason=why.get(group, f"{group} stored in {dtype}: improved the objective within the bound")))
         for group, on in self.upcast:
             where = "fp32" if on else "the storage dtype"
             rules.append(Rule(literal(group), upcast_attention=on, reason=f"attention scores in {where}"))

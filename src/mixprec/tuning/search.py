@@ -2,7 +2,8 @@
 optionally stored, budgeted), and :func:`run_search` drives it.
 
 Baseline, all-16-bit start(s), the presets, group testing over whole components then down
-the module tree, and greedy local moves (:func:`improve_locally`).
+the module tree, fp8 weights for the memory objective (:func:`fp8_pass`), and greedy local
+moves (:func:`improve_locally`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from mixprec.tuning.candidates import Candidate, Config, Evaluation
 from mixprec.tuning.group_testing import ModuleTree, hierarchical_keep, minimal_sufficient
 from mixprec.tuning.progress import TuneMeter, TuneProgress
 
-__all__ = ["BudgetExhausted", "Search", "TuneProgress", "improve_locally", "run_search"]
+__all__ = ["BudgetExhausted", "Search", "TuneProgress", "fp8_pass", "improve_locally", "run_search"]
 
 
 class BudgetExhausted(Exception):
@@ -251,8 +252,58 @@ def _run_search(search: Search, evaluator: Any, fast: list[str], notes: list[str
                 notes.append("the minimal keep-fp32 set found by group testing does not meet the bound on "
                              "re-measurement (quality is not monotone here); the best measured candidate is used")
                 return
+    if search.objective == "memory":
+        config, cand = fp8_pass(search, evaluator, config, cand, notes)
     if local_search:
         improve_locally(search, evaluator, config, cand, fast, improvement, try_compile=try_compile)
+
+
+def fp8_pass(search: Search, evaluator: Any, config: Config, cand: Candidate, notes: list[str]) -> tuple[Config, Candidate]:
+    """The memory objective's last step: weights in fp8 wherever the bound still holds.
+
+    From the 16-bit configuration that meets the bound, every layer's weights go to fp8
+    (computed in that configuration's compute dtype, its fp32 pins kept). Where that misses
+    the bound, the profile measures each layer's own error with fp8 weights, and group
+    testing (riskiest first) finds a small set of layers to keep in 16 bits: the
+    exceptions, each with its measured error in its rule's reason. The result replaces
+    the 16-bit one only when it meets the bound and stores fewer bytes.
+    """
+    if not cand.met or config.base not in ("bf16", "fp16"):
+        return config, cand
+    sixteen = config.base
+    compute = "fp32" if config.compute == "fp32" else sixteen
+    fp8 = dataclasses.replace(config, base="fp8", compute=compute, storage=(), reasons=())
+    whole = search.evaluate(fp8, f"all-fp8 compute {compute}")
+    if whole.met:
+        return (fp8, whole) if search.cost(whole) < search.cost(cand) else (config, cand)
+    search.phase(f"profiling #{whole.index} all-fp8 (the own error of every layer with fp8 weights)")
+    tree = ModuleTree(evaluator.risk(fp8.policy()), evaluator.units())
+    ranked = tree.ranked([u for u in evaluator.units() if u in tree.row])
+
+    def own(unit: str) -> str:
+        db = tree.row[unit].get("own_sqnr_db")
+        return f"{db:.1f} dB" if isinstance(db, (int, float)) else "not measured"
+
+    def with_16(keep: frozenset[str]) -> Config:
+        kept = [u for u in ranked if u in keep]
+        return dataclasses.replace(fp8, storage=tuple((u, sixteen) for u in kept), reasons=tuple(
+            (u, f"kept in {sixteen}: its own error with fp8 weights measured {own(u)}; the bound fails with it in fp8")
+            for u in kept))
+
+    needed = minimal_sufficient(ranked, lambda keep: search.evaluate(with_16(keep), f"fp8, keep {len(keep)} in {sixteen}").met,
+                                empty_fails=True, ahead=lambda keeps: search.prefetch([with_16(k).policy() for k in keeps]))
+    if needed is None:
+        notes.append(f"fp8 weights: the bound needs every layer in {sixteen}")
+        return config, cand
+    trial_cfg = with_16(frozenset(needed))
+    trial = search.evaluate(trial_cfg, f"verify fp8 with {len(needed)} in {sixteen}")
+    if not (trial.met and search.cost(trial) < search.cost(cand)):
+        notes.append(f"fp8 weights with {len(needed)} layer(s) in {sixteen} "
+                     + ("miss the bound on re-measurement" if not trial.met else f"store no fewer bytes than all-{sixteen}"))
+        return config, cand
+    notes.append(f"fp8 weights except {len(needed)} layer(s) kept in {sixteen} (riskiest by their own error with fp8 "
+                 f"weights): {', '.join(needed[:6])}{', ...' if len(needed) > 6 else ''}")
+    return trial_cfg, trial
 
 
 def _ordered(tree: ModuleTree, top: Sequence[str]) -> list[str]:
