@@ -168,10 +168,23 @@ def test_refusing_the_cache_neither_reads_nor_writes_and_undecided_is_not_rememb
     assert _calibrate(model, x, by_dtype(fp32=1.0, bf16=0.5, fp16=0.25), cache=True).chosen == "fp32"
 
 
-def test_memory_keeps_16_bit_weights_even_where_fp32_is_faster(model, x):
+def test_memory_keeps_reduced_weights_even_where_fp32_is_faster_and_fp8_where_its_floor_holds(model, x):
     result = _calibrate(model, x, by_dtype(fp32=1.0, bf16=2.0, fp16=1.5), preset="memory")
-    assert result.chosen != "fp32" and {r.storage for r in result.policy.rules if r.storage} <= {"bf16", "fp16"}
+    assert result.chosen == "rules-fp8" and {r.storage for r in result.policy.rules if r.storage} == {"fp8"}
     assert result.figure("fp32")["eligible"] is False
+    assert any("memory's fp8 level kept: output SQNR" in r and "MiB of weights against" in r for r in result.reasons)
+    # the input cast reads layers[0]'s weight dtype: that layer stays 16-bit, the others are fp8
+    with mixprec.apply(model, result.policy) as applied:
+        assert [layer.weight.dtype for layer in model.layers] == [torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fn]
+        assert "self.layers.0.weight" in {r["module"]: r["reason"] for r in applied.explain()}["layers.0"]
+
+
+def test_memory_keeps_16_bit_weights_where_fp8_misses_its_floor(model, x):
+    sixteen = _calibrate(model, x, by_dtype(fp32=1.0, bf16=2.0, fp16=1.5), preset="memory")
+    floor = sixteen.figure("rules-fp8")["sqnr_db"] + 1.0  # just above what fp8 measured here
+    result = _calibrate(model, x, by_dtype(fp32=1.0, bf16=2.0, fp16=1.5), preset="memory", floor_db=floor)
+    assert result.chosen != "rules-fp8" and {r.storage for r in result.policy.rules if r.storage} <= {"bf16", "fp16"}
+    assert "below memory's floor" in result.figure("rules-fp8")["out"]
 
 
 def test_quality_times_nothing(model, x):

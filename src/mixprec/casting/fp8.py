@@ -282,10 +282,17 @@ def _class_reads(klass: type) -> tuple[tuple[str, ...], ...]:
 
 
 def _self_path(node: ast.AST) -> tuple[str, ...] | None:
+    """``self.a.b[0].c`` as ``("a", "b", "0", "c")`` (constant indices and keys only)."""
     parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
+    while True:
+        if isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            parts.append(str(node.slice.value))
+            node = node.value
+        else:
+            break
     if isinstance(node, ast.Name) and node.id == "self" and parts:
         return tuple(reversed(parts))
     return None
