@@ -44,6 +44,7 @@ def test_scales_are_bf16_numbers_and_no_row_passes_the_formats_largest_value():
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
+        self.norm0 = nn.LayerNorm(32)  # the first weight (what an app's next(model.parameters()).dtype reads)
         self.embed = nn.Embedding(50, 32)
         self.proj = nn.Linear(32, 64)
         self.conv = nn.Conv1d(64, 64, 3, padding=1)
@@ -51,7 +52,7 @@ class Net(nn.Module):
         self.head = nn.Linear(64, 8)
 
     def forward(self, ids):
-        h = self.proj(self.embed(ids))
+        h = self.proj(self.norm0(self.embed(ids)))
         h = self.conv(h.transpose(1, 2)).transpose(1, 2)
         return self.head(self.norm(torch.relu(h)))
 
@@ -79,11 +80,11 @@ def test_fp8_stores_layer_weights_in_8_bits_the_rest_in_bf16_and_reverts_bit_exa
         rows = {r["module"]: r["storage"] for r in applied.explain()}
         bytes_fp8 = applied.weight_bytes()
     assert {k for k, d in dtypes.items() if d == torch.float8_e4m3fn} == {"embed.weight", "proj.weight", "conv.weight", "head.weight"}
-    assert {d for k, d in dtypes.items() if not k.endswith(".weight") or k == "norm.weight"} == {torch.bfloat16}
+    assert {d for k, d in dtypes.items() if not k.endswith(".weight") or "norm" in k} == {torch.bfloat16}
     assert rows["proj"] == "fp8" and rows["norm"] == "bf16"
     # a byte per weight value, 2 per bias / norm value, 4 per scale (one per output row)
     scales = 4 * (50 + 64 + 64 + 8)
-    assert bytes_fp8 == (50 * 32 + 32 * 64 + 64 * 64 * 3 + 64 * 8) + 2 * (64 + 64 + 64 + 64 + 8) + scales
+    assert bytes_fp8 == (50 * 32 + 32 * 64 + 64 * 64 * 3 + 64 * 8) + 2 * (32 + 32 + 64 + 64 + 64 + 64 + 8) + scales
     assert bytes_fp8 < 0.3 * fp32_bytes
     cos = torch.nn.functional.cosine_similarity(out.float().flatten(), reference.flatten(), dim=0).item()
     assert cos > 0.99
@@ -126,7 +127,7 @@ def test_a_tied_embedding_and_head_stay_one_fp8_tensor():
     torch.manual_seed(0)
     model = Net().eval()
     model.head = nn.Linear(32, 50, bias=False)
-    model.norm = nn.LayerNorm(32)
+    model.norm = nn.Identity()
     model.conv = nn.Identity()
     model.proj = nn.Identity()
     model.head.weight = model.embed.weight
@@ -143,12 +144,13 @@ class Reader(nn.Module):
 
     def __init__(self):
         super().__init__()
+        self.norm = nn.LayerNorm(16)
         self.tokens = nn.Embedding(40, 16)
         self.up = nn.Linear(16, 32)
         self.down = nn.Linear(32, 16)
 
     def forward(self, ids):
-        h = self.up(self.tokens(ids))
+        h = self.up(self.norm(self.tokens(ids)))
         if h.shape[-1] == self.down.weight.shape[1]:  # a shape read leaves the weight to fp8
             h = h.to(self.down.weight.dtype)
         return self.down(h) @ self.tokens.weight.to(h.dtype).t()
@@ -165,7 +167,8 @@ def test_weights_that_model_code_reads_stay_in_the_compute_dtype_and_explain_say
             dtypes = {k: v.dtype for k, v in model.state_dict().items() if k.endswith("weight")}
             out = model(ids)
             reasons = {r["module"]: r["reason"] for r in applied.explain()}
-    assert dtypes == {"tokens.weight": torch.bfloat16, "up.weight": torch.float8_e4m3fn, "down.weight": torch.bfloat16}
+    assert dtypes == {"norm.weight": torch.bfloat16, "tokens.weight": torch.bfloat16, "up.weight": torch.float8_e4m3fn,
+                      "down.weight": torch.bfloat16}
     assert "Reader reads self.tokens.weight" in reasons["tokens"] and "self.down.weight" in reasons["down"]
     assert torch.nn.functional.cosine_similarity(out.float().flatten(), reference.flatten(), dim=0).item() > 0.99
 
@@ -175,6 +178,7 @@ def test_a_caller_without_source_that_casts_to_the_fp8_dtype_is_told_once():
     exec("def forward(self, x):\n    return self.inner(x.to(self.inner.weight.dtype))\n", namespace)  # no source file
     Caster = type("Caster", (nn.Module,), {"forward": namespace["forward"]})
     model = Caster()
+    model.first = nn.LayerNorm(8)  # the component's first weight stays 16-bit: its own reader is the one unseen
     model.inner = nn.Linear(8, 8)
     with torch.no_grad(), mixprec.apply(model, FP8), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -193,3 +197,28 @@ def test_compute_can_be_named_for_fp8_storage():
         assert model.proj.weight.dtype == torch.float8_e4m3fn and model.proj.bias.dtype == torch.float32
         assert model(ids).dtype == torch.float32
         assert {r["compute"] for r in applied.explain()} == {"fp32"}
+
+
+def _dtype_of(module: nn.Module) -> torch.dtype:
+    return next(p.dtype for p in module.parameters() if p.is_floating_point())
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x):
+        x = self.a(x.to(next(self.parameters()).dtype))
+        return self.c(self.b(x.to(_dtype_of(self.b))))
+
+
+def test_first_weights_read_through_parameters_or_a_dtype_helper_stay_out_of_fp8():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LayerNorm(16), Block(), Block())
+    with torch.no_grad(), mixprec.apply(model, FP8), warnings.catch_warnings():
+        warnings.simplefilter("error", Fp8InputWarning)
+        model(torch.randn(3, 16))
+        stored = {k: v.dtype for k, v in model.state_dict().items() if k.endswith("weight")}
+    assert stored == {"0.weight": torch.bfloat16, **{f"{i}.{n}.weight": torch.bfloat16 for i in (1, 2) for n in "ab"},
+                      "1.c.weight": torch.float8_e4m3fn, "2.c.weight": torch.float8_e4m3fn}

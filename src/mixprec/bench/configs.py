@@ -24,7 +24,7 @@ from mixprec.device.backends import apply_settings
 from mixprec.device.hardware import Hardware
 from mixprec.device.settings import NumericSettings, did_you_mean
 from mixprec.diagnose.guard import guard
-from mixprec.policy import CompileSettings, Policy
+from mixprec.policy import CompileSettings, Policy, Rule
 from mixprec.policy.presets import preset
 from mixprec.policy.select import UnmatchedRuleWarning, summarise_unmatched
 
@@ -43,6 +43,7 @@ BUILTIN: dict[str, tuple[str, Any, str]] = {
     "balanced": ("preset", "balanced", "mixprec preset"),
     "fast": ("preset", "fast", "mixprec preset"),
     "memory": ("preset", "memory", "mixprec preset"),
+    "fp8": ("fp8", "fp8", "every layer's weights in fp8 (a scale per output channel), computed in bf16"),
 }
 
 _DEFAULT = ("fp32", "matmul-high", "matmul-medium", "autocast-bf16", "naive-bf16", "naive-fp16",
@@ -60,7 +61,7 @@ class ConfigSpec:
     Attributes:
         name: as given by the user (``fast``, ``naive-fp16``, ``my_policy.toml``,
             ``memory+compile``).
-        kind: ``baseline``, ``matmul``, ``autocast``, ``naive``, ``preset`` or ``policy``.
+        kind: ``baseline``, ``matmul``, ``autocast``, ``naive``, ``preset``, ``fp8`` or ``policy``.
         arg: the matmul level, dtype name, preset name or policy file path.
         compile: the configuration's components are compiled (``torch.compile``,
             inductor) after it is set up; the worker times the first call, which
@@ -81,6 +82,8 @@ class ConfigSpec:
         """The 16-bit dtype this configuration relies on, if any."""
         if self.kind in ("autocast", "naive"):
             return self.arg
+        if self.kind == "fp8":
+            return "bf16"  # its compute dtype
         return None
 
 
@@ -226,6 +229,8 @@ def _configure(spec: ConfigSpec, pipe: Any, hardware: Hardware | None,
         info["calibration"] = result.to_dict()
     elif spec.kind == "preset":
         policy = preset(spec.arg, hardware=hardware, hints=tuple(getattr(pipe, "sensitive", ())))
+    elif spec.kind == "fp8":
+        policy = Policy((Rule("*", storage="fp8", optional=True, reason=BUILTIN["fp8"][2]),), name="fp8")
     else:
         policy = Policy.load(spec.arg)
     if spec.compile and policy.compile is None:

@@ -248,7 +248,7 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
     ref_limit = options.timeout if options.timeout is not None else REFERENCE_LIMIT_S
     timed_rounds = repeat  # what a configuration that ran to the end has (a plan or the budget may change it)
     costs = [config_cost(spec, hardware) for spec in options.configs]
-    order = drop_order(costs, [spec.kind in ("preset", "policy") for spec in options.configs])
+    order = drop_order(costs, [spec.kind in ("preset", "policy", "fp8") for spec in options.configs])
     left_out: dict[int, str] = {}  # position -> why the plan left it out
 
     def start_others() -> None:

@@ -194,13 +194,20 @@ def dtype_read_weights(components: dict[str, nn.Module]) -> dict[int, str]:
 
     * the first floating parameter of every module with a ``dtype`` property (its own,
       or transformers' / diffusers' ``ModelMixin.dtype``): models cast inputs to it;
+    * the first floating parameter of every component: apps cast its inputs to its dtype
+      (``unet.dtype``, a helper's ``next(unet.parameters()).dtype``);
     * what a module's class reads in its methods' code: ``self.a.weight`` (Whisper's
-      decoder multiplies by ``self.token_embedding.weight.to(x.dtype)``), ``self.a.b.dtype``
-      and ``next(self.a.parameters()).dtype`` (T5 casts to ``self.wo.weight.dtype``).
-      Reads of a weight's shape or device do not count; a class without source is skipped.
+      decoder multiplies by ``self.token_embedding.weight.to(x.dtype)``), ``self.a.b.dtype``,
+      ``next(self.parameters()).dtype`` and ``next(self.a.parameters()).dtype`` (T5 casts to
+      ``self.wo.weight.dtype``), and helpers named for a dtype called on ``self`` or a child
+      (``module_dtype(self)``). Reads of a weight's shape or device do not count; a class
+      without source is skipped (an fp8 layer given an fp8 input then warns, once).
     """
     found: dict[int, str] = {}
     for cname, root in components.items():
+        first = _first_float(root)
+        if first is not None:  # apps cast a component's inputs to its dtype: module_dtype(unet), vae.dtype
+            found[id(first)] = f"the first weight of component {cname or '(root)'}: the dtype apps read from it"
         for name, module in root.named_modules():
             qualname = ".".join(p for p in (cname, name) if p) or "(root)"
             cls = type(module)
@@ -212,8 +219,9 @@ def dtype_read_weights(components: dict[str, nn.Module]) -> dict[int, str]:
                 for path in _class_reads(klass):
                     target = _follow_path(module, path)
                     param = _first_float(target) if isinstance(target, nn.Module) else target
-                    if isinstance(param, torch.Tensor) and target is not module:
-                        found.setdefault(id(param), f"{klass.__name__} reads self.{'.'.join(path)} in its own code ({qualname})")
+                    if isinstance(param, torch.Tensor) and (path or not fp8_layer(module)):
+                        read = ".".join(("self", *path))
+                        found.setdefault(id(param), f"{klass.__name__} reads {read} in its own code ({qualname})")
     return found
 
 
@@ -259,24 +267,30 @@ def _class_reads(klass: type) -> tuple[tuple[str, ...], ...]:
             continue
         parents = {id(child): node for node in ast.walk(func) for child in ast.iter_child_nodes(node)}
         for node in ast.walk(func):
+            if isinstance(node, ast.Call) and "dtype" in _called_name(node).lower():
+                # a helper that reads a module's dtype: module_dtype(self), get_dtype(self.encoder)
+                for arg in node.args[:1]:
+                    path = _self_path(arg)
+                    if path is not None:
+                        paths.append(path)
             if not isinstance(node, ast.Attribute):
                 continue
             if node.attr == "dtype":
                 value = node.value
-                # next(self.a.parameters()).dtype
+                # next(self.a.parameters()).dtype, next(self.parameters()).dtype
                 if (isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "next" and value.args
                         and isinstance(value.args[0], ast.Call) and isinstance(value.args[0].func, ast.Attribute)
                         and value.args[0].func.attr == "parameters"):
                     value = value.args[0].func.value
                 path = _self_path(value)
-                if path:
+                if path is not None:
                     paths.append(path)
             elif node.attr == "weight":
                 parent = parents.get(id(node))
                 if isinstance(parent, ast.Attribute) and parent.attr in _METADATA:
                     continue
                 path = _self_path(node)
-                if path and len(path) >= 2:  # a child's weight, not the module's own
+                if path is not None and len(path) >= 2:  # a child's weight, not the module's own
                     paths.append(path)
     return tuple(dict.fromkeys(paths))
 
@@ -293,9 +307,14 @@ def _self_path(node: ast.AST) -> tuple[str, ...] | None:
             node = node.value
         else:
             break
-    if isinstance(node, ast.Name) and node.id == "self" and parts:
-        return tuple(reversed(parts))
+    if isinstance(node, ast.Name) and node.id == "self":
+        return tuple(reversed(parts))  # () is self itself
     return None
+
+
+def _called_name(call: ast.Call) -> str:
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else (func.attr if isinstance(func, ast.Attribute) else "")
 
 
 def pin_fp8(module: nn.Module) -> bool:

@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 #: Weight storage types a component can be given.
-DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16")
+DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8")
 #: The preset dropdown value meaning "use the per-component types".
 NO_PRESET = "none"
 
