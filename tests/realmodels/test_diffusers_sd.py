@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from realmodels_harness import Case, check_combination, combos, compare_waveform
+from realmodels_harness import Case, check_combination, check_guarded, combos, compare_waveform
 
 PROMPT = "a red bicycle"  # 13 byte-level tokens + start and end: fits the 16 positions
 SIZE = 32
@@ -116,3 +116,8 @@ def test_sd_components_mapping(sd_mapping, policy, hw, record_property):
     """The same pipeline with its nn.Module components passed as a mapping (the route that
     works whatever ``components_of`` does with the pipeline object)."""
     check_combination(sd_mapping, policy, hw, record_property)
+
+
+@pytest.mark.parametrize(("policy", "hw"), [("fp8", "measured")], indirect=["hw"])
+def test_sd_pipeline_guarded(sd, policy, hw, record_property):
+    check_guarded(sd, policy, hw, record_property)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from realmodels_harness import Case, check_combination, combos, compare_generation
+from realmodels_harness import Case, check_combination, check_guarded, combos, compare_generation
 
 NEW_TOKENS = 6
 
@@ -97,3 +97,9 @@ def test_t5_generate(t5, policy, hw, record_property):
 @pytest.mark.parametrize(("policy", "hw"), combos(), indirect=["hw"])
 def test_whisper_generate(whisper, policy, hw, record_property):
     check_combination(whisper, policy, hw, record_property)
+
+
+@pytest.mark.parametrize(("policy", "hw"), [("fp8", "measured")], indirect=["hw"])
+def test_t5_generate_guarded(t5, policy, hw, record_property):
+    """fp8 weights under the guard: T5 reads ``self.wo.weight.dtype`` and casts to it."""
+    check_guarded(t5, policy, hw, record_property)

@@ -263,7 +263,7 @@ def _class_reads(klass: type) -> tuple[tuple[str, ...], ...]:
         return ()
     paths: list[tuple[str, ...]] = []
     for func in ast.walk(tree):
-        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or func.name in _SETUP:
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or _configures(func):
             continue
         parents = {id(child): node for node in ast.walk(func) for child in ast.iter_child_nodes(node)}
         for node in ast.walk(func):
@@ -293,6 +293,19 @@ def _class_reads(klass: type) -> tuple[tuple[str, ...], ...]:
                 if path is not None and len(path) >= 2:  # a child's weight, not the module's own
                     paths.append(path)
     return tuple(dict.fromkeys(paths))
+
+
+def _configures(func: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """A method that builds or configures the module rather than running it: a known set-up
+    name, or a public method other than ``forward`` that assigns attributes of ``self``
+    (``fuse_projections`` building ``self.to_qkv`` from the weights it reads)."""
+    if func.name in _SETUP:
+        return True
+    if func.name in ("forward", "__call__") or func.name.startswith("_"):
+        return False
+    return any(isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"
+               for node in ast.walk(func) if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+               for target in (node.targets if isinstance(node, ast.Assign) else [node.target]))
 
 
 def _self_path(node: ast.AST) -> tuple[str, ...] | None:

@@ -138,12 +138,6 @@ def _apply_declarations(plan: ModulePlan, declared: list[Declaration]) -> None:
         if decl.owner and plan.qualname != decl.owner and not plan.qualname.startswith(decl.owner + "."):
             continue
         relative = plan.qualname[len(decl.owner) + 1:] if decl.owner else plan.qualname
-        if plan.storage in FP8_NAMES and decl.when_compute_fp32 and decl.matches(relative):
-            # Layers a model keeps out of low-precision storage (diffusers' skip patterns, meant for
-            # fp8 layerwise casting) stay in the dtype they compute in, not in fp8.
-            plan.storage = plan.compute_dtype
-            plan.declared = f"{decl.source} of {decl.owner or 'the model'}"
-            continue
         if plan.storage not in decl.storages or (decl.when_compute_fp32 and plan.compute != "fp32"):
             continue
         if decl.matches(relative):
