@@ -326,10 +326,10 @@ def test_no_fast_16bit_type_latency_search_stays_fp32(evaluator):
     assert any("cannot win on latency" in note for note in result.notes)
 
 
-def test_no_fast_16bit_type_memory_search_stores_16bit_with_fp32_compute(evaluator):
+def test_no_fast_16bit_type_memory_search_stores_reduced_weights_with_fp32_compute(evaluator):
     result = tune("synthetic", "sqnr>=30", evaluator=evaluator, objective="memory", dtypes=(), budget=40)
-    assert {"all-bf16 compute fp32", "all-fp16 compute fp32"} <= {c.step for c in result.path}
-    assert result.met and result.policy.rules[0].storage in ("bf16", "fp16") and result.policy.rules[0].compute == "fp32"
+    assert {"all-bf16 compute fp32", "all-fp16 compute fp32", "all-fp8 compute fp32"} <= {c.step for c in result.path}
+    assert result.met and result.policy.rules[0].storage in ("bf16", "fp16", "fp8") and result.policy.rules[0].compute == "fp32"
     assert result.chosen.evaluation.memory_bytes < result.path[0].evaluation.memory_bytes / 1.9
 
 

@@ -83,7 +83,8 @@ class Config:
         upcast: per-group attention upcast settings.
         matmul: global float32 matmul level (``None``: leave the flags alone).
         compile: compile the components (``Policy.compile``, inductor defaults).
-        reasons: per-group reasons for the storage overrides (the measurement behind each).
+        reasons: per-group reasons for the storage overrides (the measurement behind each);
+            ``"*"`` gives the base rule's.
     """
 
     base: str
@@ -99,8 +100,8 @@ class Config:
         """The policy: base rule, per-group storage and upcast overrides, then the fp32 pins."""
         base_reason = (f"{self.base} weights everywhere by default" if self.base not in ("fp8", "fp8-e5m2") else
                        f"{self.base} weights (a scale per output channel) wherever the bound holds, computed in {self.compute or 'bf16'}")
-        rules = [Rule("*", storage=self.base, compute=self.compute, reason=base_reason)]
         why = dict(self.reasons)
+        rules = [Rule("*", storage=self.base, compute=self.compute, reason=why.get("*", base_reason))]
         for group, dtype in self.storage:
             rules.append(Rule(literal(group), storage=dtype,
                               reason=why.get(group, f"{group} stored in {dtype}: improved the objective within the bound")))

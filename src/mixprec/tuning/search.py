@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from typing import Any, Callable, Sequence
 
 from mixprec.device.settings import MATMUL_LEVELS
@@ -286,9 +287,15 @@ def fp8_pass(search: Search, evaluator: Any, config: Config, cand: Candidate, no
 
     def with_16(keep: frozenset[str]) -> Config:
         kept = [u for u in ranked if u in keep]
-        return dataclasses.replace(fp8, storage=tuple((u, sixteen) for u in kept), reasons=tuple(
+        errors = [tree.row[u]["own_sqnr_db"] for u in ranked if u not in keep
+                  and isinstance(tree.row[u].get("own_sqnr_db"), (int, float)) and math.isfinite(tree.row[u]["own_sqnr_db"])]
+        measured = (f"; the layers' own error with fp8 weights measured {min(errors):.1f} to {max(errors):.1f} dB"
+                    if errors else "")
+        base = (f"fp8 weights (a scale per output channel) computed in {compute}, except {len(kept)} layer(s) kept in "
+                f"{sixteen}{measured}")
+        return dataclasses.replace(fp8, storage=tuple((u, sixteen) for u in kept), reasons=(("*", base), *(
             (u, f"kept in {sixteen}: its own error with fp8 weights measured {own(u)}; the bound fails with it in fp8")
-            for u in kept))
+            for u in kept)))
 
     needed = minimal_sufficient(ranked, lambda keep: search.evaluate(with_16(keep), f"fp8, keep {len(keep)} in {sixteen}").met,
                                 empty_fails=True, ahead=lambda keeps: search.prefetch([with_16(k).policy() for k in keeps]))
