@@ -25,7 +25,7 @@ from _report import finish, speedup
 
 import mixprec
 from mixprec import hardware, pipelines
-from mixprec.casting.fp32compute import Fp32Compute
+from mixprec.casting.fp32compute import ComputeIn
 from mixprec.casting.hooks import cast_floats, own_tensors
 from mixprec.policy import Policy, Rule
 
@@ -62,7 +62,7 @@ def bench(name: str, size: str, repeat: int) -> dict[str, list[float]]:
     policy = Policy((Rule("*", storage="bf16", compute="fp32"),), name="bf16-storage-fp32-compute")
     times: dict[str, list[float]] = {"fp32": [], "upcast copies": [], "data swap": []}
     applied = None
-    current: list[Fp32Compute] = []
+    current: list[ComputeIn] = []
     swaps: list[DataSwap] = []
 
     def switch(mode: str) -> None:
@@ -77,7 +77,7 @@ def bench(name: str, size: str, repeat: int) -> dict[str, list[float]]:
             return
         if applied is None:
             applied = mixprec.apply(pipe, policy)
-            current = [h for h in applied._handles if isinstance(h, Fp32Compute)]
+            current = [h for h in applied._handles if isinstance(h, ComputeIn)]
         for handle in current:
             if mode == "upcast copies":
                 if handle.module.__dict__.get("forward") is not handle.wrapper:

@@ -222,3 +222,13 @@ def test_first_weights_read_through_parameters_or_a_dtype_helper_stay_out_of_fp8
         stored = {k: v.dtype for k, v in model.state_dict().items() if k.endswith("weight")}
     assert stored == {"0.weight": torch.bfloat16, **{f"{i}.{n}.weight": torch.bfloat16 for i in (1, 2) for n in "ab"},
                       "1.c.weight": torch.float8_e4m3fn, "2.c.weight": torch.float8_e4m3fn}
+
+
+def test_a_rule_naming_a_read_weight_stores_it_in_fp8_anyway():
+    torch.manual_seed(0)
+    model = Reader().eval()
+    insist = Policy(rules=(Rule("*", storage="fp8"), Rule("tokens", storage="fp8"), Rule("dow?", storage="fp8")))
+    with torch.no_grad(), mixprec.apply(model, insist) as applied:
+        # named literally: the user's call; a glob that happens to match is not
+        assert model.tokens.weight.dtype == torch.float8_e4m3fn and model.down.weight.dtype == torch.bfloat16
+        assert "kept in" not in {r["module"]: r["reason"] for r in applied.explain()}["tokens"]

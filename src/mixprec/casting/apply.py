@@ -381,7 +381,7 @@ def _materialize(applied: Applied) -> None:
     applied._entry_dtypes = {cname: next((t.dtype for t in root.parameters() if t.is_floating_point()), torch.float32)
                              for cname, root in comps.items()}
     new_data: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    fp8 = Fp8Plan(comps, plans)
+    fp8 = Fp8Plan(comps, plans, policy)
     for tid, (t, owned) in owners.items():
         storages = {fp8.tensor_storage(plan, key, t) for plan, key in owned}
         widest = max(storages, key=_WIDTH.__getitem__)

@@ -44,7 +44,7 @@ def explain_rows(plans: list[ModulePlan], policy: Policy, fp8: Fp8Plan | None = 
     if fp8 is None and any(p.storage in FP8_DTYPES for p in plans):
         bare = next((p for p in plans if p.qualname == ""), None)  # a bare model: one component, unprefixed names
         roots = {"": bare.module} if bare is not None else {p.qualname: p.module for p in plans if "." not in p.qualname}
-        fp8 = Fp8Plan(roots, plans)
+        fp8 = Fp8Plan(roots, plans, policy)
     total = sum(stored_elements(p) for p in {id(t): t for plan in plans for t in plan.module.parameters(recurse=False)}.values())
     for plan in plans:
         index = plan.decided_by.get("storage")

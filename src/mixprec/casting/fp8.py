@@ -308,6 +308,16 @@ def _configures(func: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
                for target in (node.targets if isinstance(node, ast.Assign) else [node.target]))
 
 
+def _named_by_its_rule(plan: Any, policy: Any) -> bool:
+    """Whether the rule that set ``plan``'s storage names its module literally (no glob, type or role)."""
+    index = plan.decided_by.get("storage") if policy is not None else None
+    if index is None:
+        return False
+    match = policy.rules[index].match
+    return not any(c in match for c in "*?[") and not match.startswith(("type:", "role:")) and (
+        match in (plan.qualname, *plan.aliases))
+
+
 def _self_path(node: ast.AST) -> tuple[str, ...] | None:
     """``self.a.b[0].c`` as ``("a", "b", "0", "c")`` (constant indices and keys only)."""
     parts: list[str] = []
@@ -356,9 +366,15 @@ class Fp8Plan:
     """The fp8 side of one apply: which tensors go to fp8, their scales, and which weights of
     fp8-planned layers stayed in their compute dtype and why (for ``explain``)."""
 
-    def __init__(self, components: dict[str, nn.Module], plans: list[Any]):
+    def __init__(self, components: dict[str, nn.Module], plans: list[Any], policy: Any = None):
         self.active = any(p.storage in FP8_DTYPES for p in plans)
-        self.read = dtype_read_weights(components) if self.active else {}
+        read = dtype_read_weights(components) if self.active else {}
+        # A rule naming a module itself (no glob) stores it in fp8 even where code reads its weight:
+        # the user's call, made after explain said why it was kept out.
+        named = {id(t) for p in plans if p.storage in FP8_DTYPES and _named_by_its_rule(p, policy)
+                 for t in p.module._parameters.values() if t is not None}
+        #: Weights kept out of fp8 because code reads them (by ``id``), and where.
+        self.read = {tid: why for tid, why in read.items() if tid not in named}
         #: ``"qualname.weight"`` -> why that weight of an fp8-planned layer is not stored in fp8.
         self.kept: dict[str, str] = {}
         #: ``"qualname.weight"`` -> the format it is stored in.

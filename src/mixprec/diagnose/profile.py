@@ -60,7 +60,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from mixprec.casting.apply import apply
-from mixprec.casting.fp8 import FP8_DTYPES, dtype_read_weights
+from mixprec.casting.fp8 import Fp8Plan
 from mixprec.casting.hooks import register_first
 from mixprec.casting.kinds import stored_elements
 from mixprec.casting.targets import components_of
@@ -225,7 +225,7 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
     block_ids = {id(p.module) for p in plans if blocks and not _owns_weights(p.module)
                  and any(id(sub) in layers for sub in p.module.modules())}
     lowable = layers | block_ids
-    fp8_read = dtype_read_weights(comps) if any(p.storage in FP8_DTYPES for p in plans) else {}
+    fp8_read = Fp8Plan(comps, plans, policy).read
     for plan in plans:
         stats[id(plan.module)].owns_weights = _owns_weights(plan.module)
     copies: dict[int, LowCopy] = {}

@@ -10,7 +10,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from mixprec.policy import Policy
 from mixprec.tuning.candidates import Evaluation
-from mixprec.tuning.session import Report, Session, serve_tune, weight_units
+from mixprec.tuning.session import Report, Session, fp8_read_units, serve_tune, weight_units
 
 __all__ = ["Evaluator", "InProcessEvaluator", "WorkerEvaluator", "WORKER_ENV"]
 
@@ -44,6 +44,8 @@ class Evaluator(Protocol):
     def groups(self) -> list[str]: ...
 
     def units(self) -> list[str]: ...
+
+    def fp8_read(self) -> dict[str, str]: ...
 
 
 def _evaluation(raw: dict[str, Any]) -> Evaluation:
@@ -110,6 +112,9 @@ class InProcessEvaluator:
     def units(self) -> list[str]:
         return weight_units(self.session.components)
 
+    def fp8_read(self) -> dict[str, str]:
+        return fp8_read_units(self.session.components)
+
 
 class ReadyWorkers:
     """What an evaluator backed by tune workers answers from their ``ready`` message, and
@@ -130,6 +135,9 @@ class ReadyWorkers:
 
     def units(self) -> list[str]:
         return list(self.ready["units"])
+
+    def fp8_read(self) -> dict[str, str]:
+        return dict(self.ready.get("fp8_read", {}))
 
     def sensitive(self) -> list[str]:
         """The pipeline's precision-sensitive module hints (for the presets)."""

@@ -276,7 +276,7 @@ def fp8_pass(search: Search, evaluator: Any, config: Config, cand: Candidate, no
     fp8 = dataclasses.replace(config, base="fp8", compute=compute, storage=(), reasons=())
     whole = search.evaluate(fp8, f"all-fp8 compute {compute}")
     if whole.met:
-        return (fp8, whole) if search.cost(whole) < search.cost(cand) else (config, cand)
+        return _read_weights_too(search, evaluator, fp8, whole) if search.cost(whole) < search.cost(cand) else (config, cand)
     search.phase(f"profiling #{whole.index} all-fp8 (the own error of every layer with fp8 weights)")
     tree = ModuleTree(evaluator.risk(fp8.policy()), evaluator.units())
     ranked = tree.ranked([u for u in evaluator.units() if u in tree.row])
@@ -310,7 +310,28 @@ def fp8_pass(search: Search, evaluator: Any, config: Config, cand: Candidate, no
         return config, cand
     notes.append(f"fp8 weights except {len(needed)} layer(s) kept in {sixteen} (riskiest by their own error with fp8 "
                  f"weights): {', '.join(needed[:6])}{', ...' if len(needed) > 6 else ''}")
-    return trial_cfg, trial
+    return _read_weights_too(search, evaluator, trial_cfg, trial, notes)
+
+
+def _read_weights_too(search: Search, evaluator: Any, config: Config, cand: Candidate,
+                      notes: list[str] | None = None) -> tuple[Config, Candidate]:
+    """Also try in fp8 the weights an fp8 policy keeps out because code reads them (a model's
+    ``dtype``, ``self.embed.weight``): named by a rule each, kept only where the bound holds."""
+    kept = dict(config.storage)
+    read = {u: why for u, why in (evaluator.fp8_read() if hasattr(evaluator, "fp8_read") else {}).items() if u not in kept}
+    if not read:
+        return config, cand
+    trial_cfg = dataclasses.replace(config, storage=config.storage + tuple((u, config.base) for u in read),
+                                    reasons=config.reasons + tuple(
+                                        (u, f"{config.base} although {why}: the bound holds with it in {config.base} "
+                                            "(measured on the search's inputs)") for u, why in read.items()))
+    trial = search.evaluate(trial_cfg, f"fp8 also for {len(read)} weight(s) code reads")
+    if trial.met and search.cost(trial) < search.cost(cand):
+        if notes is not None:
+            notes.append(f"fp8 also for {len(read)} weight(s) that code reads ({', '.join(list(read)[:4])}"
+                         f"{', ...' if len(read) > 4 else ''}): the bound holds with them, measured")
+        return trial_cfg, trial
+    return config, cand
 
 
 def _ordered(tree: ModuleTree, top: Sequence[str]) -> list[str]:

@@ -61,6 +61,22 @@ def weight_units(components: dict[str, torch.nn.Module]) -> list[str]:
     return names
 
 
+def fp8_read_units(components: dict[str, torch.nn.Module]) -> dict[str, str]:
+    """Modules whose weight an fp8 policy keeps in 16 bits because code reads it (qualified
+    name -> where), :func:`mixprec.casting.fp8.dtype_read_weights`: the search may still
+    try them in fp8 by naming them, and keeps that only where the bound holds."""
+    from mixprec.casting.fp8 import dtype_read_weights, fp8_eligible
+
+    read = dtype_read_weights(components)
+    out: dict[str, str] = {}
+    for cname, root in components.items():
+        for name, module in root.named_modules():
+            weight = module._parameters.get("weight")
+            if weight is not None and id(weight) in read and fp8_eligible(module, "p:weight", weight):
+                out[((f"{cname}.{name}" if name else cname) if cname else name) or ""] = read[id(weight)]
+    return out
+
+
 def _output(result: Any) -> tuple[torch.Tensor, dict[str, Any]]:
     if isinstance(result, torch.Tensor):
         return result, {}
@@ -250,7 +266,8 @@ def serve_tune(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - ru
     batch = int(job.get("batch", 1))
     conn.send(("ready", {"output_kind": pipe.output_kind, "components": list(pipe.components), "device": str(pipe.device),
                          "sensitive": [str(h) for h in pipe.sensitive],
-                         "units": weight_units(pipe.components), "pid": __import__("os").getpid()}))
+                         "units": weight_units(pipe.components), "fp8_read": fp8_read_units(pipe.components),
+                         "pid": __import__("os").getpid()}))
     session: Session | None = None
     while True:
         command, payload = conn.recv()
