@@ -263,46 +263,52 @@ def fp8_pass(search: Search, evaluator: Any, config: Config, cand: Candidate, no
     """The memory objective's last step: weights in fp8 wherever the bound still holds.
 
     From the 16-bit configuration that meets the bound, every layer's weights go to fp8
-    (computed in that configuration's compute dtype, its fp32 pins kept). Where that misses
-    the bound, the profile measures each layer's own error with fp8 weights, and group
-    testing (riskiest first) finds a small set of layers to keep in 16 bits: the
-    exceptions, each with its measured error in its rule's reason. The result replaces
-    the 16-bit one only when it meets the bound and stores fewer bytes.
+    (computed in that configuration's compute dtype, its fp32 pins kept), the weights that
+    model code reads included (a rule names each: an fp8 policy would otherwise keep them
+    16-bit for safety; measured here instead). Where that misses the bound, the profile
+    measures each layer's own error with fp8 weights, and group testing (riskiest first)
+    finds a small set of layers to keep in 16 bits: the exceptions, each with its measured
+    error in its rule's reason. The result replaces the 16-bit one only when it meets the
+    bound and stores fewer bytes.
     """
     if not cand.met or config.base not in ("bf16", "fp16"):
         return config, cand
     sixteen = config.base
     compute = "fp32" if config.compute == "fp32" else sixteen
-    fp8 = dataclasses.replace(config, base="fp8", compute=compute, storage=(), reasons=())
-    whole = search.evaluate(fp8, f"all-fp8 compute {compute}")
-    if whole.met:
-        return _read_weights_too(search, evaluator, fp8, whole) if search.cost(whole) < search.cost(cand) else (config, cand)
-    search.phase(f"profiling #{whole.index} all-fp8 (the own error of every layer with fp8 weights)")
-    tree = ModuleTree(evaluator.risk(fp8.policy()), evaluator.units())
-    ranked = tree.ranked([u for u in evaluator.units() if u in tree.row])
+    read = dict(evaluator.fp8_read()) if hasattr(evaluator, "fp8_read") else {}
+    base = dataclasses.replace(config, base="fp8", compute=compute, storage=(), reasons=())
+    ranked: list[str] = []
+    own: dict[str, float] = {}
 
-    def own(unit: str) -> str:
-        db = tree.row[unit].get("own_sqnr_db")
-        return f"{db:.1f} dB" if isinstance(db, (int, float)) else "not measured"
-
-    def with_16(keep: frozenset[str]) -> Config:
+    def config_for(keep: frozenset[str]) -> Config:
         kept = [u for u in ranked if u in keep]
-        errors = [tree.row[u]["own_sqnr_db"] for u in ranked if u not in keep
-                  and isinstance(tree.row[u].get("own_sqnr_db"), (int, float)) and math.isfinite(tree.row[u]["own_sqnr_db"])]
-        measured = (f"; the layers' own error with fp8 weights measured {min(errors):.1f} to {max(errors):.1f} dB"
-                    if errors else "")
-        base = (f"fp8 weights (a scale per output channel) computed in {compute}, except {len(kept)} layer(s) kept in "
-                f"{sixteen}{measured}")
-        return dataclasses.replace(fp8, storage=tuple((u, sixteen) for u in kept), reasons=(("*", base), *(
-            (u, f"kept in {sixteen}: its own error with fp8 weights measured {own(u)}; the bound fails with it in fp8")
-            for u in kept)))
+        named = [u for u in read if u not in keep]
+        errors = [db for u, db in own.items() if u not in keep and math.isfinite(db)]
+        measured = f"; the layers' own error with fp8 weights measured {min(errors):.1f} to {max(errors):.1f} dB" if errors else ""
+        summary = (f"fp8 weights (a scale per output channel) computed in {compute}"
+                   + (f", except {len(kept)} layer(s) kept in {sixteen}" if kept else "") + measured)
+        reasons = [("*", summary)]
+        reasons += [(u, f"fp8 although {read[u]}: the bound holds with it in fp8 (measured on the search's inputs)")
+                    for u in named]
+        reasons += [(u, f"kept in {sixteen}: its own error with fp8 weights measured "
+                        f"{f'{own[u]:.1f} dB' if u in own else 'not measured'}; the bound fails with it in fp8") for u in kept]
+        return dataclasses.replace(base, storage=tuple([(u, "fp8") for u in named] + [(u, sixteen) for u in kept]),
+                                   reasons=tuple(reasons))
 
-    needed = minimal_sufficient(ranked, lambda keep: search.evaluate(with_16(keep), f"fp8, keep {len(keep)} in {sixteen}").met,
-                                empty_fails=True, ahead=lambda keeps: search.prefetch([with_16(k).policy() for k in keeps]))
+    whole = search.evaluate(config_for(frozenset()), f"all-fp8 compute {compute}")
+    if whole.met:
+        return (config_for(frozenset()), whole) if search.cost(whole) < search.cost(cand) else (config, cand)
+    search.phase(f"profiling #{whole.index} all-fp8 (the own error of every layer with fp8 weights)")
+    tree = ModuleTree(evaluator.risk(config_for(frozenset()).policy()), evaluator.units())
+    ranked[:] = tree.ranked([u for u in evaluator.units() if u in tree.row])
+    own.update({u: float(tree.row[u]["own_sqnr_db"]) for u in ranked
+                if isinstance(tree.row[u].get("own_sqnr_db"), (int, float))})
+    needed = minimal_sufficient(ranked, lambda keep: search.evaluate(config_for(keep), f"fp8, keep {len(keep)} in {sixteen}").met,
+                                empty_fails=True, ahead=lambda keeps: search.prefetch([config_for(k).policy() for k in keeps]))
     if needed is None:
         notes.append(f"fp8 weights: the bound needs every layer in {sixteen}")
         return config, cand
-    trial_cfg = with_16(frozenset(needed))
+    trial_cfg = config_for(frozenset(needed))
     trial = search.evaluate(trial_cfg, f"verify fp8 with {len(needed)} in {sixteen}")
     if not (trial.met and search.cost(trial) < search.cost(cand)):
         notes.append(f"fp8 weights with {len(needed)} layer(s) in {sixteen} "
@@ -310,28 +316,7 @@ def fp8_pass(search: Search, evaluator: Any, config: Config, cand: Candidate, no
         return config, cand
     notes.append(f"fp8 weights except {len(needed)} layer(s) kept in {sixteen} (riskiest by their own error with fp8 "
                  f"weights): {', '.join(needed[:6])}{', ...' if len(needed) > 6 else ''}")
-    return _read_weights_too(search, evaluator, trial_cfg, trial, notes)
-
-
-def _read_weights_too(search: Search, evaluator: Any, config: Config, cand: Candidate,
-                      notes: list[str] | None = None) -> tuple[Config, Candidate]:
-    """Also try in fp8 the weights an fp8 policy keeps out because code reads them (a model's
-    ``dtype``, ``self.embed.weight``): named by a rule each, kept only where the bound holds."""
-    kept = dict(config.storage)
-    read = {u: why for u, why in (evaluator.fp8_read() if hasattr(evaluator, "fp8_read") else {}).items() if u not in kept}
-    if not read:
-        return config, cand
-    trial_cfg = dataclasses.replace(config, storage=config.storage + tuple((u, config.base) for u in read),
-                                    reasons=config.reasons + tuple(
-                                        (u, f"{config.base} although {why}: the bound holds with it in {config.base} "
-                                            "(measured on the search's inputs)") for u, why in read.items()))
-    trial = search.evaluate(trial_cfg, f"fp8 also for {len(read)} weight(s) code reads")
-    if trial.met and search.cost(trial) < search.cost(cand):
-        if notes is not None:
-            notes.append(f"fp8 also for {len(read)} weight(s) that code reads ({', '.join(list(read)[:4])}"
-                         f"{', ...' if len(read) > 4 else ''}): the bound holds with them, measured")
-        return trial_cfg, trial
-    return config, cand
+    return trial_cfg, trial
 
 
 def _ordered(tree: ModuleTree, top: Sequence[str]) -> list[str]:
