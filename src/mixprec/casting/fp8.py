@@ -158,13 +158,15 @@ def dequantise(values: torch.Tensor, entry: Fp8Weight, dtype: torch.dtype) -> to
         # torch converts float8 to 16/32 bits one value at a time on a CPU; on the bits it is a
         # shift and a mask: the fp8 number read as a bf16 (fp32) one is its value times
         # 2**(fp8 bias - 127), which the factor (scale * 2**(127 - fp8 bias)) takes back.
+        # One buffer, written in place: no temporaries per call (a decode step dequantises every
+        # layer; freed temporaries of many sizes fragment the CPU heap and raise the peak RSS).
         shift16, mask16, shift32, mask32, _ = _SHIFTS[entry.format]
         signed = values.view(torch.int8)
         if dtype == torch.bfloat16:
-            bits = ((signed.to(torch.int16) << shift16) & (mask16 - (1 << 16))).view(torch.bfloat16)
+            bits = signed.to(torch.int16).bitwise_left_shift_(shift16).bitwise_and_(mask16 - (1 << 16))
         else:
-            bits = ((signed.to(torch.int32) << shift32) & (mask32 - (1 << 32))).view(torch.float32)
-        return bits * entry.factor(dtype, values.device, bits=True)
+            bits = signed.to(torch.int32).bitwise_left_shift_(shift32).bitwise_and_(mask32 - (1 << 32))
+        return bits.view(dtype).mul_(entry.factor(dtype, values.device, bits=True))
     if torch.compiler.is_compiling():  # one fused kernel under inductor
         return (values.float() * entry.scale.to(values.device)).to(dtype)
     if dtype == torch.bfloat16:  # a bf16 scale times an fp8 value is exact in fp32: one rounding
