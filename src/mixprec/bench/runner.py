@@ -33,6 +33,7 @@ from mixprec.measure import metrics as bench_metrics
 from mixprec.bench.configs import ConfigSpec
 from mixprec.bench.plan import Calibration, Plan, config_cost, drop_order, plan_runs
 from mixprec.bench.slots import LOAD_TIMEOUT_S, Slot, call, stop_for_budget, wait_ready
+from mixprec.bench.against import fp8_against_16bit
 from mixprec.bench.rounds import MIN_TIMED, RoundKeeper, load_note, paired, runnable_others, speed_metrics
 from mixprec.bench.store import Store
 from mixprec.bench.worker import job_for, serve
@@ -423,6 +424,7 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
                 slot.done = call(slot, (ref_limit if slot is reference else limit) + 60, "finish", clock=clock) or {}
     finally:
         notes += _record(timed_rounds, batch, slots, store, hardware)
+        notes += fp8_against_16bit(batch, slots)
         for slot in slots:
             if slot.worker is not None:
                 slot.worker.close()
