@@ -300,9 +300,20 @@ def fp8_pass(search: Search, evaluator: Any, config: Config, cand: Candidate, no
         return (config_for(frozenset()), whole) if search.cost(whole) < search.cost(cand) else (config, cand)
     search.phase(f"profiling #{whole.index} all-fp8 (the own error of every layer with fp8 weights)")
     tree = ModuleTree(evaluator.risk(config_for(frozenset()).policy()), evaluator.units())
-    ranked[:] = tree.ranked([u for u in evaluator.units() if u in tree.row])
-    own.update({u: float(tree.row[u]["own_sqnr_db"]) for u in ranked
-                if isinstance(tree.row[u].get("own_sqnr_db"), (int, float))})
+    own.update({u: float(tree.row[u]["own_sqnr_db"]) for u in evaluator.units()
+                if u in tree.row and isinstance(tree.row[u].get("own_sqnr_db"), (int, float))})
+
+    def noise_per_weight(unit: str) -> tuple[bool, float]:
+        # Memory is the objective: a layer kept in 16 bits costs a byte per weight, so the
+        # layers with the most noise per weight come first (an embedding table that is most of
+        # the model comes last, a small noisy projection first); overflows before anything.
+        row = tree.row[unit]
+        db = own.get(unit, math.inf)
+        noise = math.inf if math.isnan(db) else 10 ** (-db / 10) if math.isfinite(db) else (0.0 if db > 0 else math.inf)
+        bad = row.get("own_nonfinite") or (compute == "fp16" and row.get("overflows_fp16"))
+        return (not bad, -noise / max(int(row.get("elements") or 1), 1))
+
+    ranked[:] = sorted((u for u in evaluator.units() if u in tree.row), key=noise_per_weight)
     needed = minimal_sufficient(ranked, lambda keep: search.evaluate(config_for(keep), f"fp8, keep {len(keep)} in {sixteen}").met,
                                 empty_fails=True, ahead=lambda keeps: search.prefetch([config_for(k).policy() for k in keeps]))
     if needed is None:

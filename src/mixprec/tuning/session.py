@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, Iterator
 
 import torch
 
@@ -59,6 +59,12 @@ def weight_units(components: dict[str, torch.nn.Module]) -> list[str]:
             if any(p is not None and p.is_floating_point() for p in module._parameters.values()):
                 names.append(((f"{cname}.{name}" if name else cname) if cname else name) or "")
     return names
+
+
+def _named_modules(components: dict[str, torch.nn.Module]) -> Iterator[tuple[str, torch.nn.Module]]:
+    for cname, root in components.items():
+        for name, module in root.named_modules():
+            yield ((f"{cname}.{name}" if name else cname) if cname else name) or "(root)", module
 
 
 def fp8_read_units(components: dict[str, torch.nn.Module]) -> dict[str, str]:
@@ -226,12 +232,15 @@ class Session:
         prof = profile(self.target, self.inputs[self.seeds[0]], policy, run=self.run,
                        progress=passes if report is not None else None)
         rows = []
+        sizes = {name: sum(p.numel() for p in module.parameters(recurse=False) if p.is_floating_point())
+                 for name, module in _named_modules(self.components)}
         for stats in prof.modules:
             if stats.module not in units and stats.module not in enclosing:
                 continue
             own = stats.own_sqnr_db if stats.own_sqnr_db is not None else math.inf
             rows.append({"module": stats.module, "own_sqnr_db": own, "overflows_fp16": bool(stats.overflows_fp16),
-                         "own_nonfinite": bool(stats.own_nonfinite), "unit": stats.module in units})
+                         "own_nonfinite": bool(stats.own_nonfinite), "unit": stats.module in units,
+                         "elements": sizes.get(stats.module, 0)})
         rows.sort(key=risk_key)
         return rows
 
