@@ -32,6 +32,7 @@ from mixprec.measure.metrics import quality
 
 FP8 = Policy((Rule("*", storage="fp8"),), name="fp8")
 BF16 = Policy((Rule("*", storage="bf16"),), name="bf16")
+FP8_NAMED = Policy((Rule("*", storage="fp8"), Rule("0", storage="fp8")), name="fp8")
 SHAPES = [(384, 1536), (1536, 384), (1024, 1024), (4096, 1024)]
 BATCHES = [1, 16, 256]
 
@@ -54,10 +55,12 @@ def layers(repeat: int) -> list[str]:
     for fan_in, fan_out in SHAPES:
         for batch in BATCHES:
             torch.manual_seed(0)
-            a, b = torch.nn.Linear(fan_in, fan_out), torch.nn.Linear(fan_in, fan_out)
+            a, b = torch.nn.Sequential(torch.nn.Linear(fan_in, fan_out)), torch.nn.Sequential(torch.nn.Linear(fan_in, fan_out))
             b.load_state_dict(a.state_dict())
             x = torch.randn(batch, fan_in, dtype=torch.bfloat16)
-            with torch.no_grad(), mixprec.apply(a, BF16), mixprec.apply(b, FP8):
+            # the layer is named: a component's first weight otherwise stays 16-bit (apps read its dtype)
+            with torch.no_grad(), mixprec.apply(a, BF16), mixprec.apply(b, FP8_NAMED):
+                assert b[0].weight.dtype == torch.float8_e4m3fn and a[0].weight.dtype == torch.bfloat16
                 a(x), b(x)  # warm
                 times: dict[str, list[float]] = {"bf16": [], "fp8": []}
                 for i in range(repeat):

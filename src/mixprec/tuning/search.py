@@ -288,8 +288,8 @@ def fp8_pass(search: Search, evaluator: Any, config: Config, cand: Candidate, no
         summary = (f"fp8 weights (a scale per output channel) computed in {compute}"
                    + (f", except {len(kept)} layer(s) kept in {sixteen}" if kept else "") + measured)
         reasons = [("*", summary)]
-        reasons += [(u, f"fp8 although {read[u]}: the bound holds with it in fp8 (measured on the search's inputs)")
-                    for u in named]
+        reasons += [(u, f"fp8, though an fp8 policy keeps it out by default ({read[u]}): the bound holds with it in fp8 "
+                        "(measured on the search's inputs)") for u in named]
         reasons += [(u, f"kept in {sixteen}: its own error with fp8 weights measured "
                         f"{f'{own[u]:.1f} dB' if u in own else 'not measured'}; the bound fails with it in fp8") for u in kept]
         return dataclasses.replace(base, storage=tuple([(u, "fp8") for u in named] + [(u, sixteen) for u in kept]),
