@@ -11,6 +11,9 @@ capability decisions live in the small table below, not in if-ladders on GPU nam
 | fast       | medium   | fastest 16-bit type measured fast        | none; upcast attention if fp16 |
 | memory     | high     | 16-bit everywhere (bf16 if supported)    | none; under fp16 own-code norms compute in fp32, and upcast attention |
 
+Checked on a model (:func:`mixprec.calibrate`), ``memory`` takes its fp8 level (fp8 weights,
+the same compute) where the model's output meets its floor.
+
 Every island and upcast must pay for itself on the device, because each costs casts at
 its edges and, on a GPU, Python work per call:
 
