@@ -128,8 +128,12 @@ def test_bad_cli_and_code_values(layers):
 
 
 def test_unknown_mixprec_env_var_warns_with_suggestion(layers):
-    resolved = layers(environ={"MIXPREC_FLOAT32_MATMUL_PRECISON": "high"})
-    assert any("did you mean 'MIXPREC_FLOAT32_MATMUL_PRECISION'" in w for w in resolved.warnings)
+    resolved = layers(environ={"MIXPREC_FLOAT32_MATMUL_PRECISON": "high", "MIXPREC_NO_SUCH_THING": "1"})
+    (typo,) = resolved.unused  # a near miss of a setting: said once, as not used, with the name meant
+    assert typo.name == "MIXPREC_FLOAT32_MATMUL_PRECISON" and typo.warns
+    assert "did you mean MIXPREC_FLOAT32_MATMUL_PRECISION?" in typo.reason
+    (unknown,) = resolved.warnings  # near no setting: an unknown setting
+    assert "unknown setting MIXPREC_NO_SUCH_THING from env; ignored" in unknown
 
 
 def test_bad_app_prefix():

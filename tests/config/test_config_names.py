@@ -99,9 +99,12 @@ class TestDotenvDirectory:
             resolve(env_file=tmp_path / "venv", environ={})
 
 
-# Look-alikes of valid words: Cyrillic, Greek, fullwidth, a no-break space, a zero-width space.
-_LOOK_ALIKES = ["h\u0456gh", "m\u0435dium", "hig\u04bb", "\u043eff", "tru\u0435", "\u0397IGH", "ｈｉｇｈ",
-                "high\u00a0", "hi\u200bgh", "faſt", "fa\u0455t"]
+# Look-alikes of valid words: letters of another script (Cyrillic, Greek), which are other words.
+_LOOK_ALIKES = ["h\u0456gh", "m\u0435dium", "hig\u04bb", "\u043eff", "tru\u0435", "\u0397IGH", "fa\u0455t"]
+# The same word with what nobody sees or another form of its letters: read as that word, with a note.
+_SAME_WORD = {"FLOAT32_MATMUL_PRECISION": ("medium", ["ｍｅｄｉｕｍ", "medium\u00a0", "me\u200bdium", "\u2003MEDIUM\ufeff"]),
+              "CONV_TF32": (False, ["ｏｆｆ", "off\u00a0", "o\u200dff", "\u3000False"]),
+              "PRESET": ("fast", ["ｆａｓｔ", "fast\u00a0", "fa\u200bst", "faſt", " FAST\u202f"])}
 
 
 class TestLookAlikeValues:
@@ -113,6 +116,31 @@ class TestLookAlikeValues:
         message = str(info.value)
         assert message.isascii() and ascii(value) in message and "non-ASCII" in message
         assert f"env MIXPREC_{key}" in message and "valid values:" in message
+        assert "looks like '" in message  # which letter it passes for
+
+    @pytest.mark.parametrize("key", list(_SAME_WORD))
+    @pytest.mark.parametrize("layer", ["env", "dotenv", "toml", "code"])
+    def test_invisible_characters_and_other_forms_read_as_the_word_with_a_note(self, key, layer, tmp_path, clean_env):
+        expected, values = _SAME_WORD[key]
+        for value in values:
+            environ, code = {}, None
+            if layer == "env":
+                environ = {f"MIXPREC_{key}": value}
+            elif layer == "dotenv":
+                (tmp_path / ".env").write_text(f"MIXPREC_{key}='{value}'\n", encoding="utf-8")
+            elif layer == "toml":
+                (tmp_path / "mixprec.toml").write_text(f'{key.lower()} = "{value}"\n', encoding="utf-8")
+            else:
+                code = {key.lower(): value}
+            r = resolve(search_dir=tmp_path, environ=environ, code=code)
+            assert r.settings[key.lower()].value == expected, value
+            notes = [u for u in r.unused if u.kind == "read as"]
+            if value.strip(" ").isascii():
+                assert notes == []
+            else:
+                (note,) = notes
+                assert note.warns and str(note).isascii() and ascii(value) in str(note) and "read as" in note.reason
+                assert ("removed" in note.reason) or ("read as '" in note.reason)
 
     @pytest.mark.parametrize("value", _LOOK_ALIKES[:4])
     def test_in_a_toml_file_too(self, value, tmp_path, clean_env):

@@ -47,6 +47,16 @@ def _versions() -> dict[str, str | None]:
     return out
 
 
+def _warn(note: str) -> None:
+    say(err_console, ("warning:", "yellow"), " ", note)
+
+
+def _not_used_json(resolved: Any) -> dict[str, Any]:
+    """The --json fields of what the sources held and was not used: ``unused`` (each name with
+    where, why and its kind) and ``warnings`` (unknown ``MIXPREC_*`` names near no setting)."""
+    return {"unused": [u.to_dict() for u in resolved.unused], "warnings": list(resolved.warnings)}
+
+
 @app.command()
 def env(
     app_prefix: AppFlag = None,
@@ -64,15 +74,18 @@ def env(
     from mixprec.device import hardware
 
     try:
+        # What the sources held and was not used: on stderr in mixprec's words (in --json, its "unused" field)
         resolved = mixprec.init(
-            app_prefix, config_file=config, env_file=env_file, cli=_cli_values(matmul, conv_tf32, fp16_rpr, bf16_rpr)
+            app_prefix, config_file=config, env_file=env_file, cli=_cli_values(matmul, conv_tf32, fp16_rpr, bf16_rpr),
+            notes=(lambda _note: None) if as_json else _warn,
         )
         hw = hardware.probe(device, use_cache=not no_cache)
     except (ConfigError, ValueError) as exc:
         fail(exc)
     state = mixprec.describe()
     if as_json:
-        payload = {"versions": _versions(), "hardware": hw.to_dict(), "numerics": state, "settings": resolved.rows()}
+        payload = {"versions": _versions(), "hardware": hw.to_dict(), "numerics": state, "settings": resolved.rows(),
+                   **_not_used_json(resolved)}
         console.print_json(json.dumps(payload, default=str))
         return
 
@@ -134,7 +147,7 @@ def config_show(
         fail(exc)
     if as_json:
         console.print_json(json.dumps({"app": resolved.app, "files": list(resolved.files), "settings": resolved.rows(),
-                                       "unused": [u.to_dict() for u in resolved.unused]}))
+                                       **_not_used_json(resolved)}))
         return
     for message in resolved.warnings:
         say(err_console, ("warning:", "yellow"), " ", message)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from mixprec.device import backends
 from mixprec.config import Resolved, resolve
+from mixprec.config.names import say_once
 
 __all__ = ["init"]
 
@@ -28,6 +29,7 @@ def init(
     environ: Mapping[str, str] | None = None,
     cli: Mapping[str, Any] | None = None,
     apply: bool = True,
+    notes: Callable[[str], object] | None = None,
 ) -> Resolved:
     """Resolve the numeric settings from every source and apply them to torch.
 
@@ -35,7 +37,10 @@ def init(
     and validated first; only then are the settings written, all together. One
     INFO line per setting on the ``mixprec`` logger names the value and its
     source, e.g. ``float32 matmul precision = high (from env
-    ACE_STEP_FLOAT32_MATMUL_PRECISION)``.
+    ACE_STEP_FLOAT32_MATMUL_PRECISION)``. What a source held that looks like a
+    setting and was not read (``mixprec_float32_matmul_precision``: a near miss
+    of a name, see :class:`mixprec.config.sources.Unused`) is a WARNING line,
+    written once per process.
 
     Args:
         app: the application's env-var prefix; ``init(app="ACE_STEP")`` honours
@@ -44,6 +49,8 @@ def init(
             explicit values, which beat every other source.
         config_file, env_file, search_dir, environ, cli: see :func:`mixprec.config.resolve`.
         apply: ``False`` resolves and validates without touching torch.
+        notes: where what was seen and not used is said (each note once per process);
+            default: a WARNING on the ``mixprec`` logger. The CLI passes its own printer.
 
     Returns:
         The resolved settings with their sources; ``previous`` holds the state
@@ -67,10 +74,15 @@ def init(
     resolved = resolve(
         app, code=code, cli=cli, config_file=config_file, env_file=env_file, search_dir=search_dir, environ=environ
     )
-    for message in resolved.warnings:
-        logger.warning(message)
-    for item in resolved.unused:  # seen and not used: another app's prefix, lower case, a skipped .env folder...
-        logger.info("not used: %s", item)
+    # Seen and not used (a near miss of a setting's name, another app's prefix, a skipped .env
+    # folder, a value read without its invisible characters): a warning, once per process however
+    # often init runs; a value a higher source overrode is the layering working: an INFO line.
+    say = notes if notes is not None else logger.warning
+    say_once(resolved.warnings, say)
+    say_once((f"not used: {item}" for item in resolved.unused if item.warns), say)
+    for item in resolved.unused:
+        if not item.warns:
+            logger.info("not used: %s", item)
     numeric = resolved.numeric
     policy = resolved.policy()  # None unless a preset or policy file is configured
     if policy is not None and policy.numerics is not None:

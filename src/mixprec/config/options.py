@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from mixprec._quote import quote
-from mixprec.device.settings import MATMUL_LEVELS, NumericSettings, did_you_mean, parse_bool, parse_matmul
+from mixprec.device.settings import MATMUL_LEVELS, NumericSettings, parse_bool, parse_matmul, word
 from mixprec.policy import Policy
 from mixprec.policy.presets import PRESETS
 
@@ -18,13 +18,9 @@ __all__ = ["Option", "OPTIONS", "option_for_key", "default_value", "parse_preset
 
 
 def parse_preset(value: Any) -> str:
-    """Parse a preset name, case-insensitively."""
-    if not isinstance(value, str):
-        raise ValueError(f"expected a string, one of: {', '.join(PRESETS)}; got {type(value).__name__} {quote(value)}")
-    name = value.strip().lower()
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {quote(value)}{did_you_mean(name, PRESETS)}; valid values: {', '.join(PRESETS)}")
-    return name
+    """Parse a preset name as every source's words are read (case, surrounding and invisible
+    characters ignored: :func:`mixprec.device.settings.word`)."""
+    return word(value, PRESETS, "unknown preset")
 
 
 def parse_policy_file(value: Any) -> str:

@@ -40,8 +40,10 @@ from typing import Any, Mapping
 from dotenv.parser import parse_stream
 
 from mixprec._quote import quote
+from mixprec._words import describe, dropped, look_alikes, normalise, skeleton
+from mixprec.config.names import closest, differences, suggestion
 from mixprec.config.options import OPTIONS, Option, default_value, option_for_key
-from mixprec.device.settings import NumericSettings, did_you_mean
+from mixprec.device.settings import NumericSettings
 from mixprec.policy import Policy
 from mixprec.policy.inputs import file_problem, parse_checked, read_input_text
 from mixprec.policy.presets import preset as make_preset
@@ -101,17 +103,28 @@ class Unused:
         where: the file and line (``/app/.env line 3``), ``env``, or the skipped file.
         name: the key or variable name (the file's name for a skipped file).
         reason: why it was not used, and what would use it.
+        kind: ``near miss`` (a name almost a setting's, another app's prefix: most likely a
+            mistake), ``skipped`` (a settings file name that is a folder), ``read as`` (a
+            value read after invisible characters were removed), ``shadowed`` (a spelling
+            the app's own one beat) or ``overridden`` (a value a higher source beat): the
+            first three are warnings, the last two the layering working as documented.
     """
 
     where: str
     name: str
     reason: str
+    kind: str = "near miss"
+
+    @property
+    def warns(self) -> bool:
+        """Whether this is most likely a mistake the user should hear about (a warning)."""
+        return self.kind in ("near miss", "skipped", "read as")
 
     def __str__(self) -> str:
         return f"{quote(self.name)} ({self.where}): {self.reason}"
 
     def to_dict(self) -> dict[str, str]:
-        return {"where": self.where, "name": self.name, "reason": self.reason}
+        return {"where": self.where, "name": self.name, "reason": self.reason, "kind": self.kind}
 
 
 @dataclass(frozen=True)
@@ -229,9 +242,15 @@ class _Collector:
         """Parse ``raw`` for ``option``; ``file``: the settings file it was read from, whose
         folder a relative path is read from."""
         if option.ascii_only and isinstance(raw, str) and not raw.isascii():
-            self.problems.append(f"{option.label} from {source.where}: {quote(raw)} holds non-ASCII characters "
-                                 f"({_non_ascii(raw)}), which can look like ASCII ones; valid values: {option.valid}")
-            return
+            if not normalise(raw).isascii():
+                alike = look_alikes(raw)
+                why = f" ({', '.join(f'{describe(c)} looks like {latin!r}' for c, latin in alike[:3])})" if alike else ""
+                self.problems.append(f"{option.label} from {source.where}: {quote(raw)} holds non-ASCII characters "
+                                     f"({_non_ascii(raw)}), which can look like ASCII ones{why}; valid values: {option.valid}")
+                return
+            # invisible characters, a no-break space, fullwidth letters: read as the word they show
+            self.unused.append(Unused(source.where, option.key, f"value {quote(raw)} read as {quote(normalise(raw))}: {dropped(raw)}",
+                                      kind="read as"))
         value_in, looked = raw, ""
         if option.is_path and isinstance(raw, str) and raw.strip() and not Path(raw.strip()).is_absolute():
             if file is not None:  # a path in a settings file is read from that file's folder
@@ -299,7 +318,7 @@ def _file_layer(paths: list[Path], col: _Collector) -> list[str]:
         for key, raw in table.items():
             option = option_for_key(key)
             if option is None:
-                col.problems.append(f"{where}: unknown key {quote(key)}{did_you_mean(key, known)}; valid keys: {', '.join(known)}")
+                col.problems.append(f"{where}: unknown key {quote(key)}{suggestion(key, known)}; valid keys: {', '.join(known)}")
                 continue
             col.offer(option, raw, Source("file", f"{where} key {key}"), file=path)
     return used
@@ -325,7 +344,7 @@ def _found(path: Path, col: _Collector) -> bool:
     if problem is None or not path.is_dir():
         return True
     venv = " (a virtual environment?)" if path.is_dir() and (path / "pyvenv.cfg").exists() else ""
-    col.unused.append(Unused(_name(path), path.name, f"{problem}{venv}: skipped, not read as a settings file"))
+    col.unused.append(Unused(_name(path), path.name, f"{problem}{venv}: skipped, not read as a settings file", kind="skipped"))
     return False
 
 
@@ -352,14 +371,15 @@ def _env_like(entries: Mapping[str, tuple[str | None, int]], app: str | None, co
                 col.offer(option, "" if raw is None else raw, Source(layer, where(name, line)), file=file)
                 used[option.key] = name
                 break
-    _not_used(entries, app, used, col, where=(lambda line: str(file) + f" line {line}") if file is not None else (lambda _: layer))
+    listed = _not_used(entries, app, used, col, where=(lambda line: str(file) + f" line {line}") if file is not None
+                       else (lambda _: layer))
     # A misspelt MIXPREC_ variable is almost always a mistake worth pointing out. Only
     # mixprec's own prefix is checked: an app's prefix also carries the app's settings.
     known = [n for o in OPTIONS for n in env_names(o, None)]
-    unknown = [name for name in entries
-               if name.startswith(f"{ENV_PREFIX}_") and name not in known and name not in _RESERVED_ENV]
+    unknown = [name for name in entries if name.startswith(f"{ENV_PREFIX}_") and name not in known
+               and name not in _RESERVED_ENV and name not in listed]
     for name in unknown[:MAX_LISTED]:
-        hint = did_you_mean(name, known) if len(name) <= MAX_QUOTED else ""
+        hint = suggestion(name, known) if len(name) <= MAX_QUOTED else ""
         col.warnings.append(f"unknown setting {_name(name)} from {layer}{hint}; ignored")
     if len(unknown) > MAX_LISTED:
         col.warnings.append(f"... and {len(unknown) - MAX_LISTED} more unknown {ENV_PREFIX}_* settings from {layer}; "
@@ -367,35 +387,64 @@ def _env_like(entries: Mapping[str, tuple[str | None, int]], app: str | None, co
 
 
 def _not_used(entries: Mapping[str, tuple[str | None, int]], app: str | None, used: dict[str, str], col: _Collector,
-              *, where: Any) -> None:
+              *, where: Any) -> set[str]:
     """Names that look like a setting and were not read, each with the reason: a spelling the
-    app's own one shadowed, lower or mixed case, or another app's prefix."""
+    app's own one shadowed; a near miss of a name that is read (case, a separator, look-alike
+    or invisible characters: :func:`mixprec.config.names.closest`); another app's prefix; a
+    setting's name without a prefix. Returns the names listed."""
     readable = {name: option for option in OPTIONS for name in env_names(option, app)}
     prefixes = ", ".join(f"{p}_*" for p in ([app] if app and app != ENV_PREFIX else []) + [ENV_PREFIX])
+    listed: set[str] = set()
     found = 0
     for name in entries:
         if name in used.values() or name in _RESERVED_ENV or len(name) > MAX_QUOTED:
             continue
-        upper = name.upper()
-        option = readable.get(upper)
-        if option is not None and name == upper:
-            reason = f"{used[option.key]} is read instead (the app's own spelling wins)"
-        elif option is not None or (upper.startswith(f"{ENV_PREFIX}_") and upper != name):
-            reason = (f"names are matched in upper case: write {upper}" if option is not None else
-                      f"names are matched in upper case, and {upper} is not a setting either")
-        else:
-            option = next((o for o in OPTIONS if upper.endswith("_" + o.env)), None)
-            prefix = upper[: -len(option.env) - 1] if option is not None else ""
-            if option is None or not re.fullmatch(r"[A-Z][A-Z0-9_]*", prefix) or prefix in (app, ENV_PREFIX):
-                continue
-            reason = (f"prefix {prefix}_ is not this app's (read: {prefixes}); pass --app {prefix} "
-                      f"(mixprec.init(app={prefix!r}))" + ("" if name == upper else f" and write the name as {upper}"))
+        item = _why_not_read(name, readable, used, app, prefixes)
+        if item is None:
+            continue
+        reason, kind = item
         found += 1
+        listed.add(name)
         if found <= MAX_LISTED:
-            col.unused.append(Unused(where(entries[name][1]), name, reason))
+            col.unused.append(Unused(where(entries[name][1]), name, reason, kind=kind))
     if found > MAX_LISTED:
         col.unused.append(Unused(where(0).rsplit(" line ", 1)[0], f"{found - MAX_LISTED} more names",
                                  "names like a setting's that were not read (see above)"))
+    return listed
+
+
+def _why_not_read(name: str, readable: dict[str, Option], used: dict[str, str], app: str | None,
+                  prefixes: str) -> tuple[str, str] | None:
+    """``(reason, kind)`` for an environment name that was not read and looks like a setting's; ``None`` otherwise."""
+    if name in readable:
+        return f"{used[readable[name].key]} is read instead (the app's own spelling wins)", "shadowed"
+    upper = name.upper()
+    near = closest(name, list(readable))
+    if near is not None and near[1]:
+        meant = near[0]
+        differ = differences(name, meant)
+        if differ == ["lower or mixed case"]:
+            return f"names are matched in upper case: write {meant}", "near miss"
+        return f"not read: it has {'; '.join(differ) or 'another spelling'}; write {meant}", "near miss"
+    shape = skeleton(name)
+    option = next((o for o in OPTIONS if shape.endswith("_" + o.env) or shape == o.env), None)
+    prefix = shape[: -len(option.env) - 1] if option is not None and shape != option.env else ""
+    if option is not None and not prefix and len(option.env) >= _BARE_NAME_MIN:
+        return (f"a setting's name without a prefix is not read (read: {prefixes}); write {env_names(option, app)[0]}",
+                "near miss")
+    if near is not None:  # a typo (MIXPRC_CONV_TF32) before another app's prefix (MYAPP_CONV_TF32)
+        return f"not a setting; did you mean {near[0]}?", "near miss"
+    if option is not None and re.fullmatch(r"[A-Z][A-Z0-9_]*", prefix) and prefix not in (app, ENV_PREFIX):
+        return (f"prefix {prefix}_ is not this app's (read: {prefixes}); pass --app {prefix} "
+                f"(mixprec.init(app={prefix!r}))" + ("" if name == shape else f" and write the name as {shape}")), "near miss"
+    if upper.startswith(f"{ENV_PREFIX}_") and upper != name:
+        return f"names are matched in upper case, and {upper} is not a setting either", "near miss"
+    return None
+
+
+#: A setting's bare name (without ``MIXPREC_``) this long is taken for one: ``CONV_TF32`` and the
+#: longer ones; ``PRESET`` and ``POLICY`` alone are too common to be mixprec's.
+_BARE_NAME_MIN = 9
 
 
 #: Environment variables mixprec reads elsewhere (not settings).
@@ -453,7 +502,7 @@ def resolve(
             option = option_for_key(key)
             if option is None:
                 known = [o.key for o in OPTIONS]
-                col.problems.append(f"unknown setting {quote(key)} ({layer}){did_you_mean(key, known)}; valid: {', '.join(known)}")
+                col.problems.append(f"unknown setting {quote(key)} ({layer}){suggestion(key, known)}; valid: {', '.join(known)}")
                 continue
             col.offer(option, raw, Source(layer, where(option)))
 

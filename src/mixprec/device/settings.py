@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mixprec._quote import quote
+from mixprec._words import describe, look_alikes, normalise
 
 __all__ = [
     "MATMUL_LEVELS",
@@ -20,6 +21,7 @@ __all__ = [
     "parse_matmul",
     "parse_bool",
     "did_you_mean",
+    "word",
 ]
 
 #: Valid values of ``torch.set_float32_matmul_precision``, most precise first.
@@ -29,13 +31,37 @@ _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 
 
-def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
-    """A " (did you mean 'x'?)" suffix for the closest of ``choices``, or ""."""
-    close = difflib.get_close_matches(str(word).lower(), [c.lower() for c in choices], n=1, cutoff=0.6)
+def did_you_mean(given: str, choices: list[str] | tuple[str, ...]) -> str:
+    """A " (did you mean 'x'?)" suffix for the closest of ``choices``, or "".
+
+    Compared as :func:`mixprec._words.normalise` reads words; a look-alike letter of another
+    script (a Cyrillic ``і``) is named with the Latin letter it resembles."""
+    folded = normalise(str(given))
+    close = difflib.get_close_matches(folded, [normalise(c) for c in choices], n=1, cutoff=0.6)
     if not close:
         return ""
-    original = next(c for c in choices if c.lower() == close[0])
-    return f" (did you mean '{original}'?)"
+    original = next(c for c in choices if normalise(c) == close[0])
+    alike = "".join(f"; {describe(c)} looks like {latin!r}" for c, latin in look_alikes(str(given))[:3])
+    return f" (did you mean '{original}'?{alike})"
+
+
+def word(value: Any, valid: tuple[str, ...] | list[str], what: str) -> str:
+    """``value`` read as one of ``valid`` (lower-case words): normalised as every source's words are
+    (:func:`mixprec._words.normalise`: invisible characters and surrounding whitespace of any kind
+    removed, NFKC, case-folded).
+
+    Raises:
+        ValueError: ``what`` (``"invalid value"``), the value, the look-alike characters it holds, and the valid values.
+    """
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, one of: {', '.join(valid)}; got {type(value).__name__} {quote(value)}")
+    folded = normalise(value)
+    if folded in valid:
+        return folded
+    alike = look_alikes(value)
+    why = (f": it holds {', '.join(f'{describe(c)}, which looks like {latin!r}' for c, latin in alike[:3])}"
+           if alike else did_you_mean(folded, valid))
+    raise ValueError(f"{what} {quote(value)}{why}; valid values: {', '.join(valid)}")
 
 
 def parse_matmul(value: Any) -> str:
@@ -44,12 +70,7 @@ def parse_matmul(value: Any) -> str:
     Raises:
         ValueError: for anything but ``highest``, ``high`` or ``medium``.
     """
-    if not isinstance(value, str):
-        raise ValueError(f"expected a string, one of: {', '.join(MATMUL_LEVELS)}; got {type(value).__name__} {quote(value)}")
-    level = value.strip().lower()
-    if level not in MATMUL_LEVELS:
-        raise ValueError(f"invalid value {quote(value)}{did_you_mean(level, MATMUL_LEVELS)}; valid values: {', '.join(MATMUL_LEVELS)}")
-    return level
+    return word(value, MATMUL_LEVELS, "invalid value")
 
 
 def parse_bool(value: Any) -> bool:
@@ -61,11 +82,17 @@ def parse_bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, str):
-        word = value.strip().lower()
-        if word in _TRUE:
+        folded = normalise(value)
+        if folded in _TRUE:
             return True
-        if word in _FALSE:
+        if folded in _FALSE:
             return False
+        alike = look_alikes(value)
+        if alike:
+            valid = "true/false (also 1/0, yes/no, on/off)"
+            raise ValueError(f"invalid value {quote(value)}: it holds "
+                             f"{', '.join(f'{describe(c)}, which looks like {latin!r}' for c, latin in alike[:3])}; "
+                             f"valid values: {valid}")
     valid = "true/false (also 1/0, yes/no, on/off)"
     raise ValueError(f"invalid value {quote(value)}; valid values: {valid}")
 
@@ -85,7 +112,8 @@ class NumericSettings:
         bf16_reduced_precision_reduction: the same for bf16.
 
     The defaults are torch's own defaults. Strings are accepted for every field and
-    parsed case-insensitively with surrounding whitespace ignored.
+    read as every source's words are: case-insensitively, with surrounding whitespace of
+    any kind and invisible characters ignored (:func:`mixprec._words.normalise`).
 
     Example:
         >>> NumericSettings(matmul=" HIGH ").matmul
