@@ -26,7 +26,7 @@ from mixprec.casting.follow import WeightChanges, replaced_by_app
 from mixprec.casting.fp8 import FP8_DTYPES, Fp8Plan
 from mixprec.casting.hooks import own_tensors
 from mixprec.casting.install import install_pins, install_wrappers
-from mixprec.casting.kinds import fits_file, stored_bytes
+from mixprec.casting.kinds import fits_file, set_data, stored_bytes
 from mixprec.casting.targets import DTYPES, ApplyError, components_of, refuse_meta, refuse_unsupported, weight_bytes
 from mixprec.policy import ModulePlan, Policy, PolicyError, resolve_modules
 from mixprec.policy.select import UnmatchedRule, UnmatchedRuleWarning, summarise_unmatched, unmatched_rules
@@ -156,7 +156,7 @@ class Applied:
             # (values, device) kept in memory, or the device of values kept on disk
             original, device = saved if isinstance(saved, tuple) else (loaded[str(key)], saved)
             original = self._followed.get(key, original).to(device)
-            tensor.data = original
+            set_data(tensor, original)  # an inference tensor stays one, and no other becomes one
             if key in self._grads:
                 if tensor.grad is not None:
                     dropped.append(self._locations.get(key, [(None, "?")])[0])
@@ -169,7 +169,7 @@ class Applied:
                         if replaced_by_app(current, tensor):
                             replaced.append(f"{type(module).__name__}.{slot[2:]}")  # the app's own object now
                         else:
-                            current.data = original
+                            set_data(current, original)
                     else:
                         table[slot[2:]] = tensor
         if self._fp8 is not None:
@@ -419,10 +419,10 @@ def _materialize(applied: Applied) -> None:
             save_file({str(k): t.data.detach().to("cpu").contiguous() for k, t in on_disk.items()},
                       str(Path(applied._disk.name) / "originals.safetensors"))
         # A .grad of the full-precision weight does not fit its 16-bit self: set aside, put back at revert.
-        applied._grads = {key: t.grad for key, (t, _) in new_data.items()}
+        applied._grads = {key: t.grad for key, (t, _) in new_data.items() if t.is_leaf}
     applied._original_dtypes = {key: t.dtype for key, (t, _) in new_data.items()}
     for tid, (t, data) in new_data.items():
-        t.data = data
+        set_data(t, data)
         if keep_original != "none":
             t.grad = None
     applied._fp8 = fp8.register(new_data)

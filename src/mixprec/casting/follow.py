@@ -44,10 +44,6 @@ def replaced_by_app(current: torch.Tensor, tracked: torch.Tensor) -> bool:
     return current is not tracked and not torch.__future__.get_overwrite_module_params_on_conversion()
 
 
-def _version(t: torch.Tensor) -> int | None:
-    return None if t.is_inference() else t._version
-
-
 def _digest(t: torch.Tensor) -> tuple[torch.dtype, torch.device, bytes]:
     return t.dtype, t.device, digest(t)
 
@@ -76,11 +72,17 @@ class WeightChanges:
         self.originals = originals
         self.locations = locations
         self.follow = follow
-        self.versions = {key: _version(t) for key, t in originals.items()}
+        # Inference tensors (made under torch.inference_mode) have no version counter, whatever
+        # data the app puts in them later: only the sample below sees their writes.
+        self.uncounted = {key for key, t in originals.items() if t.is_inference()}
+        self.versions = {key: self._version(key, t) for key, t in originals.items()}
         # What each cast parameter held, for writes through .data (which move no version counter).
         self.digests = {key: _digest(t) for key, t in originals.items()
                         if any(slot.startswith("p:") for _, slot in locations.get(key, ()))}
         self._loading: dict[int, tuple[torch.Tensor, int | None]] = {}
+
+    def _version(self, key: int, t: torch.Tensor) -> int | None:
+        return None if key in self.uncounted else t._version
 
     def install(self, components: dict[str, nn.Module]) -> list[Any]:
         """Load hooks on every module of the components; returns their handles."""
@@ -113,7 +115,7 @@ class WeightChanges:
                 name = prefix + slot[2:]
                 if name in state_dict and isinstance(state_dict[name], torch.Tensor):
                     tensor = self.originals[key]
-                    self._loading[key] = (state_dict[name], _version(tensor))
+                    self._loading[key] = (state_dict[name], self._version(key, tensor))
         return hook
 
     def _post_hook(self, own: list[tuple[str, int]]):
@@ -126,11 +128,11 @@ class WeightChanges:
                 table = module._parameters if slot.startswith("p:") else module._buffers
                 if table.get(slot[2:]) is not tensor:
                     continue
-                after = _version(tensor)
+                after = self._version(key, tensor)
                 if before is not None and after == before:
                     continue  # not copied (a shape mismatch, reported by torch)
                 self.follow(key, loaded.detach())
-                self.versions[key] = _version(tensor)  # following may store it anew (fp8 with a new scale)
+                self.versions[key] = self._version(key, tensor)  # following may store it anew (fp8 with a new scale)
                 if key in self.digests:
                     self.digests[key] = _digest(tensor)
         return hook
@@ -145,7 +147,7 @@ class WeightChanges:
             where = self.locations.get(key, ())
             if not any(slot.startswith("p:") for _, slot in where):
                 continue  # buffers (running statistics) are the model's own business, put back as they were
-            now = _version(tensor)
+            now = self._version(key, tensor)
             if (now is None or now == self.versions.get(key)) and not _written(tensor, self.digests.get(key)):
                 continue
             self.follow(key, stored_value(tensor).to(original_dtypes[key]))

@@ -6,15 +6,26 @@ handled by one decision:
 
 | kind | apply | revert | bytes counted | sampled for fingerprints |
 |---|---|---|---|---|
-| floating, dense | cast to the module's storage dtype | put back bit-exactly | elements x size | evenly spaced values |
+| floating, dense (any strides: transposed, expanded, views sharing storage; conj/neg bits; float64; fp8) | cast to the module's storage dtype | put back bit-exactly (the same view of the same storage) | elements x size | evenly spaced values |
 | floating, sparse (COO, CSR, CSC, BSR, BSC) | values cast, layout and indices kept | the original object (layout, indices, values) | indices + values | indices and values |
-| floating subclass (``__torch_function__``, nested, ``nn.Parameter`` subclasses) | cast; the object and its type are kept | put back in the same object | as dense | its values as a plain tensor |
-| wrapper subclass (``__torch_dispatch__``) | as floating (its own ``.to``) | put back | its inner tensors | its inner tensors |
+| floating subclass (``__torch_function__``, ``nn.Parameter`` subclasses) | cast; the object and its type are kept | put back in the same object | as dense | its values as a plain tensor |
+| wrapper subclass (``__torch_dispatch__``: jagged nested tensors, DTensor, forward-AD duals) | as floating (its own ``.to``) | put back | its inner tensors | its inner tensors |
+| nested (strided layout) | as floating | put back | its components | its components |
+| inference tensor (made under ``torch.inference_mode``: no version counter) | cast; stays an inference tensor | put back | as its kind | as its kind; writes are found by the sample |
 | complex | left: torch has almost no ``complex32`` kernels | nothing to put back | elements x size | real and imaginary parts |
 | integer, bool | never cast (indices, masks, counters) | nothing to put back | elements x size | values |
-| quantized | left: already stored in 8 bits with its own scales | nothing to put back | elements x size | dequantized values |
-| meta | a floating one the policy would cast is refused (no values); others left | nothing to put back | 0 (no storage) | shape and dtype only |
+| quantized (per tensor, per channel) | left: already stored in 8 bits with its own scales | nothing to put back | elements x size | dequantized values |
+| meta, fake (``FakeTensorMode``) | a floating one the policy would cast is refused (no values); others left | nothing to put back | 0 (no storage) | shape and dtype only |
+| mkldnn layout | a floating one the policy would cast is refused (torch cannot change it in place); others left | nothing to put back | elements x size | its values, as dense |
+| functorch-wrapped (escaped from ``vmap``/``grad``) | refused, whatever the policy | — | — | — |
 | lazy (``UninitializedParameter``) | refused: run one forward first | — | — | — |
+
+Hooks on a tensor (``register_hook``, ``register_post_accumulate_grad_hook``), ``requires_grad``
+non-leaf buffers and tensors on a GPU are kinds of the table above: apply keeps the object, so
+they stay. Apply itself is refused inside a ``torch.func`` transform and under torch's fake,
+functional and tracing dispatch modes (:func:`refusal_of_context`); under ``inference_mode``,
+``no_grad``, autocast and an app's own dispatch modes it works, and no tensor of the model
+becomes an inference tensor (or stops being one).
 """
 
 from __future__ import annotations
@@ -25,8 +36,8 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-__all__ = ["KINDS", "kind", "castable", "stored_bytes", "stored_elements", "sample", "digest", "is_lazy", "copy_module",
-           "copy_tensor", "deepcopy_refused", "fits_file"]
+__all__ = ["KINDS", "kind", "castable", "refusal", "unusable", "refusal_of_context", "set_data", "stored_bytes",
+           "stored_elements", "sample", "digest", "is_lazy", "copy_module", "copy_tensor", "deepcopy_refused", "fits_file"]
 
 #: Every kind :func:`kind` names.
 KINDS = ("floating", "sparse", "complex", "integer", "quantized", "meta")
@@ -46,9 +57,65 @@ def _wrapper(t: torch.Tensor) -> bool:
     return is_traceable_wrapper_subclass(t)
 
 
+def _no_values(t: torch.Tensor) -> bool:
+    """A meta tensor, or a fake one (``FakeTensorMode``, also inside a wrapper subclass): shape and dtype only."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return t.is_meta or is_fake(t)
+
+
+def _nested(t: torch.Tensor) -> bool:
+    """A nested tensor of the strided layout (the jagged one is a wrapper subclass)."""
+    return t.is_nested and not _wrapper(t)
+
+
+def unusable(t: torch.Tensor) -> str | None:
+    """Why no mixprec step can read ``t`` at all, whatever the policy, or ``None``."""
+    if torch._C._functorch.is_functorch_wrapped_tensor(t):
+        return ("a torch.func (functorch) wrapped tensor, made inside vmap/grad/functionalize and kept after it ended: "
+                "torch refuses to read or write its data outside the transform. Store a plain tensor instead "
+                "(compute it outside the transform, or torch.func's outputs)")
+    return None
+
+
+def refusal(t: torch.Tensor) -> str | None:
+    """Why apply cannot cast ``t`` to another dtype in place, or ``None`` where it can."""
+    if _no_values(t):
+        return "on the meta device" if t.is_meta else "a fake tensor (FakeTensorMode)"
+    if t.layout == torch._mkldnn:
+        return "of the mkldnn layout, which torch cannot convert to another dtype in place"
+    return unusable(t)
+
+
+def refusal_of_context() -> str | None:
+    """Why apply cannot run where it is called (inside a ``torch.func`` transform, under torch's
+    fake, functional or tracing dispatch mode), or ``None``."""
+    interpreter = torch._C._functorch.peek_interpreter_stack()
+    if interpreter is not None:
+        return (f"inside a torch.func transform ({interpreter.key().name}: vmap, grad, jvp, functionalize, ...), where torch "
+                "forbids writing a tensor's .data")
+    for name, key in torch._C._TorchDispatchModeKey.__members__.items():
+        if torch._C._get_dispatch_mode(key) is not None:
+            return (f"under torch's {name.lower()} dispatch mode ({type(torch._C._get_dispatch_mode(key)).__name__}), where "
+                    "tensor operations make no real values")
+    return None
+
+
+def set_data(t: torch.Tensor, data: torch.Tensor) -> None:
+    """``t.data = data``, keeping ``t`` an inference tensor exactly when it was one.
+
+    An inference tensor has no version counter (and a normal one made under ``inference_mode``
+    would lose its own): where ``data`` was made in the other mode, it is copied in ``t``'s.
+    """
+    if data.is_inference() != t.is_inference():
+        with torch.inference_mode(t.is_inference()):
+            data = data.clone()
+    t.data = data
+
+
 def kind(t: torch.Tensor) -> str:
-    """One of :data:`KINDS` (a subclass is the kind of the values it holds)."""
-    if t.is_meta:
+    """One of :data:`KINDS` (a subclass is the kind of the values it holds; a fake tensor is ``meta``)."""
+    if _no_values(t):
         return "meta"
     if t.is_quantized:
         return "quantized"
@@ -56,7 +123,7 @@ def kind(t: torch.Tensor) -> str:
         return "complex"
     if not t.is_floating_point():
         return "integer"
-    return "floating" if t.layout == torch.strided else "sparse"
+    return "floating" if t.layout in (torch.strided, torch.jagged, torch._mkldnn) else "sparse"
 
 
 def castable(t: torch.Tensor) -> bool:
@@ -65,17 +132,25 @@ def castable(t: torch.Tensor) -> bool:
 
 
 def _parts(t: torch.Tensor) -> Iterator[torch.Tensor]:
-    """The plain strided tensors that hold ``t``'s data (none for a meta tensor)."""
-    if t.is_meta:
+    """The plain strided tensors that hold ``t``'s data (none for a meta or fake tensor)."""
+    if _no_values(t):
         return
     if _wrapper(t):
         names, _ = t.__tensor_flatten__()
         for name in names:
-            yield from _parts(getattr(t, name))
+            inner = getattr(t, name)
+            if isinstance(inner, torch.Tensor):  # a DTensor also names its device mesh
+                yield from _parts(inner)
         return
-    if type(t) not in (torch.Tensor, nn.Parameter):
+    if _nested(t):
+        for component in t.data.unbind():
+            yield from _parts(component)
+        return
+    # .data, not .detach(): a fresh version counter (a parameter made under inference_mode has none,
+    # whatever data the app puts in it later, and torch then refuses any view of it)
+    t = t.data
+    if type(t) is not torch.Tensor:
         t = t.as_subclass(torch.Tensor)  # a __torch_function__ subclass: its own storage, read as plain
-    t = t.detach()
     if t.layout == torch.sparse_coo:
         yield t._indices()
         yield t._values()
@@ -85,6 +160,8 @@ def _parts(t: torch.Tensor) -> Iterator[torch.Tensor]:
         yield t.values()
     elif t.is_quantized:
         yield t.int_repr()
+    elif t.layout == torch._mkldnn:
+        yield t.to_dense()
     else:
         yield t
 
@@ -96,7 +173,9 @@ def stored_bytes(t: torch.Tensor) -> int:
 
 def stored_elements(t: torch.Tensor) -> int:
     """Values ``t`` stores (a sparse tensor's non-zeros; a meta tensor's shape): for shares of the weights."""
-    if t.is_meta or t.layout == torch.strided or _wrapper(t):
+    if _nested(t):
+        return sum(p.numel() for p in _parts(t))
+    if t.is_meta or t.layout in (torch.strided, torch._mkldnn) or _wrapper(t):
         return t.numel()
     return (t._values() if t.layout == torch.sparse_coo else t.values()).numel()
 
@@ -105,16 +184,17 @@ def sample(t: torch.Tensor, n: int = 64) -> torch.Tensor:
     """Up to ``n`` evenly spaced values of each part of ``t``, as float64 on the CPU.
 
     Bit-exact for 16- and 32-bit floats; a complex tensor gives its real and imaginary
-    parts, a quantized one its dequantized values; a meta tensor gives none.
+    parts, a quantized one its dequantized values; a meta or fake tensor gives none.
     """
-    if t.is_meta:
+    if _no_values(t):
         return torch.zeros(0, dtype=torch.float64)
     if t.is_quantized and not _wrapper(t):
-        parts: list[torch.Tensor] = [t.detach().dequantize()]
+        parts: list[torch.Tensor] = [t.data.dequantize()]
     else:
         parts = list(_parts(t))
     out = []
     for part in parts:
+        part = part.resolve_conj().resolve_neg()
         if part.is_complex():
             part = torch.view_as_real(part)
         flat = part.reshape(-1)
@@ -126,18 +206,22 @@ def sample(t: torch.Tensor, n: int = 64) -> torch.Tensor:
 
 def digest(t: torch.Tensor, n: int = 4096) -> bytes:
     """A cheap fingerprint of ``t``'s values: its dtype, device, shape and :func:`sample` of ``n``."""
-    return repr((t.dtype, t.device, tuple(t.shape))).encode() + sample(t, n).numpy().tobytes()
+    shape = tuple(tuple(p.shape) for p in _parts(t)) if _nested(t) else tuple(t.shape)
+    return repr((t.dtype, t.device, shape)).encode() + sample(t, n).numpy().tobytes()
 
 
 def fits_file(t: torch.Tensor) -> bool:
     """Whether ``t``'s values can go to a safetensors file as they are (dense, plain storage)."""
-    return t.layout == torch.strided and not t.is_meta and not t.is_quantized and not _wrapper(t)
+    return t.layout == torch.strided and not _no_values(t) and not t.is_quantized and not _wrapper(t) and not t.is_nested
 
 
 def deepcopy_refused(t: torch.Tensor) -> bool:
     """Whether torch's own ``copy.deepcopy`` refuses ``t``: a sparse parameter (it clones with
     ``preserve_format``), a compressed sparse tensor (it reads the storage) or a ``__torch_function__``
-    subclass that is not an ``nn.Parameter`` subclass (its ``new_empty`` is not of its type)."""
+    subclass that is not an ``nn.Parameter`` subclass (its ``new_empty`` is not of its type); a
+    non-leaf tensor (a buffer computed with ``requires_grad``), a nested or a zero tensor."""
+    if t.grad_fn is not None or _nested(t) or t._is_zerotensor():
+        return True
     if t.layout != torch.strided:
         return isinstance(t, nn.Parameter) or t.layout != torch.sparse_coo
     return type(t) is not torch.Tensor and not issubclass(type(t), nn.Parameter) and not _wrapper(t)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from mixprec.casting.fp8 import FP8_DTYPES, scale_bytes
-from mixprec.casting.kinds import is_lazy, stored_bytes
+from mixprec.casting.kinds import is_lazy, refusal, refusal_of_context, stored_bytes, unusable
 
 __all__ = ["ApplyError", "DTYPES", "components_of", "refuse_meta", "refuse_unsupported", "weight_bytes"]
 
@@ -54,17 +54,28 @@ def refuse_unsupported(comps: Mapping[str, nn.Module]) -> None:
     """Refuse, before anything changes, components whose weights a policy cannot cast.
 
     Raises:
-        ApplyError: for a TorchScript module (``torch.jit.script``/``trace``: no Python
-            forward to wrap, its tensors are the compiled graph's), or a lazy module's
-            parameter that has no shape yet (``nn.LazyLinear`` before its first forward).
+        ApplyError: when called inside a ``torch.func`` transform or under torch's fake,
+            functional or tracing dispatch mode; for a TorchScript module (``torch.jit.script``/
+            ``trace``: no Python forward to wrap, its tensors are the compiled graph's), a lazy
+            module's parameter that has no shape yet (``nn.LazyLinear`` before its first
+            forward), or a tensor no step can read (:func:`~mixprec.casting.kinds.unusable`).
     """
+    context = refusal_of_context()
+    if context is not None:
+        raise ApplyError(f"mixprec.apply was called {context}; nothing was changed. Apply the policy outside it, "
+                         "before the transform or mode is entered (the applied model then runs inside it)")
     for cname, root in comps.items():
         label = repr(cname) if cname else "(root)"
-        lazy = [name for name, t in [*root.named_parameters(), *root.named_buffers()] if is_lazy(t)]
+        named = [*root.named_parameters(), *root.named_buffers()]
+        lazy = [name for name, t in named if is_lazy(t)]
         if lazy:
             raise ApplyError(f"component {label} has {len(lazy)} uninitialised lazy parameter(s) or buffer(s) (first: "
                              f"{lazy[0]!r}, of a lazy module such as nn.LazyLinear): they have no shape or values to cast "
                              "yet; nothing was changed. Run one forward of the model first (it initialises them), then apply")
+        for name, t in named:
+            why = unusable(t)
+            if why is not None:
+                raise ApplyError(f"component {label}: tensor {name!r} is {why}; nothing was changed")
         scripted = next((name for name, m in root.named_modules() if isinstance(m, torch.jit.ScriptModule)), None)
         if scripted is not None:
             where = f" (submodule {scripted!r})" if scripted else ""
@@ -73,18 +84,36 @@ def refuse_unsupported(comps: Mapping[str, nn.Module]) -> None:
                              "torch.jit.script / torch.jit.trace")
 
 
+#: What each reason :func:`~mixprec.casting.kinds.refusal` gives means for a cast, and what to do about it.
+_REMEDIES = {
+    "on the meta device": ("they hold no values", "Load the weights first (for example model.to_empty(device='cpu') then "
+                           "model.load_state_dict(...), or load without device_map='meta' / init_empty_weights), then apply"),
+    "a fake tensor (FakeTensorMode)": ("they hold no values", "Apply the policy to the model with real weights, before "
+                                       "FakeTensorMode converts it"),
+}
+_OTHERWISE = ("they cannot be cast", "Convert them to plain dense tensors first (an mkldnn tensor: t.to_dense()), or keep "
+              "their modules in fp32 with a rule such as Rule('<module name>', storage='fp32')")
+
+
 def refuse_meta(cast: list[tuple[str, torch.Tensor]]) -> None:
-    """Refuse ``(qualified name, tensor)`` pairs a policy would cast that live on the meta device.
+    """Refuse ``(qualified name, tensor)`` pairs a policy would cast that cannot be cast in place:
+    meta and fake tensors (no values), mkldnn tensors, functorch-wrapped ones
+    (:func:`~mixprec.casting.kinds.refusal`).
 
     Raises:
-        ApplyError: naming the first one; they hold no values to cast or to keep.
+        ApplyError: naming the first tensor of the first kind found, the kind and what to do.
     """
-    meta = [name for name, t in cast if t.is_meta]
-    if meta:
-        raise ApplyError(f"{len(meta)} tensor(s) the policy would cast are on the meta device (first: {meta[0]!r}) and "
-                         "hold no values; nothing was changed. Load the weights first (for example "
-                         "model.to_empty(device='cpu') then model.load_state_dict(...), or load without "
-                         "device_map='meta' / init_empty_weights), then apply")
+    refused = [(name, why) for name, t in cast if (why := refusal(t)) is not None]
+    if not refused:
+        return
+    why = refused[0][1]
+    names = [name for name, reason in refused if reason == why]
+    what, remedy = _REMEDIES.get(why, _OTHERWISE)
+    if why == "on the meta device":
+        raise ApplyError(f"{len(names)} tensor(s) the policy would cast are on the meta device (first: {names[0]!r}) and "
+                         f"hold no values; nothing was changed. {remedy}")
+    raise ApplyError(f"{len(names)} tensor(s) the policy would cast are {why} (first: {names[0]!r}): {what}; nothing was "
+                     f"changed. {remedy}")
 
 
 def weight_bytes(target: Any) -> int:

@@ -1,0 +1,425 @@
+"""Every kind of tensor and every tensor mode torch has, through ``apply`` + a run + ``revert``:
+each works (cast or left, put back bit-exactly) or is refused up front with an ``ApplyError``
+naming it, and nothing changed (the table in :mod:`mixprec.casting.kinds`)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Callable
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+
+import mixprec
+from mixprec.casting.kinds import digest, kind, sample, stored_bytes
+from mixprec.casting.targets import DTYPES
+from mixprec.device.hardware import DtypeSpeed, Hardware, classify
+
+X = torch.randn(3, 8, generator=torch.Generator().manual_seed(5))
+
+
+def _hw() -> Hardware:
+    speeds = {"fp32": 1.0, "tf32": 1.0, "bf16": 2.8, "fp16": 1 / 140}
+    dtypes = {name: DtypeSpeed(name, True, 100 * r, r, "fast" if name == "fp32" else classify(r, name != "tf32"))
+              for name, r in speeds.items()}
+    return Hardware("cpu", "test cpu", None, 2**34, (), 2, torch.__version__, dtypes)
+
+
+POLICIES = {"fast": lambda: mixprec.preset("fast", hardware=_hw()),
+            "bf16": lambda: mixprec.Policy(rules=(mixprec.Rule("*", storage="bf16"),)),
+            "fp8": lambda: mixprec.Policy(rules=(mixprec.Rule("*", storage="fp8"),))}
+
+
+@pytest.fixture(autouse=True)
+def _quiet_torch_notes():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*(Sparse|sparse|quantiz|nested|Nested|mkldnn).*")
+        yield
+
+
+def _parts(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors holding ``t``'s values, for bit-exact comparison (independent of mixprec)."""
+    t = t.detach()
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        return [p for n in names if isinstance(getattr(t, n), torch.Tensor) for p in _parts(getattr(t, n))]
+    if type(t) is not torch.Tensor:
+        t = t.as_subclass(torch.Tensor)
+    if t.is_nested:
+        return [p for u in t.unbind() for p in _parts(u)]
+    if t.layout == torch._mkldnn:
+        return [t.to_dense()]
+    if t.is_quantized:
+        return [t.int_repr()]
+    if t.layout != torch.strided:  # the compressed sparse layouts
+        return [t.to_dense()]
+    t = t.resolve_conj().resolve_neg()
+    return [torch.view_as_real(t) if t.is_complex() else t]
+
+
+def _state(model: nn.Module) -> dict[str, tuple]:
+    """Every tensor: its object, type, layout, dtype, storage, strides, inference-ness, grad_fn and values."""
+    out = {}
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        plain = not (t.is_nested or t.layout != torch.strided or is_traceable_wrapper_subclass(t) or t.is_quantized
+                     or t._is_zerotensor())
+        where = (t.untyped_storage().data_ptr(), t.storage_offset(), t.stride()) if plain else None
+        out[name] = (id(t), type(t), t.layout, t.dtype, t.requires_grad, t.is_inference(), type(t.grad_fn), where,
+                     [p.clone() for p in _parts(t)])
+    return out
+
+
+def _changed(before: dict[str, tuple], model: nn.Module) -> list[str]:
+    after = _state(model)
+    return sorted(n for n in before.keys() | after.keys() if n not in before or n not in after
+                  or before[n][:8] != after[n][:8] or len(before[n][8]) != len(after[n][8])
+                  or not all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(before[n][8], after[n][8])))
+
+
+class Holder(nn.Module):
+    """Two linear layers (the second one's weight is stored in fp8 under an fp8 policy: the first
+    weight of a component stays out) and one more tensor of the kind under test, which forward reads."""
+
+    def __init__(self, make: Callable[[Holder], None]):
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            self.inp = nn.Linear(8, 8)
+            self.lin = nn.Linear(8, 8)
+        make(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(self.inp(x))
+        for name, t in [*self.named_parameters(), *self.named_buffers()]:
+            if not name.startswith(("lin.", "inp.")):
+                values = torch.cat([p.reshape(-1).float() for p in _parts(t)])
+                y = y + values.sum().to(y.dtype) * 1e-3
+        return y
+
+
+def _buffer(name: str, make: Callable[[], torch.Tensor]) -> Callable[[Holder], None]:
+    return lambda m: m.register_buffer(name, make())
+
+
+def _param(name: str, make: Callable[[], torch.Tensor]) -> Callable[[Holder], None]:
+    return lambda m: setattr(m, name, nn.Parameter(make(), requires_grad=make().is_floating_point()))
+
+
+def _inference_model(m: Holder) -> None:
+    with torch.inference_mode():
+        m.lin = nn.Linear(8, 8)
+
+
+def _aliased(m: Holder) -> None:
+    base = torch.randn(16)
+    m.first = nn.Parameter(base[:8])
+    m.register_buffer("overlap", base[4:12])  # shares storage with the parameter
+
+
+def _non_leaf(m: Holder) -> None:
+    m.register_buffer("derived", torch.randn(8, requires_grad=True) * 2)
+
+
+def _hooked(m: Holder) -> None:
+    m.lin.weight.register_hook(lambda g: g * 1)
+    m.lin.weight.register_post_accumulate_grad_hook(lambda p: None)
+
+
+def _dual(m: Holder) -> None:
+    import torch.autograd.forward_ad as fwad
+
+    m.register_buffer("dual", fwad.make_dual(torch.randn(8), torch.ones(8)))
+
+
+def _two_tensor() -> torch.Tensor:
+    two = pytest.importorskip("torch.testing._internal.two_tensor")
+    return two.TwoTensor(torch.randn(8, 8), torch.randn(8, 8))
+
+
+def _nested_jagged() -> torch.Tensor:
+    return torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)], layout=torch.jagged)
+
+
+#: Kinds apply works on: name -> how the holder gets one.
+WORKS = {
+    "inference tensors": _inference_model,
+    "neg bit": _param("negated", lambda: torch.randn(8, 8, dtype=torch.complex64).conj().imag),
+    "conj bit (complex)": _buffer("conjugated", lambda: torch.randn(8, dtype=torch.complex64).conj()),
+    "transposed view": _param("transposed", lambda: torch.randn(8, 16).t()),
+    "expanded view": _param("expanded", lambda: torch.randn(8, 1).expand(8, 8)),
+    "views sharing storage": _aliased,
+    "requires_grad non-leaf buffer": _non_leaf,
+    "sparse CSC": _buffer("csc", lambda: torch.eye(8).to_sparse_csc()),
+    "sparse BSR": _buffer("bsr", lambda: torch.eye(8).to_sparse_bsr((2, 2))),
+    "nested, strided": _buffer("nested", lambda: torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)])),
+    "nested, jagged": _buffer("jagged", _nested_jagged),
+    "quantized per channel": _buffer("qc", lambda: torch.quantize_per_channel(
+        torch.randn(4, 8), torch.full((4,), 0.1), torch.zeros(4, dtype=torch.long), 0, torch.qint8)),
+    "float64": lambda m: m.register_buffer("wide", torch.randn(8, dtype=torch.float64)),
+    "fp8 already": _buffer("f8", lambda: torch.randn(8).to(torch.float8_e4m3fn)),
+    "zero tensor": _buffer("zero", lambda: torch._efficientzerotensor(8)),
+    "__torch_dispatch__ wrapper": _buffer("two", _two_tensor),
+    "__torch_dispatch__ wrapper parameter": lambda m: setattr(m, "two", nn.Parameter(_two_tensor())),
+    "forward-AD dual": _dual,
+    "tensor hooks": _hooked,
+}
+
+
+def _cast_ok(model: Holder, policy: mixprec.Policy, applied: mixprec.Applied) -> None:
+    storage = {p.qualname: DTYPES[p.storage] for p in applied.plans}
+    if policy.rules and policy.rules[0].storage == "fp8":
+        assert model.lin.weight.dtype == torch.float8_e4m3fn
+    else:
+        assert model.lin.weight.dtype == storage["lin"]
+
+
+class TestKindsThatWork:
+    @pytest.mark.parametrize("policy", sorted(POLICIES))
+    @pytest.mark.parametrize("case", sorted(WORKS))
+    def test_apply_runs_and_reverts_bit_exactly(self, case, policy):
+        import torch.autograd.forward_ad as fwad
+
+        with fwad.dual_level():
+            model = Holder(WORKS[case])
+            before = _state(model)
+            with torch.no_grad():
+                reference = model(X)
+            pol = POLICIES[policy]()
+            with mixprec.apply(model, pol) as applied, torch.no_grad():
+                _cast_ok(model, pol, applied)
+                for name, t in [*model.named_parameters(), *model.named_buffers()]:
+                    assert t.is_inference() == before[name][5], name  # an inference tensor stays one, no other becomes one
+                assert torch.isfinite(model(X).float()).all()
+            assert _changed(before, model) == []
+            with torch.no_grad():
+                assert torch.equal(model(X), reference)
+
+    def test_inference_tensors_written_through_data_are_followed(self):
+        """An inference tensor has no version counter: a write through .data is found by the sample."""
+        model = Holder(_inference_model)
+        new = torch.randn(8, 8)
+        with pytest.warns(UserWarning, match="changed in place"):
+            with mixprec.apply(model, POLICIES["bf16"]()):
+                model.lin.weight.data = new.to(torch.bfloat16)
+        # the app's values, upcast (read through .data: the app left a normal tensor in a parameter without a counter)
+        assert model.lin.weight.dtype == torch.float32 and torch.equal(model.lin.weight.data, new.to(torch.bfloat16).float())
+
+    def test_hooks_fire_under_the_policy_and_after_revert(self):
+        model = Holder(lambda m: None)
+        seen: list[torch.dtype] = []
+        model.lin.weight.register_hook(lambda g: seen.append(g.dtype))
+        model.lin.weight.register_post_accumulate_grad_hook(lambda p: seen.append(p.dtype))
+        with pytest.warns(UserWarning, match="revert dropped the gradients"):
+            with mixprec.apply(model, POLICIES["bf16"]()):
+                model(X).float().sum().backward()
+        assert seen == [torch.bfloat16, torch.bfloat16]
+        model(X).sum().backward()
+        assert seen[2:] == [torch.float32, torch.float32] and model.lin.weight.grad.dtype == torch.float32
+
+    @pytest.mark.parametrize("policy", sorted(POLICIES))
+    def test_dtensor_on_a_one_process_cpu_group(self, policy):
+        dist = pytest.importorskip("torch.distributed")
+        if not dist.is_available() or not dist.is_gloo_available():
+            pytest.skip("this torch has no gloo backend: a DTensor needs a device mesh, which needs a process group")
+        if dist.is_initialized():
+            pytest.skip("a process group is already initialised in this process")
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+        dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+        try:
+            mesh = init_device_mesh("cpu", (1,))
+            model = Holder(lambda m: None)
+            model.lin.weight = nn.Parameter(distribute_tensor(model.lin.weight.detach(), mesh, [Shard(0)]))
+            model.lin.bias = nn.Parameter(distribute_tensor(model.lin.bias.detach(), mesh, [Replicate()]))
+            before = _state(model)
+            with mixprec.apply(model, POLICIES[policy]()):
+                assert model.lin.weight.dtype != torch.float32 and type(model.lin.weight).__name__ == "DTensor"
+                model.lin(distribute_tensor(X.to(torch.bfloat16), mesh, [Replicate()]))
+            assert _changed(before, model) == []
+        finally:
+            dist.destroy_process_group()
+
+    @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+    @pytest.mark.parametrize("policy", sorted(POLICIES))
+    def test_a_model_on_the_gpu(self, policy):
+        model = Holder(lambda m: m.register_buffer("wide", torch.randn(8, dtype=torch.float64))).cuda()
+        before = _state(model)
+        with mixprec.apply(model, POLICIES[policy]()):
+            assert torch.isfinite(model(X.cuda()).float()).all()
+        assert _changed(before, model) == []
+
+
+def _mkldnn_param(m: Holder) -> None:
+    m.packed = nn.Parameter(torch.randn(8, 8).to_mkldnn())
+
+
+def _fake(m: Holder) -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        m.register_buffer("traced", torch.randn(8))
+
+
+def _escaped(transform: str) -> Callable[[Holder], None]:
+    def make(m: Holder) -> None:
+        kept = {}
+
+        def body(x):
+            kept["t"] = x * 1
+            return x.sum() if transform == "grad" else x
+
+        getattr(torch.func, transform)(body)(torch.randn(2, 8))
+        m.register_buffer("escaped", kept["t"])
+    return make
+
+
+#: Kinds apply refuses: name -> (how the holder gets one, the tensor's name, words naming its kind).
+REFUSED = {
+    "mkldnn buffer": (_buffer("packed", lambda: torch.randn(8, 8).to_mkldnn()), "packed", "mkldnn layout"),
+    "mkldnn parameter": (_mkldnn_param, "packed", "mkldnn layout"),
+    "fake tensor": (_fake, "traced", "fake tensor"),
+    "escaped from grad": (_escaped("grad"), "escaped", "functorch"),
+    "escaped from vmap": (_escaped("vmap"), "escaped", "functorch"),
+}
+
+
+class TestKindsRefused:
+    @pytest.mark.parametrize("policy", sorted(POLICIES))
+    @pytest.mark.parametrize("case", sorted(REFUSED))
+    def test_refused_up_front_naming_tensor_and_kind_and_nothing_changes(self, case, policy):
+        make, name, words = REFUSED[case]
+        model = Holder(make)
+        lin = {n: (id(t), t.dtype, t.clone()) for n, t in model.lin.named_parameters()}
+        odd = model.get_parameter(name) if name in dict(model.named_parameters()) else model.get_buffer(name)
+        odd_before = (id(odd), odd.dtype, odd.layout)
+        with pytest.raises(mixprec.ApplyError, match=rf"(?s){words}.*'{name}'|'{name}'.*{words}") as err:
+            mixprec.apply(model, POLICIES[policy]())
+        assert "nothing was changed" in str(err.value)
+        for n, t in model.lin.named_parameters():
+            assert (id(t), t.dtype) == lin[n][:2] and torch.equal(t, lin[n][2]), n
+        now = model.get_parameter(name) if name in dict(model.named_parameters()) else model.get_buffer(name)
+        assert (id(now), now.dtype, now.layout) == odd_before
+        assert not any(m.__dict__.get("_mixprec_applied") for m in model.modules())
+
+    def test_an_mkldnn_tensor_the_policy_keeps_is_left_and_sampled(self):
+        model = Holder(_buffer("packed", lambda: torch.randn(8, 8).to_mkldnn()))
+        before = _state(model)
+        with mixprec.apply(model, mixprec.Policy(rules=(mixprec.Rule("lin", storage="bf16"),))):
+            assert model.lin.weight.dtype == torch.bfloat16 and model.packed.layout == torch._mkldnn
+            model(X)
+        assert _changed(before, model) == []
+
+
+class _Logging(TorchDispatchMode):
+    """A user's dispatch mode that only watches."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+#: Modes apply works under.
+MODES_THAT_WORK = {"inference_mode": torch.inference_mode, "no_grad": torch.no_grad, "enable_grad": torch.enable_grad,
+                   "autocast": lambda: torch.autocast("cpu", torch.bfloat16), "a user's dispatch mode": _Logging,
+                   "default device": lambda: torch.device("cpu"), "forward-AD level": torch.autograd.forward_ad.dual_level}
+
+
+def _fake_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def _functional_mode():
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    return FunctionalTensorMode()
+
+
+class TestModes:
+    @pytest.mark.parametrize("policy", sorted(POLICIES))
+    @pytest.mark.parametrize("mode", sorted(MODES_THAT_WORK))
+    def test_apply_inside_a_mode_works_and_the_model_stays_trainable(self, mode, policy):
+        model = Holder(lambda m: None)
+        before, reference = _state(model), model(X)
+        with MODES_THAT_WORK[mode]():
+            applied = mixprec.apply(model, POLICIES[policy]())
+        assert not any(t.is_inference() for t in model.parameters())  # the app can still train or take gradients
+        with torch.no_grad():
+            assert torch.isfinite(model(X).float()).all()
+        with MODES_THAT_WORK[mode]():
+            applied.revert()
+        assert _changed(before, model) == []
+        assert torch.equal(model(X), reference)
+        model(X).sum().backward()
+
+    @pytest.mark.parametrize("policy", sorted(POLICIES))
+    def test_apply_run_and_revert_all_under_inference_mode(self, policy):
+        model = Holder(lambda m: None)
+        before = _state(model)
+        with torch.inference_mode(), mixprec.apply(model, POLICIES[policy]()):
+            model(X)
+        assert _changed(before, model) == []
+
+    @pytest.mark.parametrize("transform", ["vmap", "grad", "functionalize", "jvp"])
+    def test_apply_inside_a_torch_func_transform_is_refused(self, transform):
+        model = Holder(lambda m: None)
+        before = _state(model)
+        errors = []
+
+        def body(x):
+            with pytest.raises(mixprec.ApplyError, match=r"inside a torch\.func transform .*nothing was changed") as err:
+                mixprec.apply(model, POLICIES["bf16"]())
+            errors.append(err.value)
+            return x.sum()
+
+        x = torch.randn(8)
+        if transform == "jvp":
+            torch.func.jvp(body, (x,), (torch.ones(8),))
+        else:
+            getattr(torch.func, transform)(body)(x if transform != "vmap" else x.reshape(2, 4))
+        assert errors and _changed(before, model) == []
+
+    @pytest.mark.parametrize("mode,words", [(_fake_mode, "fake"), (_functional_mode, "functional")])
+    def test_apply_under_torchs_own_tensor_modes_is_refused(self, mode, words):
+        model = Holder(lambda m: None)
+        before = _state(model)
+        with mode(), pytest.raises(mixprec.ApplyError, match=rf"under torch's {words} dispatch mode.*nothing was changed"):
+            mixprec.apply(model, POLICIES["bf16"]())
+        assert _changed(before, model) == []
+
+
+def _odd(model: Holder) -> torch.Tensor:
+    """The holder's tensor of the kind under test."""
+    return next(t for n, t in [*model.named_parameters(), *model.named_buffers()] if not n.startswith(("lin.", "inp.")))
+
+
+class TestKindHelpers:
+    @pytest.mark.parametrize("case", ["neg bit", "conj bit (complex)", "nested, strided", "nested, jagged",
+                                      "quantized per channel", "zero tensor", "__torch_dispatch__ wrapper"])
+    def test_every_kind_is_sampled_counted_and_its_digest_sees_a_change(self, case):
+        model = Holder(WORKS[case])
+        t = _odd(model)
+        assert stored_bytes(t) == sum(p.numel() * p.element_size() for p in _parts(t))
+        assert sample(t).dtype == torch.float64 and kind(t) in ("floating", "complex", "quantized")
+        before = digest(t)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(1)
+            other = _odd(Holder(WORKS[case]))
+        assert (digest(other) != before) == (case != "zero tensor")  # zeros are zeros
+
+    def test_mkldnn_and_fake_tensors_are_sampled(self):
+        packed = torch.arange(64.0).reshape(8, 8).to_mkldnn()
+        assert torch.equal(sample(packed, 64), torch.arange(64.0, dtype=torch.float64))
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode():
+            fake = torch.randn(8)
+        assert kind(fake) == "meta" and stored_bytes(fake) == 0 and sample(fake).numel() == 0
