@@ -59,7 +59,7 @@ def test_gate_never_passes_what_it_could_not_check():
     base = _full(1)
     assert gate(_full(2), base, Thresholds()) == []
     incomplete = gate(_full(2, status="incomplete"), base, Thresholds())
-    assert incomplete == ["run 2 is incomplete, not complete: it cannot be gated"]
+    assert len(incomplete) == 1 and incomplete[0].startswith("run 2 cannot be gated: interrupted: it never finished")
     other = gate(_full(2, pipeline="diffusion"), base, Thresholds())
     assert any("pipeline 'diffusion', baseline 1 is 'tts'" in v for v in other)
     elsewhere = gate(_full(2, fingerprint="g"), base, Thresholds())
@@ -82,7 +82,7 @@ def test_gate_refuses_another_size_a_budget_shortened_run_and_no_batch_in_common
     other_batch["configs"] = [{**c, "batch": 4} for c in other_batch["configs"]]
     assert any("no batch in common: run has [4], baseline [1]" in v for v in gate(other_batch, base, Thresholds()))
     failed_base = gate(_full(2), _full(1, status="failed"), Thresholds())
-    assert any("baseline 1 is failed" in v or "run 1 is failed" in v for v in failed_base), failed_base
+    assert any("baseline 1 has nothing to compare against (runner failed" in v for v in failed_base), failed_base
 
 
 def test_compare_refuses_different_pipelines():
@@ -130,11 +130,14 @@ def test_gate_cli_exit_codes(tmp_path):
     refused = runner.invoke(app, ["compare", str(base), str(other), "--db", db])
     assert refused.exit_code == 2 and "cannot compare these runs" in refused.output
     different = runner.invoke(app, ["gate", str(other), "--baseline", str(base), "--db", db])
-    assert different.exit_code == 1 and "pipeline 'diffusion'" in different.output
+    assert different.exit_code == 2 and "gate cannot decide" in different.stderr and "pipeline 'diffusion'" in different.stderr
     with Store(db) as store:
         unfinished = {status: _store_run(store, 1.0, status=status) for status in ("incomplete", "cancelled", "failed")}
+    states = {"incomplete": "interrupted: it never finished", "cancelled": "cancelled: stopped by a Cancel",
+              "failed": "runner failed: the benchmark runner itself failed"}
     for status, run_id in unfinished.items():
         as_run = runner.invoke(app, ["gate", str(run_id), "--baseline", str(base), "--db", db])
-        assert as_run.exit_code == 1 and f"is {status}, not complete" in as_run.output, as_run.output
+        assert as_run.exit_code == 2 and f"run {run_id} cannot be gated: {states[status]}" in as_run.stderr, as_run.output
         as_base = runner.invoke(app, ["gate", str(same), "--baseline", str(run_id), "--db", db])
-        assert as_base.exit_code == 1 and status in as_base.output, as_base.output
+        assert as_base.exit_code == 2 and f"baseline {run_id} has nothing to compare against ({states[status]}" \
+            in as_base.stderr.replace("\n", " "), as_base.output

@@ -123,7 +123,8 @@ def test_render_html_of_odd_runs():
     only_failed = {"id": 2, "pipeline": "minilm", "status": "incomplete",
                    "configs": [_failed("bf16", "failed", "boom")]}
     page = report.render_html([empty, only_failed])
-    assert "did not complete" in page
+    assert page.count("Not a final result (interrupted)") == 2 and "Interrupted: it never finished" in page
+    assert "Nothing measured: it has no configuration" in page and "Nothing measured: every configuration failed" in page
     assert "boom" in page
     assert report.render_html([]).count("no runs") == 1
 

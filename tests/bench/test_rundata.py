@@ -66,7 +66,8 @@ def test_the_gate_refuses_a_baseline_on_another_device(tmp_path):
         cpu = store.load_run(_run(store, device="cpu", fp32_s=1.0, fast_speedup=1.5))
     refused = check(cpu, gpu, Thresholds())
     assert any("measured on another device: run" in v and "on cpu, baseline" in v and "on cuda" in v
-               and "--allow-different-machine" in v for v in refused.violations), refused.violations
+               and "--allow-different-machine" in v for v in refused.unusable), refused.unusable
+    assert not refused.passed
     # allowed: the CPU's seconds are 20x the GPU's, yet only the speed-ups against each run's own fp32 compare
     allowed = check(cpu, gpu, Thresholds(), allow_different_machine=True)
     assert allowed.passed, allowed.violations

@@ -1,5 +1,6 @@
-"""``mixprec gate`` fails against a baseline that holds the run to nothing, and ``mixprec compare``
-says why nothing is comparable (stderr, exit status 2, and in --json), on runs in a real store."""
+"""``mixprec gate`` cannot decide (exit status 2, the reason on stderr, never a pass) against a baseline
+that holds the run to nothing, and ``mixprec compare`` says why nothing is comparable (stderr, exit
+status 2, and in --json), on runs in a real store."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ GOOD = [("fp32", [0.1] * 5, {"sqnr_db": float("inf"), "nonfinite": 0}), ("fast",
 #: kind -> (the other run's configurations, its store_run keywords, the reason gate and compare give)
 OTHERS = {
     "every configuration failed": ([("fp32", [], {}, "failed"), ("fast", [], {}, "failed")], {},
-                                   "every configuration in it failed"),
+                                   "baseline 1 has nothing to compare against (nothing measured: every configuration failed"),
     "fp32 failed": ([("fp32", [], {}, "failed"), ("fast", [0.05] * 5, _OK)], {},
-                    "no successful fp32 reference at batch 1"),
+                    "reference failed: its fp32 reference did not run at batch 1"),
     "batch 2": (GOOD, {"batch": 2}, "no batch in common"),
     "another device": (GOOD, {"device": "cuda"}, "measured on another device"),
     "another pipeline": (GOOD, {"pipeline": "diffusion"}, "baseline 1 is 'diffusion'"),
@@ -46,10 +47,11 @@ def store_with(tmp_path):
 
 class TestGateAndCompare:
     @pytest.mark.parametrize("kind", sorted(OTHERS))
-    def test_gate_fails_with_the_reason(self, kind, store_with, clean_env):
+    def test_gate_cannot_decide_and_says_why(self, kind, store_with, clean_env):
         result = runner.invoke(app, ["gate", "2", "--baseline", "1", "--max-failure-rate", "100%", "--db", store_with(kind)])
-        assert result.exit_code == 1, result.output
-        assert "gate FAILED: run 2 vs baseline 1" in result.stdout and OTHERS[kind][2] in result.stdout.replace("\n", "")
+        assert result.exit_code == 2, result.output
+        assert result.stderr.startswith("error: gate cannot decide: run 2 vs baseline 1") and result.stdout == ""
+        assert OTHERS[kind][2] in result.stderr.replace("\n", "") and "Traceback" not in result.output
 
     @pytest.mark.parametrize("kind", sorted(COMPARE_REFUSES))
     @pytest.mark.parametrize("as_json", [False, True])

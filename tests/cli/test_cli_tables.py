@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from stored_runs import store_run
 
+from mixprec.bench.runstate import with_states
 from mixprec.bench.store import Store
 from mixprec.bench.table import COLUMNS, render_table_rows
 from mixprec.cli import _common, app
@@ -155,8 +156,8 @@ class TestTablesAt80And120Columns:
         path = db
         text = _cli(monkeypatch, width, ["runs", "list", "--db", str(path)])
         with Store(path) as store:
-            runs = store.runs()
-        columns = ["id", "started", "finished", "status", "pipeline", "size", "device", "configs"]
+            runs = with_states(store.runs(), store.load_run)
+        columns = ["id", "started", "finished", "status", "state", "pipeline", "size", "device", "configs"]
         _assert_readable(text, width, columns, [[r[c] for c in columns] for r in runs])
 
     @pytest.mark.parametrize("width", WIDTHS)

@@ -3,18 +3,18 @@
 Configurations are matched by (name, batch). Before any figure is compared,
 :func:`comparable` names what makes two runs incomparable (another pipeline, size,
 machine or device, no batch in common), :func:`baseline_problems` what makes a run
-useless as a gate's baseline (nothing measured, every configuration failed, no fp32
-reference where the run was measured), and :func:`nothing_in_common` why ``compare``
+useless as a gate's baseline (its state, :func:`mixprec.bench.runstate.classify`: unfinished,
+nothing measured, no fp32 reference, nothing timed), and :func:`nothing_in_common` why ``compare``
 would have no row to show.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from mixprec._quote import clip, quote
 from mixprec.bench import evidence, rundata
+from mixprec.bench.runstate import UNUSABLE, classify, failure, main_quality, number
 
 __all__ = ["main_quality", "number", "index", "failure", "comparable", "baseline_problems", "nothing_in_common"]
 
@@ -22,46 +22,9 @@ __all__ = ["main_quality", "number", "index", "failure", "comparable", "baseline
 _LISTED = 5
 
 
-def main_quality(metrics: dict[str, Any]) -> tuple[str, float] | None:
-    """The metric a configuration's quality is judged by (higher is better)."""
-    for key in ("snr_db", "psnr_db", "sqnr_db"):
-        value = metrics.get(key)
-        if value is not None:
-            return key, float(value)
-    return None
-
-
-def number(metrics: dict[str, Any], name: str) -> float | None:
-    """The metric ``name`` as a float, or ``None`` where it is missing or not a number."""
-    value = metrics.get(name)
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def index(run: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
     """The run's configurations by (name, batch)."""
     return {(c["name"], c["batch"]): c for c in run["configs"]}
-
-
-def failure(cfg: dict[str, Any], ref: dict[str, Any] | None) -> str | None:
-    """Why a configuration counts as failed, or ``None``; ``ref``: its baseline's configuration, if any."""
-    metrics = cfg["metrics"]
-    if cfg["status"] != "ok":
-        return cfg["status"]
-    if (number(metrics, "nonfinite") or 0) > 0:
-        return "non-finite output"
-    if (number(metrics, "shape_mismatch") or 0) > 0:
-        return "output shape differs from fp32's"
-    old = main_quality(ref["metrics"]) if ref is not None and ref["status"] == "ok" else None
-    if old is not None:
-        new = number(metrics, old[0])
-        if new is None or math.isnan(new):
-            return "no quality figure"
-    return None
 
 
 def _batches(run: dict[str, Any]) -> list[int]:
@@ -90,39 +53,19 @@ def comparable(run: dict[str, Any], baseline: dict[str, Any], *, allow_different
     return problems
 
 
-def _failed_list(configs: list[dict[str, Any]]) -> str:
-    shown = []
-    for cfg in configs[:_LISTED]:
-        why = failure(cfg, None)
-        error = f": {clip(cfg['error'], limit=80, escape=True)}" if cfg.get("error") else ""
-        shown.append(f"{clip(cfg['name'], limit=40, escape=True)}@{cfg['batch']} ({why}{error})")
-    more = f" and {len(configs) - _LISTED} more" if len(configs) > _LISTED else ""
-    return ", ".join(shown) + more
-
-
 def baseline_problems(run: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
     """Why ``baseline`` gives the gate nothing to hold ``run`` to; empty where it can be gated against.
 
-    A baseline that measured nothing, in which every configuration failed, or whose fp32
-    reference (quality and speed-ups are measured against it) did not run at any batch the
-    run was measured at, would pass any run: each is a reason the gate fails.
+    A baseline that did not finish, measured nothing, in which every configuration failed, whose
+    fp32 reference (quality and speed-ups are measured against it) did not run, or that timed
+    nothing (:func:`mixprec.bench.runstate.classify`) would pass any run: the gate cannot decide on it.
     """
-    bid = baseline.get("id", "?")
-    choose = "choose a --baseline run in which fp32 and the configurations ran (mixprec runs list)"
-    configs = baseline["configs"]
-    if not configs:
-        return [f"baseline {bid} has no configuration: it measured nothing to compare against; {choose}"]
-    if all(failure(c, None) is not None for c in configs):
-        return [f"baseline {bid} cannot be compared against: every configuration in it failed "
-                f"({_failed_list(configs)}); {choose}"]
-    common = sorted(set(_batches(run)) & set(_batches(baseline))) or _batches(baseline)
-    references = [b for b in common if any(c["name"] == evidence.REFERENCE and c["batch"] == b and failure(c, None) is None
-                                           for c in configs)]
-    if not references:
-        at = f"batch {common[0]}" if len(common) == 1 else f"batches {', '.join(map(str, common))}"
-        return [f"baseline {bid} has no successful {evidence.REFERENCE} reference at {at}: its quality and "
-                f"speed-ups are measured against {evidence.REFERENCE}, so it holds the run to nothing; {choose}"]
-    return []
+    state = classify(baseline)
+    if state.usable:
+        return []
+    reasons = "; ".join(f"{kind}: {why}" for kind, why in state.problems if kind in UNUSABLE)
+    return [f"baseline {baseline.get('id', '?')} has nothing to compare against ({reasons}); choose a --baseline run "
+            f"that finished and in which {evidence.REFERENCE} and the configurations ran (mixprec runs list)"]
 
 
 def nothing_in_common(a: dict[str, Any], b: dict[str, Any]) -> str | None:

@@ -1,5 +1,9 @@
 """The runs as data for other tools: CSV (:func:`to_csv`) and strict JSON (:func:`to_json`), one record per
-configuration with every metric, its error and, in JSON, its raw samples and full policy."""
+configuration with every metric, its error and, in JSON, its raw samples and full policy.
+
+Every record says its run's state (:func:`mixprec.bench.runstate.classify`): ``run_state`` (``complete``,
+``nothing measured``, ``interrupted``, ...), ``run_final`` (whether the figures are a final result) and
+``run_state_reason`` in plain words, so no tool reads a run that measured nothing as a result."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import math
 from typing import Any, Mapping, Sequence
 
 from mixprec.bench import rundata
+from mixprec.bench.runstate import classify
 
 __all__ = ["to_csv", "to_json"]
 
@@ -23,7 +28,7 @@ METRIC_ORDER: tuple[str, ...] = (
     "embedding_cosine_mean", "embedding_cosine_min", "token_agreement", "nonfinite", "fallbacks", "shape_mismatch",
 )
 
-_ROW_FIELDS = ("run_id", "pipeline", "size", "run_status", "started", "finished", "device", "torch",
+_ROW_FIELDS = ("run_id", "pipeline", "size", "run_status", "run_state", "run_final", "run_state_reason", "started", "finished", "device", "torch",
                "config", "batch", "status", "error", "policy_name", "n_samples")
 
 
@@ -37,9 +42,11 @@ def _export_rows(runs: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[dic
     names = _metric_names(runs)
     rows = []
     for run in runs:
+        state = classify(run)
         machine = run.get("machine") or {}
         versions = run.get("versions") or {}
-        for config in rundata.configs(run):
+        # A run without a configuration is still one record, so its state is said.
+        for config in rundata.configs(run) or [{}]:
             metrics = rundata.metrics(config)
             policy = config.get("policy")
             row: dict[str, Any] = {
@@ -47,6 +54,9 @@ def _export_rows(runs: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[dic
                 "pipeline": run.get("pipeline"),
                 "size": run.get("size"),
                 "run_status": run.get("status"),
+                "run_state": state.state,
+                "run_final": state.final,
+                "run_state_reason": state.text,
                 "started": run.get("started"),
                 "finished": run.get("finished"),
                 "device": machine.get("name"),
@@ -56,7 +66,7 @@ def _export_rows(runs: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[dic
                 "status": config.get("status"),
                 "error": config.get("error"),
                 "policy_name": policy.get("name") if isinstance(policy, Mapping) else None,
-                "n_samples": len(config.get("samples") or []),
+                "n_samples": len(config.get("samples") or []) if config else None,
             }
             # A metric stored without a value was measured as NaN (the store keeps NaN as
             # NULL); one the configuration never measured is absent and stays empty.

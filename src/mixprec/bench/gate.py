@@ -20,10 +20,11 @@ from typing import Any
 
 from mixprec._quote import quote
 from mixprec.bench import evidence, rundata
-from mixprec.bench.comparable import baseline_problems, comparable, main_quality, nothing_in_common
-from mixprec.bench.comparable import failure as _failure
+from mixprec.bench.comparable import baseline_problems, comparable, nothing_in_common
 from mixprec.bench.comparable import index as _index
-from mixprec.bench.comparable import number as _number
+from mixprec.bench.runstate import NO_REFERENCE, OLDER, UNFINISHED, UNTIMED, classify, main_quality
+from mixprec.bench.runstate import failure as _failure
+from mixprec.bench.runstate import number as _number
 from mixprec.measure.stats import MEMORY_FLOOR_BYTES, memory_beyond_noise
 
 __all__ = ["Thresholds", "GateResult", "check", "gate", "compare", "comparable", "main_quality", "parse_percent",
@@ -148,14 +149,20 @@ class Thresholds:
 @dataclass(frozen=True)
 class GateResult:
     """``violations`` fail the gate; ``undecided`` are checks the measurements could not
-    decide (they fail too where :attr:`Thresholds.fail_undecided` is set)."""
+    decide (they fail too where :attr:`Thresholds.fail_undecided` is set); ``unusable`` says why
+    the gate cannot decide at all (a baseline with nothing to compare against, a run that did not
+    finish, runs that do not compare): the gate does not pass then either; ``notes`` say what the
+    verdict does not cover (the run's configurations that did not run in the baseline, a run stored
+    without its device)."""
 
     violations: list[str] = field(default_factory=list)
     undecided: list[str] = field(default_factory=list)
+    unusable: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return not self.violations
+        return not self.violations and not self.unusable
 
 
 def _distinct(a: float, b: float, decimals: int) -> tuple[str, str]:
@@ -293,10 +300,10 @@ def check(run: dict[str, Any], baseline: dict[str, Any], thresholds: Thresholds,
           allow_different_machine: bool = False) -> GateResult:
     """Check ``run`` against ``baseline``: every violation of ``thresholds``, and what could not be decided.
 
-    The gate never passes what it could not check: a run or baseline that is not
-    ``complete``, a baseline that is not comparable (see :func:`comparable`) or holds the
-    run to nothing (no configuration, every one failed, no fp32 reference at the run's
-    batches: :func:`~mixprec.bench.comparable.baseline_problems`), a
+    The gate never passes what it could not check. It cannot decide at all (``unusable``) on
+    a baseline that holds the run to nothing (its state, :func:`mixprec.bench.runstate.classify`:
+    unfinished, nothing measured, no fp32 reference, nothing timed), a run that did not finish
+    or runs that do not compare (see :func:`comparable`). A run with no timed run or no fp32 reference, a
     configuration of the baseline missing from the run, a configuration with fewer
     samples than asked (``partial``), a quality, latency or memory figure the baseline
     has and the run lacks, and a run in which every configuration failed (whatever
@@ -315,19 +322,21 @@ def check(run: dict[str, Any], baseline: dict[str, Any], thresholds: Thresholds,
     ``memory_floor_bytes``.
     """
     violations: list[str] = []
-    for label, which in (("run", run), ("baseline", baseline)):
-        status = which.get("status", "complete")
-        if status != "complete":
-            violations.append(f"{label} {which.get('id', '?')} is {status}, not complete: it cannot be gated")
-    violations += comparable(run, baseline, allow_different_machine=allow_different_machine)
-    violations += baseline_problems(run, baseline)
+    unusable = baseline_problems(run, baseline)
+    run_state = classify(run)
+    if set(run_state.states) & UNFINISHED:
+        unusable.append(f"run {run.get('id', '?')} cannot be gated: {run_state.text}")
+    unusable += comparable(run, baseline, allow_different_machine=allow_different_machine)
+    notes = [f"{label} {state.run_id}: {dict(state.problems)[OLDER]}"
+             for label, state in (("run", run_state), ("baseline", classify(baseline))) if OLDER in state.states]
     if not run["configs"]:
-        violations.append(f"run {run.get('id', '?')} has no configuration")
-    missing = sorted(set(_index(baseline)) - set(_index(run)))
+        violations.append(f"run {run.get('id', '?')} has no configuration: it measured nothing")
+    # A baseline the gate cannot decide on holds the run to nothing: only the run's own checks are made.
+    base = {} if unusable else _index(baseline)
+    missing = sorted(set(base) - set(_index(run)))
     if missing:
         violations.append("configurations of the baseline missing from the run: "
                           + ", ".join(f"{name}@{batch}" for name, batch in missing))
-    base = _index(baseline)
     configs = run["configs"]
     failed = [(c, why) for c in configs if (why := _failure(c, base.get((c["name"], c["batch"])))) is not None]
     rate = len(failed) / len(configs) if configs else 1.0
@@ -337,6 +346,10 @@ def check(run: dict[str, Any], baseline: dict[str, Any], thresholds: Thresholds,
     if configs and len(failed) == len(configs):
         violations.append(f"every configuration of run {run.get('id', '?')} failed, {evidence.REFERENCE} included: "
                           "nothing was measured, whatever --max-failure-rate allows")
+    elif NO_REFERENCE in run_state.states:
+        violations.append(f"run {run.get('id', '?')}: {dict(run_state.problems)[NO_REFERENCE]}")
+    if UNTIMED in run_state.states:
+        violations.append(f"run {run.get('id', '?')} has no timed run: its speed cannot be checked")
     undecided: list[str] = []
     fingerprints = run.get("machine_fingerprint"), baseline.get("machine_fingerprint")
     same_machine = ((not all(fingerprints) or fingerprints[0] == fingerprints[1])
@@ -347,7 +360,9 @@ def check(run: dict[str, Any], baseline: dict[str, Any], thresholds: Thresholds,
         if cfg["status"] != "ok":
             continue
         violations += _floor(label, cfg, thresholds)
-        if ref is None or ref["status"] != "ok":
+        if ref is None or _failure(ref) is not None:
+            if ref is not None:
+                notes.append(f"{label}: not checked: it did not run to the end in the baseline ({_failure(ref)})")
             continue
         violations += _quality(label, cfg, ref, thresholds)
         slow, unsure = _latency(label, run, cfg, baseline, ref, thresholds, same_machine=same_machine)
@@ -356,13 +371,15 @@ def check(run: dict[str, Any], baseline: dict[str, Any], thresholds: Thresholds,
         violations += _memory(label, cfg, ref, thresholds)
     if thresholds.fail_undecided:
         violations += [f"{u} (--fail-undecided)" for u in undecided]
-    return GateResult(violations, undecided)
+    return GateResult(violations, undecided, unusable, notes)
 
 
 def gate(run: dict[str, Any], baseline: dict[str, Any], thresholds: Thresholds, *,
          allow_different_machine: bool = False) -> list[str]:
-    """Every violation of ``thresholds`` by ``run`` against ``baseline`` (empty: pass); see :func:`check`."""
-    return check(run, baseline, thresholds, allow_different_machine=allow_different_machine).violations
+    """Why the gate cannot decide, and every violation of ``thresholds`` by ``run`` against ``baseline``
+    (empty: pass); see :func:`check`."""
+    result = check(run, baseline, thresholds, allow_different_machine=allow_different_machine)
+    return result.unusable + result.violations
 
 
 def compare(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
@@ -376,6 +393,9 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     fp32 itself). Absolute latencies taken at different times include the machine's load;
     the speed-up does not, so it alone decides ``beyond_noise``.
     ``latency_significant`` is true where the latency intervals do not overlap.
+
+    Every row carries each run's state (``state_a``, ``state_b``: :func:`mixprec.bench.runstate.classify`)
+    and whether its figures are a final result (``final_a``, ``final_b``).
 
     Runs measured on different devices (a CPU run and a CUDA run, even on one host) are
     never compared as one machine: every row then carries ``device_a`` and ``device_b``,
@@ -392,6 +412,7 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     if (reason := nothing_in_common(a, b)) is not None:
         raise ValueError(f"nothing to compare between run {a.get('id', '?')} and run {b.get('id', '?')}: {reason}")
     devices = rundata.devices_differ(a, b)
+    states = classify(a), classify(b)
     rows = []
     index_a = _index(a)
     for key, cfg_b in _index(b).items():
@@ -399,7 +420,9 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
         if cfg_a is None:
             continue
         ma, mb = cfg_a["metrics"], cfg_b["metrics"]
-        row: dict[str, Any] = {"config": key[0], "batch": key[1], "status_a": cfg_a["status"], "status_b": cfg_b["status"]}
+        row: dict[str, Any] = {"config": key[0], "batch": key[1], "status_a": cfg_a["status"], "status_b": cfg_b["status"],
+                               "state_a": states[0].state, "state_b": states[1].state,
+                               "final_a": states[0].final, "final_b": states[1].final}
         la, lb = evidence.latency(cfg_a), evidence.latency(cfg_b)
         if la is not None and lb is not None:
             row["latency_a"], row["latency_b"] = la.value, lb.value

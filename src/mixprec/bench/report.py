@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 from mixprec.bench import rundata
 from mixprec.bench.matrix import matrix_html
 from mixprec.bench.plots import QUALITY_LABELS, latency_samples_png, main_quality_key, memory_png, scatter_png
+from mixprec.bench.runstate import classify
 from mixprec.bench.table import COLUMNS, render_table_rows
 from mixprec.device.hardware import ratio_text
 
@@ -169,8 +170,12 @@ def _run_html(run: Mapping[str, Any], index: int) -> str:
     times = f"started {rundata.text(run.get('started')) or '?'}"
     times += f", finished {rundata.text(run['finished'])}" if run.get("finished") else ", not finished"
     parts.append(f'<p class="muted">{_e(times)}; status {_e(run.get("status"))}</p>')
-    if run.get("status") not in (None, "complete"):
-        parts.append('<p class="banner">This run did not complete: it shows what was measured before it stopped.</p>')
+    state = classify(run)
+    if state.warning is not None:
+        parts.append(f'<p class="banner run-state"><strong>Not a final result ({_e(state.state)}).</strong> '
+                     + " ".join(f"{_e(kind.capitalize())}: {_e(why)}." for kind, why in state.problems) + "</p>")
+    elif state.problems:
+        parts.append(f'<p class="muted run-state">{_e(state.text)}</p>')
     parts.append(_machine_html(run))
     batches = rundata.batches(run)
     if not batches:

@@ -61,8 +61,13 @@ def rows_json(rows: list[dict[str, Any]]) -> str:
     return json.dumps(strict(rows), allow_nan=False, default=str)
 
 
-def print_compare(console: Console, run_a: int, run_b: int, rows: list[dict[str, Any]]) -> None:
-    """The table of :func:`mixprec.bench.gate.compare`, with what its verdicts rest on."""
+def print_compare(console: Console, run_a: int, run_b: int, rows: list[dict[str, Any]],
+                  states: tuple[Any, Any] | None = None) -> None:
+    """The table of :func:`mixprec.bench.gate.compare`, with what its verdicts rest on; ``states``: the two
+    runs' :class:`~mixprec.bench.runstate.RunState`, said above the table where either is not a final result."""
+    for state in states or ():
+        if state.warning is not None:
+            say(console, ("not a final result: ", "bold yellow"), f"run {state.run_id}: {state.text}", soft_wrap=False)
     console.print(table(f"run {run_a} -> run {run_b}", _COLUMNS, [
         [r["config"], r["batch"], _seconds(r.get("latency_a")), _seconds(r.get("latency_b")), _change(r),
          r.get("latency_verdict"), _speedup(r.get("speedup_a"), r.get("unstable_a")), _speedup(r.get("speedup_b"), r.get("unstable_b")), _beyond(r),
@@ -89,6 +94,16 @@ def print_compare(console: Console, run_a: int, run_b: int, rows: list[dict[str,
 
 def print_gate(console: Console, run_id: int, baseline: int, result: Any, *, fail_undecided: bool) -> None:
     """The gate's verdict, its violations, and the checks the measurements could not decide."""
+    if result.unusable:
+        say(console, ("error:", "bold red"), f" gate cannot decide: run {run_id} vs baseline {baseline} "
+                     "(nothing was checked against it):")
+        for reason in result.unusable:
+            say(console, "  - ", reason)
+        if result.violations:
+            say(console, "  and the run itself fails:")
+            for violation in result.violations:
+                say(console, "  - ", violation)
+        return
     if result.violations:
         say(console, f"gate FAILED: run {run_id} vs baseline {baseline}")
         for violation in result.violations:
@@ -99,3 +114,5 @@ def print_gate(console: Console, run_id: int, baseline: int, result: Any, *, fai
         say(console, "  undecided on this machine (these pass; --fail-undecided makes them fail):")
         for item in result.undecided:
             say(console, "  ? ", item)
+    for note in result.notes:
+        say(console, "  note: ", note)

@@ -59,16 +59,19 @@ _DROP_FIRST = ("Compiled from cache", "Compile", "Tokens/s", "RTF", "Throughput"
 
 def _print_run(run: dict) -> None:
     """The run as a terminal table: the headline columns (the HTML report has every metric)."""
+    from mixprec.bench.runstate import classify
     from mixprec.bench.table import COLUMNS, render_table_rows
 
+    state = classify(run)
     rows = render_table_rows(run)
     if not rows:
+        say(console, f"run {run['id']}: {run['pipeline']}: {state.text}")
         return
     labels = dict(COLUMNS)
     keys = [k for k in _TERMINAL_COLUMNS if k in rows[0] and not (k == "sqnr" and ("snr" in rows[0] or "psnr" in rows[0]))]
     keys = [k for k in keys if k != "error" or any(r.get("error") for r in rows)]
     minmax = any("(min–max)" in r.get("ci", "") for r in rows)
-    console.print(table(f"run {run['id']}: {run['pipeline']} ({run['status']}) on {run['machine'].get('name')}",
+    console.print(table(f"run {run['id']}: {run['pipeline']} ({state.state}) on {run['machine'].get('name')}",
                         [labels.get(k, k) for k in keys],
                         [[r[k].replace(" (min–max)", "*") if k == "ci" else r[k] for k in keys] for r in rows],
                         drop=_DROP_FIRST))
@@ -76,6 +79,10 @@ def _print_run(run: dict) -> None:
         say(console, "  * too few samples for a 95% interval of the median: the range of the samples is shown", soft_wrap=False)
     for note in run.get("notes", []):
         say(console, "  note: ", note, soft_wrap=False)
+    if state.warning is not None:
+        say(console, ("  not a final result: ", "bold yellow"), state.text, soft_wrap=False)
+    elif state.problems:
+        say(console, "  ", state.text, soft_wrap=False)
 
 
 @app.command()
@@ -235,15 +242,24 @@ app.add_typer(runs_app, name="runs")
 
 @runs_app.command("list")
 def runs_list(db: DbFlag = None, as_json: JsonFlag = False) -> None:
-    """Recent runs."""
+    """Recent runs, each with its state: complete, or why its figures are not a final result."""
+    from mixprec.bench.runstate import with_states
+
     store = open_store(db)
-    rows = store.runs()
+    rows = with_states(store.runs(), store.load_run)
     if as_json:
         console.print_json(json.dumps(rows))
         return
-    console.print(table(f"runs in {store.path}", ["id", "started", "finished", "status", "pipeline", "size", "device", "configs"],
-                        [[r["id"], r["started"], r["finished"], r["status"], r["pipeline"], r["size"], r["device"], r["configs"]]
-                         for r in rows], drop=("finished", "size", "device")))
+    if not rows:
+        say(console, f"no runs in {store.path}: run mixprec bench to measure some")
+        return
+    console.print(table(f"runs in {store.path}", ["id", "started", "finished", "status", "state", "pipeline", "size", "device",
+                                                  "configs"],
+                        [[r["id"], r["started"], r["finished"], r["status"], r["state"], r["pipeline"], r["size"], r["device"],
+                          r["configs"]] for r in rows], drop=("finished", "size", "device", "status")))
+    for r in rows:
+        if not r["final"]:
+            say(console, f"  run {r['id']}: ", r["state_text"], soft_wrap=False)
 
 
 @runs_app.command("show")
@@ -288,6 +304,7 @@ def compare(run_a: Annotated[int, typer.Argument(help="Earlier run id.")], run_b
     as a hardware x configuration matrix; three or more runs, or --matrix, show only that.
     """
     from mixprec.bench.gate import compare as compare_runs
+    from mixprec.bench.runstate import classify
     from mixprec.bench.store import StoreError
 
     store = open_store(db)
@@ -295,7 +312,8 @@ def compare(run_a: Annotated[int, typer.Argument(help="Earlier run id.")], run_b
         compare_matrix(store, [run_a, run_b, *(more or [])], as_json)
         return
     try:
-        rows = compare_runs(store.load_run(run_a), store.load_run(run_b))
+        runs = store.load_run(run_a), store.load_run(run_b)
+        rows = compare_runs(*runs)
     except (StoreError, ValueError) as exc:
         if as_json and not isinstance(exc, StoreError):  # the runs exist but cannot be compared: say why in the JSON too
             console.print_json(json.dumps({"comparable": False, "reason": str(exc), "rows": []}))
@@ -303,7 +321,7 @@ def compare(run_a: Annotated[int, typer.Argument(help="Earlier run id.")], run_b
     if as_json:
         console.print_json(rows_json(rows))
         return
-    print_compare(console, run_a, run_b, rows)
+    print_compare(console, run_a, run_b, rows, tuple(classify(run) for run in runs))
     compare_matrix(store, [run_a, run_b], False, only_across_machines=True)
 
 
@@ -326,6 +344,9 @@ def gate_cmd(
 
     Latency is judged on intervals. Where they cannot tell,
     the check is listed as undecided and passes (--fail-undecided to fail it).
+    Exit 2, with the reason, where the gate cannot decide: a baseline with nothing to compare
+    against (it did not finish, every configuration failed, its fp32 failed, it timed nothing),
+    a run that did not finish, or runs that do not compare (another pipeline, size or device).
     """
     from mixprec.bench.gate import check, thresholds_from_flags
     from mixprec.bench.store import StoreError
@@ -343,6 +364,8 @@ def gate_cmd(
                        allow_different_machine=allow_different_machine)
     except StoreError as exc:
         fail(exc)
-    print_gate(console, run_id, baseline, result, fail_undecided=fail_undecided)
+    print_gate(err_console if result.unusable else console, run_id, baseline, result, fail_undecided=fail_undecided)
+    if result.unusable:
+        raise typer.Exit(code=2)
     if not result.passed:
         raise typer.Exit(code=1)
