@@ -127,10 +127,10 @@ def candidates(preset: str, hardware: Hardware, hints: tuple[str, ...] | list[st
                                                            NumericSettings(matmul=level), name=f"fp32-{level}"),
                                    f"fp32 weights, float32 matmul precision '{level}'", eligible=not memory, simplicity=3))
 
-    if memory:
-        found.append(Candidate("rules-fp8", _fp8_level(rules), "memory with fp8 weights (a scale per output channel) "
-                               "computed as the rules compute: the fewest weight bytes, where the floor holds",
-                               simplicity=0))
+    if memory:  # tried right after the rules: memory keeps it without timing wherever it meets the floor
+        found.insert(1, Candidate("rules-fp8", _fp8_level(rules), "memory with fp8 weights (a scale per output channel) "
+                                  "computed as the rules compute: the fewest weight bytes, where the floor holds",
+                                  simplicity=0))
 
     merged: dict[str, Candidate] = {}
     for cand in found:
