@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-CONFIGS = "fp32,matmul-high,autocast-bf16,autocast-fp16,naive-bf16,naive-fp16,quality,balanced,fast,memory"
+CONFIGS = "fp32,matmul-high,autocast-bf16,autocast-fp16,naive-bf16,naive-fp16,quality,balanced,fast,memory,fp8"
 #: Compiled twins, on a GPU only: on a CPU inductor spends minutes generating C++ for them.
 COMPILED = ",fast+compile,naive-bf16+compile"
 CLI = [sys.executable, "-c", "from mixprec.cli import main; main()"]
