@@ -17,17 +17,22 @@ def test_stream_reports_progress_then_the_result():
             report(i)
         return "result"
 
-    events = list(Job().stream(work))
+    job = Job()
+    events = list(job.stream(work))
+    assert events[0][0] == "started" and len(events[0][1]) >= 20  # the run's unguessable id
     assert events[-1] == ("done", "result")
-    assert [kind for kind, _ in events[:-1]] == ["progress"] * (len(events) - 1)
+    assert [kind for kind, _ in events[1:-1]] == ["progress"] * (len(events) - 2)
     assert events[-2] == ("progress", 2)  # older events may be skipped, never the newest
+    assert job.run_id is None  # the run has ended
+    again = list(job.stream(work))
+    assert again[0][1] != events[0][1]  # each run its own id
 
 
 def test_errors_come_back_to_the_session():
     def work(report):
         raise ValueError("budget too small")
 
-    [(kind, exc)] = list(Job().stream(work))
+    [_started, (kind, exc)] = list(Job().stream(work))
     assert kind == "error" and isinstance(exc, ValueError) and "budget too small" in str(exc)
 
 
@@ -45,7 +50,9 @@ def test_cancel_sets_the_flag_only_while_running():
         return "kept"
 
     for kind, value in job.stream(work):
-        if kind == "progress":
+        if kind == "started":
+            assert job.run_id == value
+        elif kind == "progress":
             assert job.running
             with pytest.raises(RuntimeError, match="already has a run"):
                 next(job.stream(work))  # one run per session at a time
@@ -66,6 +73,7 @@ def test_a_closed_stream_stops_the_work():
         finished.set()
 
     events = job.stream(work)
+    assert next(events)[0] == "started"
     assert next(events)[0] == "progress"
     events.close()  # the browser went away
     assert finished.wait(5) and job.should_stop()
@@ -78,7 +86,7 @@ def test_two_sessions_get_their_own_jobs():
     from mixprec.ui.app import build_app
 
     demo = build_app("en")
-    states = [block for block in demo.blocks.values() if isinstance(block, gr.State) and block.value is Job]
+    states = [block for block in demo.blocks.values() if isinstance(block, gr.State) and isinstance(block.value, Job)]
     assert len(states) == 2  # the Benchmark tab's and the Tune tab's
     first, second = SessionState(demo), SessionState(demo)
     for state in states:
@@ -89,3 +97,4 @@ def test_two_sessions_get_their_own_jobs():
         assert not theirs.should_stop()
     bench, tune = (first[state._id] for state in states)
     assert bench is not tune
+    assert bench.index is second[states[0]._id].index is not tune.index  # a tab's runs are found by id in every session

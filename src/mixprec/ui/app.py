@@ -32,6 +32,7 @@ from mixprec import pipelines
 from mixprec.ui.bench_tab import build_bench_tab, list_runs, show_run, speedup_text
 from mixprec.ui.controls import (DTYPES, NO_PRESET, build_policy, defaults_message, dtype_selector_update, matmul_info,
                                  precision_controls, preset_choices, preset_storage)
+from mixprec.ui.endpoints import INTERNAL, endpoint, name_control_endpoints
 from mixprec.ui.forms import SIZES, check_choice, devices, error_text, markdown_table
 from mixprec.ui.i18n import DEFAULT_LANGUAGE, LANGUAGES, check_language, direction, t
 from mixprec.ui.tune_tab import build_tune_tab
@@ -360,16 +361,19 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
                     up["value"] = value  # the user's own choices stay
             return [*out, *ups, state]
 
-        def on_run(lg: str, name: str, size: str, device: str, preset: str, upcast: bool, *rest: Any) -> list[Any]:
-            *values, state = rest
-            problem = check_choice(device, devices(), "run.device_label", lg)
+        def run_comparison_endpoint(lang: str, pipeline: str, size: str, device: str, preset: str,
+                                    upcast_attention: bool, state: Cache, **dtypes: str) -> list[Any]:
+            """Run a pipeline in fp32 and under the chosen precision (``dtype_0``...: each component's storage
+            type, in order); the two outputs, and the figures: latency, weight memory, quality against fp32."""
+            values = [dtypes[f"dtype_{i}"] for i in range(MAX_COMPONENTS) if f"dtype_{i}" in dtypes]
+            problem = check_choice(device, devices(), "run.device_label", lang)
             if problem:
                 return [gr.update(visible=False)] * 4 + [problem, state]
             try:
-                result = run_comparison(name, size, preset, upcast, values, lang=lg, cache=state, device=device)
+                result = run_comparison(pipeline, size, preset, upcast_attention, values, lang=lang, cache=state, device=device)
             except (ValueError, RuntimeError, OSError, ImportError) as exc:
                 hidden = gr.update(visible=False)
-                return [hidden] * 4 + [error_text("run.error", lg, exc), state]
+                return [hidden] * 4 + [error_text("run.error", lang, exc), state]
             audio, image = result["kind"] == "audio", result["kind"] == "image"
 
             def player(which: str, key: str) -> Any:
@@ -378,7 +382,7 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
                 rate, wave = result[which]
                 # The player's clock shows whole seconds: the label gives the exact length.
                 return gr.update(value=result[which], visible=True,
-                                 label=t("run.audio_label", lg, output=t(key, lg), seconds=f"{wave.shape[0] / rate:.2f}",
+                                 label=t("run.audio_label", lang, output=t(key, lang), seconds=f"{wave.shape[0] / rate:.2f}",
                                          rate=rate))
 
             return [player("fp32", "run.fp32_output"), player("mixed", "run.mixed_output"),
@@ -386,32 +390,32 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
                     gr.update(value=result["mixed"] if image else None, visible=image),
                     result["figures"], result["cache"]]
 
-        def on_diagnose(lg: str, name: str, size: str, preset: str, state: Cache) -> list[Any]:
+        def diagnose_endpoint(lang: str, pipeline: str, size: str, preset: str, state: Cache) -> list[Any]:
+            """Profile a pipeline under a preset: a summary, the per-module table, the suggested rules as TOML."""
             try:
-                return list(diagnose(name, size, preset, lang=lg, cache=state))
+                return list(diagnose(pipeline, size, preset, lang=lang, cache=state))
             except (ValueError, RuntimeError, OSError, ImportError) as exc:
-                return [error_text("diag.error", lg, exc), "", "", state]
+                return [error_text("diag.error", lang, exc), "", "", state]
 
         dir_js = _DIR_JS.format(rtl=json.dumps([code for code in LANGUAGES if direction(code) == "rtl"]))
-        language.change(None, inputs=language, js=dir_js)
-        demo.load(None, inputs=language, js=dir_js)
+        language.change(None, inputs=language, js=dir_js, **INTERNAL)
+        demo.load(None, inputs=language, js=dir_js, **INTERNAL)
         language.change(on_language, inputs=[language, run_pipe, run_size, cache, controls.status, figures, controls.preset,
                                              run_device, *slots],
-                        outputs=[header, controls.status, figures, *(c for c, _ in texts), *slots, cache])
-        for trigger in (run_pipe.change, run_size.change, run_device.change):
+                        outputs=[header, controls.status, figures, *(c for c, _ in texts), *slots, cache], **INTERNAL)
+        for trigger in (run_pipe.change, run_size.change, run_device.change, controls.preset.change, demo.load):
             trigger(on_pipeline, inputs=[run_pipe, run_size, language, cache, controls.preset, run_device],
-                    outputs=[*slots, cache])
-        demo.load(on_pipeline, inputs=[run_pipe, run_size, language, cache, controls.preset, run_device],
-                  outputs=[*slots, cache])
-        controls.preset.change(on_pipeline, inputs=[run_pipe, run_size, language, cache, controls.preset, run_device],
-                               outputs=[*slots, cache])
+                    outputs=[*slots, cache], **INTERNAL)
         language.change(lambda lg, chosen: gr.update(info=matmul_info(app, lg, preset=chosen)),
-                        inputs=[language, controls.preset], outputs=controls.matmul)
-        run_button.click(on_run, inputs=[language, run_pipe, run_size, run_device, controls.preset, controls.upcast_attention,
-                                         *slots, cache],
-                         outputs=[fp32_audio, mixed_audio, fp32_image, mixed_image, figures, cache])
-        diag_button.click(on_diagnose, inputs=[language, diag_pipe, diag_size, diag_preset, cache],
-                          outputs=[diag_summary, diag_table, diag_toml, cache])
+                        inputs=[language, controls.preset], outputs=controls.matmul, **INTERNAL)
+        run_button.click(run_comparison_endpoint,
+                         inputs=[language, run_pipe, run_size, run_device, controls.preset, controls.upcast_attention, cache],
+                         inputs_kwargs={f"dtype_{i}": slot for i, slot in enumerate(slots)},
+                         outputs=[fp32_audio, mixed_audio, fp32_image, mixed_image, figures, cache],
+                         **endpoint("run_comparison"))
+        diag_button.click(diagnose_endpoint, inputs=[language, diag_pipe, diag_size, diag_preset, cache],
+                          outputs=[diag_summary, diag_table, diag_toml, cache], **endpoint("diagnose"))
+    name_control_endpoints(demo, controls)
     return demo
 
 

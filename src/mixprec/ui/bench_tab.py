@@ -4,7 +4,8 @@
 :func:`mixprec.bench.runner.run_bench` in a background thread and yields the
 progress, then the table, the plot and the refreshed list of runs. A Cancel stops
 the run after its current step; what was measured is kept and the run is stored as
-``cancelled``.
+``cancelled``. :func:`run_benchmark` and :func:`cancel_benchmark` are the tab's endpoints
+(see :mod:`mixprec.ui.endpoints`): the start says its run id, which the cancel takes.
 
 Example:
     >>> from mixprec.ui.jobs import Job
@@ -26,12 +27,13 @@ from mixprec.device import hardware
 from mixprec.bench.configs import BUILTIN, CALIBRATED_SUFFIX
 from mixprec.ui.forms import (SIZES, cancel_job, check_choice, check_whole, devices, error_text, markdown_table, png_html,
                               status_html, store_location)
+from mixprec.ui.endpoints import endpoint
 from mixprec.ui.i18n import DEFAULT_LANGUAGE, bidi, messages, t
-from mixprec.ui.jobs import Job
-from mixprec.ui.widgets import device_picker, pipeline_pickers, start_cancel, store_path, wire_cancel
+from mixprec.ui.jobs import Job, JobIndex
+from mixprec.ui.widgets import device_picker, pipeline_pickers, run_id_box, start_cancel, store_path, wire_cancel
 
 __all__ = ["CONFIGS", "DEFAULT_CONFIGS", "MAX_RUNS", "TABLE_COLUMNS", "bench_cancel", "bench_run", "build_bench_tab",
-           "devices", "list_runs", "results_table", "show_run"]
+           "cancel_benchmark", "devices", "list_runs", "results_table", "run_benchmark", "show_run"]
 
 #: Configurations offered (those of ``mixprec bench --configs``), the presets also checked on the pipeline first.
 CONFIGS: tuple[str, ...] = tuple(BUILTIN) + tuple(f"{p}{CALIBRATED_SUFFIX}" for p in ("balanced", "fast", "memory"))
@@ -234,9 +236,10 @@ def bench_run(lang: str, pipeline: str, size: str, configs: Sequence[str] | None
         with Store(where) as store:
             return run_bench(options, hw, store, progress=progress, should_stop=job.should_stop)
 
-    yield out(status_html(t("bench.starting", lang, count=len(specs)), 0.0), "", "")
     for kind, value in job.stream(target):
-        if kind == "progress":
+        if kind == "started":
+            yield out(status_html(t("bench.starting", lang, count=len(specs)), 0.0), "", "")
+        elif kind == "progress":
             step, done = value
             yield out(status_html(t("bench.progress", lang, done=done, total=total, step=step), done / total))
         elif kind == "error":
@@ -265,6 +268,24 @@ def _finished(lang: str, where: str, run_id: int) -> Outputs:
 bench_cancel = cancel_job
 
 
+def run_benchmark(lang: str, pipeline: str, size: str, configs: Sequence[str] | None, repeat: Any, warmup: Any,
+                  device: str, path: str | None, job: Job) -> Iterator[Outputs]:
+    """Benchmark configurations of a pipeline and stream the progress, then the results.
+
+    The endpoint ``run_benchmark``: the outputs of :func:`bench_run`, then the id of the run in
+    progress (empty when none runs: a refused start, or the run has ended), which ``cancel_benchmark``
+    takes.
+    """
+    for out in bench_run(lang, pipeline, size, configs, repeat, warmup, device, path, job):
+        yield [*out, job.run_id or ""]
+
+
+def cancel_benchmark(lang: str, job: Job, run_id: str | None = "") -> str:
+    """Stop a benchmark after its current step: the run ``run_id`` (an id ``run_benchmark`` returned,
+    in any session) or, when it is empty, this session's run. What was measured is kept."""
+    return cancel_job(lang, job, run_id)
+
+
 def build_bench_tab(lang: str, reg: Callable[..., Any], language: gr.components.Component) -> None:
     """Create the tab's components in the enclosing ``gr.Tab`` and wire them.
 
@@ -273,7 +294,7 @@ def build_bench_tab(lang: str, reg: Callable[..., Any], language: gr.components.
         reg: registers a component's translated properties (``reg(component, label="key")``).
         language: the component holding the current language code.
     """
-    job = gr.State(Job, delete_callback=lambda j: j.cancel())
+    job = gr.State(Job(JobIndex()), delete_callback=lambda j: j.cancel())  # each session: an idle copy
     reg(gr.Markdown(t("bench.run_heading", lang)), value="bench.run_heading")
     with gr.Row():
         pipe, size = pipeline_pickers(reg, lang, "bench")
@@ -291,6 +312,7 @@ def build_bench_tab(lang: str, reg: Callable[..., Any], language: gr.components.
     path = store_path(reg, lang, "bench")
     run_button, cancel_button, status = start_cancel(reg, lang, "bench", start_key="bench.run_button",
                                                      start_id="bench-run-button")
+    run_id = run_id_box(reg, lang, "bench")
     table = gr.Markdown(elem_id="bench-table")
     plot = gr.HTML(elem_id="bench-plot")
 
@@ -302,14 +324,20 @@ def build_bench_tab(lang: str, reg: Callable[..., Any], language: gr.components.
     show_button = reg(gr.Button(t("bench.show_button", lang), elem_id="bench-show"), value="bench.show_button")
     report = gr.HTML(elem_id="bench-report")
 
-    def on_load_runs(lg: str, where: str) -> tuple[str, Any]:
-        text, choices = list_runs(where, lang=lg)
+    def listed_runs(lang: str, path: str | None) -> tuple[str, Any]:
+        """The runs of a benchmark store (empty path: the default store) and the run dropdown's choices."""
+        text, choices = list_runs(path, lang=lang)
         return text, gr.update(choices=choices, value=choices[0][1] if choices else None)
 
-    wire_cancel(run_button, bench_run, cancel_button, job,
+    def stored_run(lang: str, path: str | None, run: int | None) -> str:
+        """The HTML report of the stored run ``run`` of a benchmark store."""
+        return show_run(path, run, lang=lang)
+
+    wire_cancel(run_button, run_benchmark, cancel_button, job,
                 inputs=[language, pipe, size, configs, repeat, warmup, device, path, job],
-                outputs=[status, table, plot, runs_md, run_pick], show_progress="hidden")
-    cancel_button.click(bench_cancel, inputs=[language, job], outputs=status, show_progress="hidden")
-    load_button.click(on_load_runs, inputs=[language, path], outputs=[runs_md, run_pick])
-    show_button.click(lambda lg, where, run_id: show_run(where, run_id, lang=lg), inputs=[language, path, run_pick],
-                      outputs=report)
+                outputs=[status, table, plot, runs_md, run_pick, run_id], show_progress="hidden",
+                **endpoint("run_benchmark"))
+    cancel_button.click(cancel_benchmark, inputs=[language, job, run_id], outputs=status, show_progress="hidden",
+                        **endpoint("cancel_benchmark"))
+    load_button.click(listed_runs, inputs=[language, path], outputs=[runs_md, run_pick], **endpoint("list_runs"))
+    show_button.click(stored_run, inputs=[language, path, run_pick], outputs=report, **endpoint("show_run"))

@@ -82,8 +82,21 @@ def store_location(path: str | None) -> str:
     return resolve_store(path, default_db_path())
 
 
-def cancel_job(lang: str, job: Any) -> str:
-    """A Cancel button's handler: stop this session's job (a :class:`mixprec.ui.jobs.Job`) after its current step."""
+def cancel_job(lang: str, job: Any, run_id: Any = None) -> str:
+    """A Cancel button's handler: stop a run after its current step.
+
+    Args:
+        lang: language of the message.
+        job: this session's :class:`mixprec.ui.jobs.Job`.
+        run_id: empty or ``None``: this session's run; else the id a start returned, which finds
+            that run in any session (an id that names no run in progress cancels nothing and says so).
+    """
+    wanted = "" if run_id is None else str(run_id).strip()
+    if wanted:
+        found = job.find(wanted)
+        if found is None:
+            return status_html(t("job.unknown", lang, field=t("job.run_id_label", lang), run_id=clip(wanted, escape=True)))
+        job = found
     return status_html(t("job.cancelling" if job.cancel() else "job.idle", lang))
 
 

@@ -5,7 +5,8 @@ bound shows the grammar inline and starts nothing), runs :func:`mixprec.tune` in
 background thread and yields a progress line and a growing plot of the candidates
 (latency against the bound's metric), then the result, the frontier and the chosen
 policy as TOML. A Cancel stops the search before its next measurement; the result
-holds what was measured.
+holds what was measured. :func:`run_tune` and :func:`cancel_tune` are the tab's endpoints
+(see :mod:`mixprec.ui.endpoints`).
 
 Example:
     >>> from mixprec.ui.jobs import Job
@@ -28,11 +29,13 @@ from mixprec.tuning.report import tune_plot_png
 from mixprec.ui.bench_tab import speedup_text
 from mixprec.ui.forms import (SIZES, cancel_job, check_choice, check_whole, devices, error_text, markdown_table, png_html,
                               status_html, store_location)
+from mixprec.ui.endpoints import endpoint
 from mixprec.ui.i18n import t
-from mixprec.ui.jobs import Job
-from mixprec.ui.widgets import device_picker, pipeline_pickers, start_cancel, store_path, wire_cancel
+from mixprec.ui.jobs import Job, JobIndex
+from mixprec.ui.widgets import device_picker, pipeline_pickers, run_id_box, start_cancel, store_path, wire_cancel
 
-__all__ = ["MAX_BUDGET", "OBJECTIVES", "build_tune_tab", "objective_choices", "tune_cancel", "tune_plot_png", "tune_run"]
+__all__ = ["MAX_BUDGET", "OBJECTIVES", "build_tune_tab", "cancel_tune", "objective_choices", "run_tune", "tune_cancel",
+           "tune_plot_png", "tune_run"]
 
 #: What the search minimises.
 OBJECTIVES: tuple[str, ...] = ("latency", "memory")
@@ -189,9 +192,10 @@ def tune_run(lang: str, pipeline: str, size: str, bound: str, objective: str, bu
             return mixprec.tune(pipeline, parsed, objective=objective, budget=n_budget, size=size, seeds=tuple(seeds),
                                 repeat=repeat, store=store, progress=progress, should_stop=job.should_stop, device=device)
 
-    yield [status_html(t("tune.starting", lang), 0.0), "", "", ""]
     for kind, value in job.stream(target):
-        if kind == "progress":
+        if kind == "started":
+            yield [status_html(t("tune.starting", lang), 0.0), "", "", ""]
+        elif kind == "progress":
             # a new candidate redraws the plot; the events of a running step change the status only
             plot = keep if value.work is not None else _plot(value.path, parsed, value.best, lang)
             yield [_progress(value, parsed, lang), plot, keep, keep]
@@ -210,9 +214,26 @@ def tune_run(lang: str, pipeline: str, size: str, bound: str, objective: str, bu
 tune_cancel = cancel_job
 
 
+def run_tune(lang: str, pipeline: str, size: str, bound: str, objective: str, budget: Any, path: str | None,
+             device: str, job: Job) -> Iterator[Outputs]:
+    """Search for the fastest (or smallest) policy meeting a quality bound, and stream the search.
+
+    The endpoint ``run_tune``: the outputs of :func:`tune_run`, then the id of the run in progress
+    (empty when none runs: a refused start, or the search has ended), which ``cancel_tune`` takes.
+    """
+    for out in tune_run(lang, pipeline, size, bound, objective, budget, path, job, device=device):
+        yield [*out, job.run_id or ""]
+
+
+def cancel_tune(lang: str, job: Job, run_id: str | None = "") -> str:
+    """Stop a search before its next measurement: the run ``run_id`` (an id ``run_tune`` returned,
+    in any session) or, when it is empty, this session's search. The result holds what was measured."""
+    return cancel_job(lang, job, run_id)
+
+
 def build_tune_tab(lang: str, reg: Callable[..., Any], language: gr.components.Component) -> None:
     """Create the tab's components in the enclosing ``gr.Tab`` and wire them (see :func:`build_bench_tab`)."""
-    job = gr.State(Job, delete_callback=lambda j: j.cancel())
+    job = gr.State(Job(JobIndex()), delete_callback=lambda j: j.cancel())  # each session: an idle copy
     with gr.Row():
         pipe, size = pipeline_pickers(reg, lang, "tune")
     with gr.Row():
@@ -227,14 +248,13 @@ def build_tune_tab(lang: str, reg: Callable[..., Any], language: gr.components.C
         device = device_picker(reg, lang, "tune", label="tune.device_label", info="tune.device_info")
     path = store_path(reg, lang, "tune")
     start, cancel, status = start_cancel(reg, lang, "tune", start_key="tune.start_button", start_id="tune-start")
+    run_id = run_id_box(reg, lang, "tune")
     plot = gr.HTML(elem_id="tune-plot")
     summary = gr.Markdown(elem_id="tune-summary")
     toml_text = reg(gr.Code(language=None, lines=12, max_lines=40, wrap_lines=True, label=t("tune.policy_label", lang), elem_id="tune-policy"),
                     label="tune.policy_label")
-    def on_start(lg: str, name: str, size_value: str, bound_text: str, goal: str, evaluations: Any, where: str | None,
-                 session: Job, device_value: str) -> Iterator[Outputs]:
-        yield from tune_run(lg, name, size_value, bound_text, goal, evaluations, where, session, device=device_value)
 
-    wire_cancel(start, on_start, cancel, job, inputs=[language, pipe, size, bound, objective, budget, path, job, device],
-                outputs=[status, plot, summary, toml_text], show_progress="hidden")
-    cancel.click(tune_cancel, inputs=[language, job], outputs=status, show_progress="hidden")
+    wire_cancel(start, run_tune, cancel, job, inputs=[language, pipe, size, bound, objective, budget, path, device, job],
+                outputs=[status, plot, summary, toml_text, run_id], show_progress="hidden", **endpoint("run_tune"))
+    cancel.click(cancel_tune, inputs=[language, job, run_id], outputs=status, show_progress="hidden",
+                 **endpoint("cancel_tune"))

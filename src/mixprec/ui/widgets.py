@@ -12,10 +12,11 @@ from typing import Any, Callable
 import gradio as gr
 
 from mixprec import pipelines
+from mixprec.ui.endpoints import INTERNAL
 from mixprec.ui.forms import SIZES, devices
 from mixprec.ui.i18n import t
 
-__all__ = ["device_picker", "pipeline_pickers", "start_cancel", "store_path", "wire_cancel"]
+__all__ = ["device_picker", "pipeline_pickers", "run_id_box", "start_cancel", "store_path", "wire_cancel"]
 
 Reg = Callable[..., Any]
 
@@ -55,15 +56,25 @@ def start_cancel(reg: Reg, lang: str, prefix: str, *, start_key: str, start_id: 
     return start, cancel, gr.HTML(elem_id=f"{prefix}-status")
 
 
+def run_id_box(reg: Reg, lang: str, prefix: str) -> gr.Textbox:
+    """The id of the run this session started (empty while none runs): the start endpoint's last output and
+    the cancel endpoint's input. Not shown on the page; the Cancel button sends it with the session's job."""
+    return reg(gr.Textbox(value="", visible=False, label=t("job.run_id_label", lang), elem_id=f"{prefix}-run-id"),
+               label="job.run_id_label")
+
+
 def wire_cancel(start: gr.Button, handler: Callable[..., Any], cancel: gr.Button, job: gr.State, **event: Any) -> Any:
     """Wire ``start`` to run ``handler`` (``event``: its ``inputs``, ``outputs`` and options) with ``cancel``
     active only meanwhile: active when ``start`` is clicked, inactive again once the handler ends unless this
     session's job still runs (a click refused while the first job runs leaves Cancel active).
 
+    The steps around the handler only keep the page in step: they are not in the API
+    (``event`` gives the handler its endpoint name, see :mod:`mixprec.ui.endpoints`).
+
     Returns:
         The event of the last step.
     """
-    return (start.click(lambda: gr.update(interactive=True), outputs=cancel, show_progress="hidden")
+    return (start.click(lambda: gr.update(interactive=True), outputs=cancel, show_progress="hidden", **INTERNAL)
             .then(handler, **event)
             .then(lambda session: gr.update(interactive=session.running), inputs=job, outputs=cancel,
-                  show_progress="hidden"))
+                  show_progress="hidden", **INTERNAL))
