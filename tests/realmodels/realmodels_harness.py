@@ -174,6 +174,9 @@ def state_differences(before: dict[str, tuple], after: dict[str, tuple]) -> list
             problems.append(f"{key}: {d0}/{dev0}/grad={g0} became {d1}/{dev1}/grad={g1}")
         elif v0.layout != v1.layout:
             problems.append(f"{key}: layout {v0.layout} became {v1.layout}")
+        elif v0.is_meta:  # a placeholder whose values an offload hook keeps (checked by the test that offloads)
+            if v0.shape != v1.shape:
+                problems.append(f"{key}: meta placeholder shape {tuple(v0.shape)} became {tuple(v1.shape)}")
         elif v0.layout != torch.strided:  # whisper's alignment_heads: a sparse buffer (no torch.equal kernel)
             if not torch.equal(v0.to_dense(), v1.to_dense()):
                 problems.append(f"{key}: values of a {v0.layout} tensor changed")

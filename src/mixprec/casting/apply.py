@@ -27,6 +27,7 @@ from mixprec.casting.fp8 import FP8_DTYPES, Fp8Plan
 from mixprec.casting.hooks import own_tensors
 from mixprec.casting.install import install_pins, install_wrappers
 from mixprec.casting.kinds import fits_file, set_data, stored_bytes
+from mixprec.casting.offload import BeneathHooks, Offload, offload_slots
 from mixprec.casting.targets import DTYPES, ApplyError, components_of, refuse_meta, refuse_unsupported, weight_bytes
 from mixprec.policy import ModulePlan, Policy, PolicyError, resolve_modules
 from mixprec.policy.select import UnmatchedRule, UnmatchedRuleWarning, summarise_unmatched, unmatched_rules
@@ -79,6 +80,8 @@ class Applied:
         self._changes: WeightChanges | None = None
         #: The fp8 side of this apply (scales, weights kept out of fp8), where a plan stores fp8.
         self._fp8: Fp8Plan | None = None
+        #: The weights an offload hook keeps outside their modules (accelerate), cast where it keeps them.
+        self._offload: Offload | None = None
         #: Counts the weight changes followed since apply (a fingerprint of the weights is stale after one).
         self.weights_version = 0
         self._reapplying = False
@@ -150,6 +153,9 @@ class Applied:
                 "hooks and patches removed, but the original weights were not kept (keep_original='none'); "
                 "reload the model, or apply with keep_original='cpu' or 'disk'"
             )
+        if self._offload is not None:
+            self._offload.revert()
+            self._offload = None
         replaced = []
         dropped = []
         for key, (tensor, saved) in self._originals.items():
@@ -298,8 +304,9 @@ def apply(
                     f"({type(module).__name__}); revert that one before applying another"
                 )
     plans, unmatched = _validate(comps, policy, strict)
+    offloaded = offload_slots(p.module for p in plans)  # meta placeholders whose values an offload hook keeps
     refuse_meta([(f"{p.qualname}.{key[2:]}".lstrip("."), t) for p in plans for key, t in own_tensors(p.module)
-                 if t.is_floating_point() and t.dtype != DTYPES[p.storage]])
+                 if t.is_floating_point() and t.dtype != DTYPES[p.storage] and (id(p.module), key) not in offloaded])
     if policy.compile is not None:
         check_compiler(policy.compile, any_on_cpu(comps))
 
@@ -373,9 +380,10 @@ def _materialize(applied: Applied) -> None:
     # submodule in two components) is stored in the widest of them, and every plan that
     # owns it says so: a keep-fp32 pin is never silently dropped.
     owners: dict[int, tuple[torch.Tensor, list[tuple[ModulePlan, str]]]] = {}
+    offload = Offload(comps)
     for plan in plans:
         for key, t in own_tensors(plan.module):
-            if t.is_floating_point():
+            if t.is_floating_point() and not offload.holds(plan.module, key):
                 owners.setdefault(id(t), (t, []))[1].append((plan, key))
     applied._plain = PlainTensors(comps)
     applied._entry_dtypes = {cname: next((t.dtype for t in root.parameters() if t.is_floating_point()), torch.float32)
@@ -400,6 +408,8 @@ def _materialize(applied: Applied) -> None:
             continue
         for plan, key in owned:
             applied._locations.setdefault(tid, []).append((plan.module, key))
+
+    offload.stage(offload.storages(plans, fp8, DTYPES))
 
     # Phase 2: keep originals, then swap data in (Parameter objects keep their identity,
     # so tied weights stay tied and optimizers keep their references).
@@ -426,6 +436,8 @@ def _materialize(applied: Applied) -> None:
         if keep_original != "none":
             t.grad = None
     applied._fp8 = fp8.register(new_data)
+    offload.commit(keep_original)
+    applied._offload, applied.original_bytes = offload, applied.original_bytes + offload.original_bytes
     flatten_rnns(comps)
     applied._active = True
 
@@ -434,7 +446,12 @@ def _materialize(applied: Applied) -> None:
             applied._numerics = backends.apply_settings(policy.numerics, owner=f"the numerics of policy {policy.name!r}",
                                                         keep_app_changes=True)
         if _wrapped(policy, plans, comps, bool(new_data), applied._reapplied):
-            install_wrappers(comps, by_module, policy, applied._entry_dtypes, applied._handles, applied._pinned)
+            beneath = BeneathHooks(comps)  # beneath accelerate's hooks, which move offloaded weights in
+            last, first = beneath.handles()
+            applied._handles.append(last)
+            with beneath:
+                install_wrappers(comps, by_module, policy, applied._entry_dtypes, applied._handles, applied._pinned)
+            applied._handles.append(first)
         else:  # nothing changes a dtype, or the policy asks for none: no wrapper
             install_pins(comps, by_module, applied._pinned)
         if keep_original != "none":

@@ -11,6 +11,7 @@ import torch
 from mixprec.casting.fp8 import FP8_DTYPES, Fp8Plan
 from mixprec.casting.hooks import own_tensors
 from mixprec.casting.kinds import stored_elements
+from mixprec.casting.offload import describe_offloaded
 from mixprec.casting.targets import DTYPES, components_of
 from mixprec.casting.upcast import is_attention_module, sdpa_overflows
 from mixprec.policy.roles import dtype_property_source
@@ -46,6 +47,7 @@ def explain_rows(plans: list[ModulePlan], policy: Policy, fp8: Fp8Plan | None = 
         roots = {"": bare.module} if bare is not None else {p.qualname: p.module for p in plans if "." not in p.qualname}
         fp8 = Fp8Plan(roots, plans, policy)
     total = sum(stored_elements(p) for p in {id(t): t for plan in plans for t in plan.module.parameters(recurse=False)}.values())
+    offloaded = describe_offloaded(p.module for p in plans)
     for plan in plans:
         index = plan.decided_by.get("storage")
         rule = policy.rules[index] if index is not None else None
@@ -66,6 +68,7 @@ def explain_rows(plans: list[ModulePlan], policy: Policy, fp8: Fp8Plan | None = 
         if fp8 is not None and storage in FP8_DTYPES:
             storage, kept = _fp8_storage(plan, fp8)
             reason = "; ".join(r for r in (reason, kept) if r)
+        reason = "; ".join(r for r in (reason, offloaded.get(id(plan.module), "")) if r)
         rows.append({
             "module": plan.qualname or "(root)",
             "type": plan.type_name,

@@ -119,7 +119,9 @@ def refuse_meta(cast: list[tuple[str, torch.Tensor]]) -> None:
 def weight_bytes(target: Any) -> int:
     """Bytes of all unique parameters and buffers of a target, as each kind stores them
     (a sparse tensor's indices and values, nothing for a meta tensor: :mod:`mixprec.casting.kinds`),
-    and the scales of fp8-stored weights."""
+    the scales of fp8-stored weights, and the tensors offload hooks keep for them (:mod:`mixprec.casting.offload`)."""
+    from mixprec.casting.offload import offloaded_bytes
+
     comps, _ = components_of(target)
     seen: set[int] = set()
     total = 0
@@ -128,4 +130,4 @@ def weight_bytes(target: Any) -> int:
             if id(t) not in seen:
                 seen.add(id(t))
                 total += stored_bytes(t) + scale_bytes((t,))
-    return total
+    return total + offloaded_bytes(m for root in comps.values() for m in root.modules())

@@ -26,7 +26,8 @@ from torch import nn
 
 from mixprec.policy.tree import first_weight_owner, is_container
 
-__all__ = ["ROLES", "TORCH_NORMS", "output_heads", "norm_layers", "custom_norm_layers", "Declaration", "declarations", "is_projection", "dtype_sources", "dtype_property_source"]
+__all__ = ["ROLES", "TORCH_NORMS", "output_heads", "norm_layers", "custom_norm_layers", "Declaration", "declarations", "is_projection", "dtype_sources", "dtype_property_source",
+           "fp32_kernel"]
 
 _FRAMEWORKS = ("torch.", "transformers.", "diffusers.", "huggingface_hub.")
 
@@ -211,3 +212,22 @@ def dtype_sources(components: dict[str, nn.Module]) -> dict[int, str]:
                 sources.setdefault(id(found[1]), f"{found[0]}.dtype of {qualname or 'the model'} reads its weights "
                                                  "(the model casts its inputs, token ids included, to that dtype)")
     return sources
+
+
+#: Where torch's quantized layers live (``torch.ao.quantization.quantize_dynamic`` / ``convert``).
+_QUANTIZED_PACKAGES = ("torch.ao.nn.quantized", "torch.ao.nn.intrinsic.quantized", "torch.nn.quantized")
+
+
+def fp32_kernel(module: nn.Module) -> str | None:
+    """Why ``module`` computes from fp32 activations whatever a policy says, or ``None``.
+
+    torch's quantized layers hold their weights packed in int8 (no floating parameter to
+    cast) and run kernels that take fp32 activations only: a dynamic one quantizes its
+    fp32 input itself, a static one takes a tensor quantized from fp32. A 16-bit input
+    fails ("expected scalar type Float"); such a layer computes in fp32 beside float
+    layers computing in 16 bits.
+    """
+    kind = type(module).__module__
+    if kind.startswith(_QUANTIZED_PACKAGES):
+        return f"{type(module).__name__} is a torch quantized layer: its int8 kernel takes fp32 activations"
+    return None

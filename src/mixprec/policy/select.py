@@ -13,7 +13,8 @@ from typing import Iterable, Iterator
 
 from torch import nn
 
-from mixprec.policy.roles import Declaration, custom_norm_layers, declarations, dtype_sources, norm_layers, output_heads
+from mixprec.policy.roles import (Declaration, custom_norm_layers, declarations, dtype_sources, fp32_kernel, norm_layers,
+                                  output_heads)
 from mixprec._quote import quote
 from mixprec.policy.rules import FP8_NAMES, RULE_FIELDS, Policy, nfc
 
@@ -123,6 +124,8 @@ def resolve_modules(components: dict[str, nn.Module], policy: Policy) -> tuple[l
                 _apply_declarations(plan, declared)
             if not plan.keep_fp32 and plan.storage != "fp32" and id(module) in sources:
                 plan.keep_fp32, plan.declared = True, sources[id(module)]
+            if not plan.keep_fp32 and plan.compute_dtype != "fp32" and (kernel := fp32_kernel(module)) is not None:
+                plan.keep_fp32, plan.declared = True, kernel
             if plan.keep_fp32:
                 plan.storage = "fp32"
                 if plan.declared is None:
