@@ -313,6 +313,46 @@ class TestKindsRefused:
         assert _changed(before, model) == []
 
 
+def _ao_dynamic() -> nn.Module:
+    inner = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    return torch.ao.quantization.quantize_dynamic(inner, {nn.Linear}, dtype=torch.qint8)
+
+
+def _ao_static() -> nn.Module:
+    model = nn.Sequential(torch.ao.quantization.QuantWrapper(nn.Linear(8, 8)), nn.Linear(8, 8)).eval()
+    model[0].qconfig = torch.ao.quantization.get_default_qconfig("x86")
+    torch.ao.quantization.prepare(model, inplace=True)
+    model(X)  # calibration
+    return torch.ao.quantization.convert(model, inplace=True)
+
+
+def _ao_qat() -> nn.Module:
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)).train()
+    model.qconfig = torch.ao.quantization.get_default_qat_qconfig("x86")
+    torch.ao.quantization.prepare_qat(model, inplace=True)
+    model(X)
+    return model.eval()
+
+
+class TestTorchAo:
+    """Models quantized with torch.ao: packed 8-bit weights (left), fake-quantize observers (cast)."""
+
+    @pytest.mark.parametrize("policy", sorted(POLICIES))
+    @pytest.mark.parametrize("build", [_ao_dynamic, _ao_static, _ao_qat], ids=["dynamic", "static", "qat-prepared"])
+    def test_apply_runs_and_reverts_bit_exactly(self, build, policy):
+        if "x86" not in torch.backends.quantized.supported_engines:
+            pytest.skip("this torch has no x86 quantized engine")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = build()
+        before = _state(model)
+        with torch.no_grad():
+            reference = model(X)
+            with mixprec.apply(model, POLICIES[policy]()):
+                assert torch.isfinite(model(X).float()).all()
+            assert _changed(before, model) == [] and torch.equal(model(X), reference)
+
+
 class _Logging(TorchDispatchMode):
     """A user's dispatch mode that only watches."""
 

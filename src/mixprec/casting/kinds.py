@@ -14,7 +14,7 @@ handled by one decision:
 | inference tensor (made under ``torch.inference_mode``: no version counter) | cast; stays an inference tensor | put back | as its kind | as its kind; writes are found by the sample |
 | complex | left: torch has almost no ``complex32`` kernels | nothing to put back | elements x size | real and imaginary parts |
 | integer, bool | never cast (indices, masks, counters) | nothing to put back | elements x size | values |
-| quantized (per tensor, per channel) | left: already stored in 8 bits with its own scales | nothing to put back | elements x size | dequantized values |
+| quantized (per tensor, per channel; ``torch.ao`` modules' packed weights are not tensors) | left: already stored in 8 bits with its own scales | nothing to put back | elements x size | dequantized values |
 | meta, fake (``FakeTensorMode``) | a floating one the policy would cast is refused (no values); others left | nothing to put back | 0 (no storage) | shape and dtype only |
 | mkldnn layout | a floating one the policy would cast is refused (torch cannot change it in place); others left | nothing to put back | elements x size | its values, as dense |
 | functorch-wrapped (escaped from ``vmap``/``grad``) | refused, whatever the policy | — | — | — |
