@@ -283,6 +283,8 @@ REFUSED = {
     "fake tensor": (_fake, "traced", "fake tensor"),
     "escaped from grad": (_escaped("grad"), "escaped", "functorch"),
     "escaped from vmap": (_escaped("vmap"), "escaped", "functorch"),
+    "float4 (bit-packed)": (_buffer("packed4", lambda: torch.zeros(4, 8, dtype=torch.float4_e2m1fn_x2)), "packed4",
+                            r"float4_e2m1fn_x2, which torch cannot convert"),
 }
 
 
@@ -351,6 +353,48 @@ class TestTorchAo:
             with mixprec.apply(model, POLICIES[policy]()):
                 assert torch.isfinite(model(X).float()).all()
             assert _changed(before, model) == [] and torch.equal(model(X), reference)
+
+
+def _dtype_tensor(dtype: torch.dtype) -> torch.Tensor:
+    values = torch.randn(4, 8, generator=torch.Generator().manual_seed(2))
+    if "torch.q" in str(dtype):
+        return torch.quantize_per_tensor(values, 0.1, 0, dtype)
+    return values.to(dtype) if _converts(dtype) else torch.zeros(4, 8, dtype=dtype)
+
+
+def _converts(dtype: torch.dtype) -> bool:
+    try:
+        torch.zeros(1).to(dtype).to(torch.float32)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bytes, for any dtype."""
+    return t.int_repr().view(torch.uint8) if t.is_quantized else t.detach().view(torch.uint8).clone()
+
+
+class TestEveryDtype:
+    """A buffer of every dtype torch has, next to cast weights: left, cast, or refused up front."""
+
+    @pytest.mark.parametrize("policy", sorted(POLICIES))
+    @pytest.mark.parametrize("dtype", sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str), ids=str)
+    def test_apply_run_revert_or_refusal(self, dtype, policy):
+        model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+        model.register_buffer("odd", _dtype_tensor(dtype))
+        weights = {n: t.clone() for n, t in model.named_parameters()}
+        raw, odd = _raw(model.odd), model.odd
+        if dtype.is_floating_point and not _converts(dtype):
+            with pytest.raises(mixprec.ApplyError, match=rf"{dtype}.*\(first: 'odd'\).*nothing was changed"):
+                mixprec.apply(model, POLICIES[policy]())
+        else:
+            with mixprec.apply(model, POLICIES[policy]()):
+                assert model.odd.dtype == dtype or dtype.is_floating_point  # only floating tensors are cast
+                with torch.no_grad():
+                    assert torch.isfinite(model(X).float()).all()
+        assert model.odd is odd and model.odd.dtype == dtype and torch.equal(_raw(model.odd), raw)
+        assert all(torch.equal(t, weights[n]) and t.dtype == torch.float32 for n, t in model.named_parameters())
 
 
 class _Logging(TorchDispatchMode):
@@ -454,6 +498,12 @@ class TestKindHelpers:
             torch.manual_seed(1)
             other = _odd(Holder(WORKS[case]))
         assert (digest(other) != before) == (case != "zero tensor")  # zeros are zeros
+
+    def test_bit_packed_dtypes_are_sampled_by_their_bytes(self):
+        packed = torch.arange(8, dtype=torch.int16).view(torch.bits16)
+        assert torch.equal(sample(packed), torch.arange(8, dtype=torch.float64))
+        assert digest(packed) != digest((torch.arange(8, dtype=torch.int16) + 1).view(torch.bits16))
+        assert stored_bytes(torch.zeros(4, 8, dtype=torch.float4_e2m1fn_x2)) == 32
 
     def test_mkldnn_and_fake_tensors_are_sampled(self):
         packed = torch.arange(64.0).reshape(8, 8).to_mkldnn()

@@ -17,6 +17,7 @@ handled by one decision:
 | quantized (per tensor, per channel; ``torch.ao`` modules' packed weights are not tensors) | left: already stored in 8 bits with its own scales | nothing to put back | elements x size | dequantized values |
 | meta, fake (``FakeTensorMode``) | a floating one the policy would cast is refused (no values); others left | nothing to put back | 0 (no storage) | shape and dtype only |
 | mkldnn layout | a floating one the policy would cast is refused (torch cannot change it in place); others left | nothing to put back | elements x size | its values, as dense |
+| bit-packed dtypes (``float4_e2m1fn_x2``, ``int1``..``int7``, ``uint1``..``uint7``, ``bits8``..) | a floating one the policy would cast is refused (torch converts none of them); others left | nothing to put back | elements x size | their bytes, as integers |
 | functorch-wrapped (escaped from ``vmap``/``grad``) | refused, whatever the policy | — | — | — |
 | lazy (``UninitializedParameter``) | refused: run one forward first | — | — | — |
 
@@ -31,12 +32,13 @@ becomes an inference tensor (or stops being one).
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any, Iterator
 
 import torch
 from torch import nn
 
-__all__ = ["KINDS", "kind", "castable", "refusal", "unusable", "refusal_of_context", "set_data", "stored_bytes",
+__all__ = ["KINDS", "kind", "castable", "converts", "refusal", "unusable", "refusal_of_context", "set_data", "stored_bytes",
            "stored_elements", "sample", "digest", "is_lazy", "copy_module", "copy_tensor", "deepcopy_refused", "fits_file"]
 
 #: Every kind :func:`kind` names.
@@ -78,12 +80,28 @@ def unusable(t: torch.Tensor) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def converts(dtype: torch.dtype, device_type: str) -> bool:
+    """Whether torch converts ``dtype`` to and from float32 on ``device_type`` (not the bit-packed
+    dtypes: ``float4_e2m1fn_x2``, ``int1``..``int7``, ``uint1``..``uint7``, ``bits8``..)."""
+    try:
+        torch.zeros(1, device=device_type).to(dtype).to(torch.float32)
+    except NotImplementedError:  # torch names the missing kernel; the answer is "no"
+        return False
+    return True
+
+
+_SAME_SIZE_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def refusal(t: torch.Tensor) -> str | None:
     """Why apply cannot cast ``t`` to another dtype in place, or ``None`` where it can."""
     if _no_values(t):
         return "on the meta device" if t.is_meta else "a fake tensor (FakeTensorMode)"
     if t.layout == torch._mkldnn:
         return "of the mkldnn layout, which torch cannot convert to another dtype in place"
+    if not converts(t.dtype, t.device.type):
+        return f"of dtype {t.dtype}, which torch cannot convert to or from other dtypes on {t.device.type}"
     return unusable(t)
 
 
@@ -194,6 +212,8 @@ def sample(t: torch.Tensor, n: int = 64) -> torch.Tensor:
         parts = list(_parts(t))
     out = []
     for part in parts:
+        if not converts(part.dtype, part.device.type):  # a bit-packed dtype: its bytes, as integers
+            part = part.view(_SAME_SIZE_INTS[part.element_size()])
         part = part.resolve_conj().resolve_neg()
         if part.is_complex():
             part = torch.view_as_real(part)

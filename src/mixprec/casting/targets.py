@@ -91,14 +91,16 @@ _REMEDIES = {
     "a fake tensor (FakeTensorMode)": ("they hold no values", "Apply the policy to the model with real weights, before "
                                        "FakeTensorMode converts it"),
 }
-_OTHERWISE = ("they cannot be cast", "Convert them to plain dense tensors first (an mkldnn tensor: t.to_dense()), or keep "
-              "their modules in fp32 with a rule such as Rule('<module name>', storage='fp32')")
+_MKLDNN = ("they cannot be cast", "Convert them to plain dense tensors first (t.to_dense()), or keep their modules in "
+           "fp32 with a rule such as Rule('<module name>', storage='fp32')")
+_PACKED = ("they cannot be cast", "Hold them as raw bytes (t.view(torch.uint8): apply leaves integer tensors) and view "
+           "them back where the model reads them")
 
 
 def refuse_meta(cast: list[tuple[str, torch.Tensor]]) -> None:
     """Refuse ``(qualified name, tensor)`` pairs a policy would cast that cannot be cast in place:
-    meta and fake tensors (no values), mkldnn tensors, functorch-wrapped ones
-    (:func:`~mixprec.casting.kinds.refusal`).
+    meta and fake tensors (no values), mkldnn tensors, bit-packed dtypes torch converts to
+    nothing (``float4_e2m1fn_x2``), functorch-wrapped ones (:func:`~mixprec.casting.kinds.refusal`).
 
     Raises:
         ApplyError: naming the first tensor of the first kind found, the kind and what to do.
@@ -108,12 +110,13 @@ def refuse_meta(cast: list[tuple[str, torch.Tensor]]) -> None:
         return
     why = refused[0][1]
     names = [name for name, reason in refused if reason == why]
-    what, remedy = _REMEDIES.get(why, _OTHERWISE)
+    what, remedy = _REMEDIES.get(why) or (_MKLDNN if "mkldnn" in why else _PACKED if why.startswith("of dtype") else
+                                          ("they cannot be cast", ""))
     if why == "on the meta device":
         raise ApplyError(f"{len(names)} tensor(s) the policy would cast are on the meta device (first: {names[0]!r}) and "
                          f"hold no values; nothing was changed. {remedy}")
     raise ApplyError(f"{len(names)} tensor(s) the policy would cast are {why} (first: {names[0]!r}): {what}; nothing was "
-                     f"changed. {remedy}")
+                     f"changed. {remedy}".rstrip())
 
 
 def weight_bytes(target: Any) -> int:
