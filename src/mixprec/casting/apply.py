@@ -304,7 +304,16 @@ def apply(
                     f"({type(module).__name__}); revert that one before applying another"
                 )
     plans, unmatched = _validate(comps, policy, strict)
-    offloaded = offload_slots(p.module for p in plans)  # meta placeholders whose values an offload hook keeps
+    unwritable: list[tuple[nn.Module, str, str]] = []
+    offloaded = offload_slots((p.module for p in plans), unwritable)  # meta placeholders an offload hook fills
+    cast = {id(p.module): (DTYPES[p.storage], p.qualname) for p in plans}
+    unwritable = [(f"{cast[id(m)][1]}.{key[2:]}".lstrip("."), kind) for m, key, kind in unwritable
+                  if (t := getattr(m, key[2:])).is_floating_point() and t.dtype != cast[id(m)][0]]
+    if unwritable:
+        raise ApplyError(f"{len(unwritable)} weight(s) the policy would cast are offloaded by accelerate into a weights "
+                         f"map of type {unwritable[0][1]} (first: {unwritable[0][0]!r}), which mixprec cannot write into; "
+                         "nothing was changed. Offload into a dict or accelerate's OffloadedWeightsLoader (what "
+                         "cpu_offload, dispatch_model and a device_map use)")
     refuse_meta([(f"{p.qualname}.{key[2:]}".lstrip("."), t) for p in plans for key, t in own_tensors(p.module)
                  if t.is_floating_point() and t.dtype != DTYPES[p.storage] and (id(p.module), key) not in offloaded])
     if policy.compile is not None:

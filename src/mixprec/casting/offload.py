@@ -22,6 +22,7 @@ from typing import Any, Iterable, MutableMapping
 import torch
 from torch import nn
 
+from mixprec.casting.hooks import _METHOD_TABLE
 from mixprec.casting.kinds import stored_bytes
 
 __all__ = ["BeneathHooks", "Offload", "OffloadSlot", "offload_slots", "offloaded_bytes", "describe_offloaded"]
@@ -62,6 +63,12 @@ def _hooks(module: nn.Module) -> list[Any]:
     return [h for h in hooks if getattr(h, "offload", False) and getattr(h, "weights_map", None) is not None]
 
 
+def _innermost(weights_map: Any) -> Any:
+    while hasattr(weights_map, "dataset") and hasattr(weights_map, "prefix"):
+        weights_map = weights_map.dataset
+    return weights_map
+
+
 def _resolve(weights_map: Any, name: str) -> tuple[Any, str, bool] | None:
     """(mapping that holds ``name``, its key there, on disk) through accelerate's prefixed views."""
     from accelerate.utils.offload import OffloadedWeightsLoader, PrefixedDataset
@@ -79,10 +86,13 @@ def _resolve(weights_map: Any, name: str) -> tuple[Any, str, bool] | None:
     return None
 
 
-def offload_slots(modules: Iterable[nn.Module]) -> dict[tuple[int, str], OffloadSlot]:
+def offload_slots(modules: Iterable[nn.Module], unwritable: list[tuple[nn.Module, str, str]] | None = None,
+                  ) -> dict[tuple[int, str], OffloadSlot]:
     """Every tensor of ``modules`` an offload hook keeps outside its module, keyed by
     ``(id(owning module), "p:name")``. Only meta placeholders count: a tensor the hook left
-    in the module (a buffer it does not offload) is the module's own."""
+    in the module (a buffer it does not offload) is the module's own. ``unwritable``
+    collects ``(module, key, type of the map)`` for placeholders whose hook keeps them
+    in a map this module cannot write (not a dict, nor accelerate's loader)."""
     slots: dict[tuple[int, str], OffloadSlot] = {}
     for module in modules:
         for hook in _hooks(module):
@@ -97,6 +107,8 @@ def offload_slots(modules: Iterable[nn.Module]) -> dict[tuple[int, str], Offload
                     found = _resolve(hook.weights_map, f"{prefix}.{key[2:]}".lstrip("."))
                     if found is not None:
                         slots[(id(owner), key)] = OffloadSlot(owner, key, *found)
+                    elif unwritable is not None:
+                        unwritable.append((owner, key, type(_innermost(hook.weights_map)).__name__))
     return slots
 
 
@@ -172,44 +184,53 @@ class BeneathHooks:
     A wrapper that reads the module's weights (computing in fp32 from 16-bit ones) must
     run after that, where the weights are in the module, so the wrappers go around the
     kept forward: ``with beneath: install(...)`` installs them as usual and then moves
-    them below the hook. :meth:`handles` are removed around the wrappers' own handles
-    (``first`` before them, ``last`` after): the wrappers come back on top to be removed,
-    then the hook's forward, or whatever was put on top of it since, is put back.
+    them below the hook. Their table of method hooks moves with them, apart from the one
+    of hooks added on top later (the guard's). :meth:`handles` are removed around the
+    wrappers' own handles (``first`` before them, ``last`` after): the wrappers come back
+    on top to be removed, then the hook's forward, or whatever was put on top of it
+    since, is put back.
     """
 
     def __init__(self, components: dict[str, nn.Module]):
         self.modules = [m for root in components.values() for m in root.modules()
                         if "_hf_hook" in m.__dict__ and "_old_forward" in m.__dict__ and "forward" in m.__dict__]
-        self._top: dict[int, Any] = {}
+        self._top: dict[int, tuple[Any, Any]] = {}  # forward and method-hook table above the hook's forward
+        self._inner: dict[int, Any] = {}  # the method-hook table of the wrappers beneath it
+
+    def _lift(self) -> None:
+        """Make the kept forward (with the wrappers around it) the module's forward, and their table its table."""
+        for m in self.modules:
+            self._top[id(m)] = (m.__dict__.get("forward"), m.__dict__.pop(_METHOD_TABLE, None))
+            m.__dict__["forward"] = m.__dict__["_old_forward"]
+            inner = self._inner.pop(id(m), None)
+            if inner is not None:
+                m.__dict__[_METHOD_TABLE] = inner
+
+    def _lower(self) -> None:
+        """Keep what is now the module's forward as the hook's kept forward, and put the top back."""
+        for m in self.modules:
+            if id(m) not in self._top:
+                continue
+            forward, table = self._top.pop(id(m))
+            m.__dict__["_old_forward"] = m.__dict__["forward"]
+            m.__dict__["forward"] = forward
+            inner = m.__dict__.pop(_METHOD_TABLE, None)
+            if inner:
+                self._inner[id(m)] = inner
+            if table is not None:
+                m.__dict__[_METHOD_TABLE] = table
 
     def __enter__(self) -> BeneathHooks:
-        for m in self.modules:  # the forward accelerate kept, as the module's forward while wrappers go on
-            self._top[id(m)] = m.__dict__["forward"]
-            m.__dict__["forward"] = m.__dict__["_old_forward"]
+        self._lift()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if exc[0] is not None:
-            return  # the wrappers stay on top, where their removal finds them; ``last`` puts the hook back
-        for m in self.modules:
-            m.__dict__["_old_forward"] = m.__dict__["forward"]
-            m.__dict__["forward"] = self._top[id(m)]
-
-    def _expose(self) -> None:
-        for m in self.modules:
-            self._top[id(m)] = m.__dict__.get("forward")  # the hook's forward, or the guard's around it
-            m.__dict__["forward"] = m.__dict__["_old_forward"]
-
-    def _restore(self) -> None:
-        for m in self.modules:
-            if id(m) in self._top:
-                m.__dict__["_old_forward"] = m.__dict__["forward"]
-                m.__dict__["forward"] = self._top[id(m)]
-        self._top.clear()
+        if exc[0] is None:  # on an error the wrappers stay on top, where their removal finds them; ``last`` lowers
+            self._lower()
 
     def handles(self) -> tuple[Any, Any]:
         """(``last``, ``first``): append ``last`` before the wrappers' handles, ``first`` after them."""
-        return _Handle(self._restore), _Handle(self._expose)
+        return _Handle(self._lower), _Handle(self._lift)
 
 
 class _Handle:
@@ -230,7 +251,7 @@ class Offload:
         self._entries: list[tuple[OffloadSlot, Any]] = []  # (slot, original entry: a tensor, a key on disk, an index record)
         self._dtypes: list[tuple[OffloadSlot, torch.dtype]] = []
         self._files: tempfile.TemporaryDirectory | None = None
-        #: Bytes of the originals kept in host memory (none for weights the hook keeps on disk).
+        #: Bytes of the originals kept (none for weights the hook keeps on disk: their files stay as they are).
         self.original_bytes = 0
 
     def holds(self, module: nn.Module, key: str) -> bool:
@@ -311,9 +332,9 @@ class Offload:
             placeholder = slot.placeholder()
             self._dtypes.append((slot, placeholder.dtype))
             placeholder.data = torch.empty(placeholder.shape, dtype=dtype, device="meta")
-        if keep_original == "cpu":
+        if keep_original != "none":  # what the kept originals cost, in memory or in a file (as apply counts them)
             self.original_bytes = sum(stored_bytes(t) for t in originals.values())
-        elif keep_original == "disk" and originals:
+        if keep_original == "disk" and originals:
             from safetensors.torch import save_file
 
             save_file({k: t.clone() for k, t in originals.items()}, str(Path(self._files.name) / "originals.safetensors"))
