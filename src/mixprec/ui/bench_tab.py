@@ -272,9 +272,9 @@ def run_benchmark(lang: str, pipeline: str, size: str, configs: Sequence[str] | 
                   device: str, path: str | None, job: Job) -> Iterator[Outputs]:
     """Benchmark configurations of a pipeline and stream the progress, then the results.
 
-    The endpoint ``run_benchmark``: the outputs of :func:`bench_run`, then the id of the run in
-    progress (empty when none runs: a refused start, or the run has ended), which ``cancel_benchmark``
-    takes.
+    The endpoint ``run_benchmark``: the outputs of :func:`bench_run`, then the id of this
+    session's run in progress (empty when none runs: nothing was started, or the run has ended),
+    which ``cancel_benchmark`` takes.
     """
     for out in bench_run(lang, pipeline, size, configs, repeat, warmup, device, path, job):
         yield [*out, job.run_id or ""]

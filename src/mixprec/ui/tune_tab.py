@@ -218,8 +218,9 @@ def run_tune(lang: str, pipeline: str, size: str, bound: str, objective: str, bu
              device: str, job: Job) -> Iterator[Outputs]:
     """Search for the fastest (or smallest) policy meeting a quality bound, and stream the search.
 
-    The endpoint ``run_tune``: the outputs of :func:`tune_run`, then the id of the run in progress
-    (empty when none runs: a refused start, or the search has ended), which ``cancel_tune`` takes.
+    The endpoint ``run_tune``: the outputs of :func:`tune_run`, then the id of this session's
+    run in progress (empty when none runs: nothing was started, or the search has ended), which
+    ``cancel_tune`` takes.
     """
     for out in tune_run(lang, pipeline, size, bound, objective, budget, path, job, device=device):
         yield [*out, job.run_id or ""]
