@@ -208,3 +208,21 @@ def test_device_map_with_layers_on_disk(tmp_path, bf16_cpu):
     assert all(loader.index[k] is v for k, v in index.items()) and loader.index.keys() == index.keys()
     assert {p: _digest(p) for p in files} == files  # the model's files and the offload folder are never written
     assert torch.equal(_logits(loaded), ref)
+
+
+def test_disk_offload_to_accelerate_files(tmp_path):
+    """``accelerate.disk_offload``: each weight in a ``.dat`` file of its own, the index naming dtype and shape."""
+    model = _llama()
+    ref = _logits(model)
+    fp32_bytes = mixprec.weight_bytes(model)
+    accelerate.disk_offload(model, tmp_path / "offload", execution_device=torch.device("cpu"))
+    loader = model.model.layers[0].mlp.up_proj._hf_hook.weights_map.dataset
+    assert not loader.state_dict and (tmp_path / "offload" / "model.layers.0.mlp.up_proj.weight.dat").exists()
+    files = {p: _digest(p) for p in (tmp_path / "offload").iterdir()}
+    assert mixprec.weight_bytes(model) == fp32_bytes
+    with mixprec.apply(model, BF16) as applied:
+        assert loader["model.layers.0.mlp.up_proj.weight"].dtype == torch.bfloat16
+        assert applied.weight_bytes() == fp32_bytes // 2
+        assert torch.isfinite(_logits(model)).all()
+    assert {p: _digest(p) for p in files} == files
+    assert torch.equal(_logits(model), ref)

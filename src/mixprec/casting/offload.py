@@ -141,25 +141,28 @@ def offloaded_bytes(modules: Iterable[nn.Module]) -> int:
     return total
 
 
+#: Bytes per element of the dtypes a safetensors file names.
+_SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4,
+                      "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
 def _disk_bytes(slot: OffloadSlot) -> int:
+    """Bytes of a weight kept on disk, as its file stores it."""
     info = slot.store.index[slot.store_key]
-    if "shape" in info and "dtype" in info:
-        numel = 1
-        for n in info["shape"]:
-            numel *= int(n)
-        return numel * torch.empty((), dtype=getattr(torch, info["dtype"])).element_size()
     placeholder = slot.placeholder()
+    fallback = placeholder.element_size() if placeholder is not None else 4
     if "safetensors_file" in info:
         from safetensors import safe_open
 
         with safe_open(info["safetensors_file"], framework="pt") as f:
             part = f.get_slice(info.get("weight_name", slot.store_key))
-            numel = 1
-            for n in part.get_shape():
-                numel *= int(n)
-            dtype = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1}.get(part.get_dtype(), 4)
-            return numel * dtype
-    return placeholder.numel() * placeholder.element_size() if placeholder is not None else 0
+            shape, size = part.get_shape(), _SAFETENSORS_BYTES.get(part.get_dtype(), fallback)
+    else:  # accelerate's own .dat files: the index says their dtype and shape
+        shape, size = info.get("shape", ()), torch.empty((), dtype=getattr(torch, info["dtype"])).element_size()
+    numel = 1
+    for n in shape:
+        numel *= int(n)
+    return numel * size
 
 
 def describe_offloaded(modules: Iterable[nn.Module]) -> dict[int, str]:
