@@ -16,7 +16,8 @@ Example:
     >>> client = Client("http://127.0.0.1:7860/")  # doctest: +SKIP
     >>> started = client.submit("en", "minilm", "test", ["fp32", "fast"], 40, 1, "cpu", "",
     ...                         api_name="/run_benchmark")  # doctest: +SKIP
-    >>> client.predict("en", run_id, api_name="/cancel_benchmark")  # doctest: +SKIP
+    >>> run_id = started.outputs()[-1][-1]  # once the run has started  # doctest: +SKIP
+    >>> Client("http://127.0.0.1:7860/").predict("en", run_id, api_name="/cancel_benchmark")  # doctest: +SKIP
 """
 
 from __future__ import annotations
