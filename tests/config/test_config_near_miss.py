@@ -118,3 +118,22 @@ def test_the_cli_says_it_in_text_and_json(command, tmp_path, clean_env):
     names = {u["name"]: u for u in data["unused"]}
     assert names[f"mixprec_{_M.lower()}"]["kind"] == "near miss" and names["preset"]["kind"] == "read as"
     assert data["warnings"] == []
+
+
+@pytest.mark.parametrize(("flag", "how"), [
+    ("--float32_matmul_precision", "flags are lower case, their words joined by '-'"),
+    ("--Float32-Matmul-Precision", "flags are lower case"),
+    ("--float32-matmul-prec\u0456sion", "look-alike letters \\u0456 (CYRILLIC SMALL LETTER BYELORUSSIAN-UKRAINIAN I) for 'i'"),
+    ("--conv-tf32\u200b", "invisible characters \\u200b (ZERO WIDTH SPACE)"),
+    ("--float32-matmul-precison", "a typo?"),
+])
+@pytest.mark.parametrize("command", [["config", "show"], ["env"]])
+def test_a_flag_near_a_commands_option_names_the_option_meant(flag, how, command, tmp_path, clean_env):
+    clean_env.chdir(tmp_path)
+    before = mixprec.snapshot()
+    result = runner.invoke(app, [*command, flag, "medium"], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    meant = "--conv-tf32" if "conv" in flag else "--float32-matmul-precision"
+    text = " ".join(result.output.replace("│", " ").split())
+    assert f"did you mean {meant}?" in text and how in text, text
+    assert mixprec.snapshot() == before

@@ -11,6 +11,7 @@ import typer
 from typer.core import TyperGroup
 
 import mixprec
+from mixprec._quote import quote
 from mixprec.cli._common import console
 from mixprec.cli._text import clean, say
 
@@ -71,7 +72,28 @@ class _Group(TyperGroup):
 
 def _clean_message(exc: Exception) -> None:
     if isinstance(getattr(exc, "message", None), str) and callable(getattr(exc, "format_message", None)):
+        _near_option(exc)
         exc.message = clean(exc.message, newlines=True)
+
+
+def _near_option(exc: Any) -> None:
+    """An unknown option that is a near miss of one the command has (``--float32_matmul_precision``,
+    ``--Conv-TF32``, a look-alike or invisible character, a typo): said with the option meant and
+    what differs, as every other source's near misses are (:mod:`mixprec.config.names`)."""
+    from mixprec.config.names import closest, differences
+
+    given, ctx = getattr(exc, "option_name", None), getattr(exc, "ctx", None)
+    if not isinstance(given, str) or ctx is None or not hasattr(exc, "possibilities"):
+        return
+    options = [o for p in ctx.command.params for o in getattr(p, "opts", ()) if o.startswith("--")]
+    found = closest(given, options)
+    if found is None:
+        return
+    meant, same = found
+    differ = [d for d in differences(given, meant) if "where the name has" not in d and "case" not in d] if same else []
+    how = "; ".join([*differ, "flags are lower case, their words joined by '-'"]) if same else "a typo?"
+    exc.message = f"No such option: {quote(given)}; did you mean {meant}? ({how})"
+    exc.possibilities = []
 
 
 app = typer.Typer(

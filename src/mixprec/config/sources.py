@@ -39,7 +39,7 @@ from typing import Any, Mapping
 
 from dotenv.parser import parse_stream
 
-from mixprec._quote import quote
+from mixprec._quote import clip, quote
 from mixprec._words import describe, dropped, look_alikes, normalise, skeleton
 from mixprec.config.names import closest, differences, suggestion
 from mixprec.config.options import OPTIONS, Option, default_value, option_for_key
@@ -438,7 +438,7 @@ def _why_not_read(name: str, readable: dict[str, Option], used: dict[str, str], 
         return (f"prefix {prefix}_ is not this app's (read: {prefixes}); pass --app {prefix} "
                 f"(mixprec.init(app={prefix!r}))" + ("" if name == shape else f" and write the name as {shape}")), "near miss"
     if upper.startswith(f"{ENV_PREFIX}_") and upper != name:
-        return f"names are matched in upper case, and {upper} is not a setting either", "near miss"
+        return f"names are matched in upper case, and {clip(upper, escape=True)} is not a setting either", "near miss"
     return None
 
 

@@ -21,6 +21,7 @@ import gradio as gr
 
 import mixprec
 from mixprec._quote import clip, quote
+from mixprec._words import normalise
 from mixprec.policy import PolicyError
 from mixprec.ui.i18n import bidi, check_language, t
 
@@ -40,6 +41,7 @@ __all__ = [
     "precision_controls",
     "policy_line",
     "dtype_selector_update",
+    "not_used_lines",
 ]
 
 #: Weight storage types a component can be given.
@@ -116,11 +118,25 @@ def preset_storage(preset: str, components: Mapping[str, Any], hints: Sequence[s
 
 
 def defaults_message(app: str | None, lang: str) -> str:
-    """The status text shown before anything was applied."""
+    """The status text shown before anything was applied, and what the configuration sources
+    held that looks like a setting and is not read (:func:`not_used_lines`)."""
     value, source, error = default_matmul(app)
     if error is not None:
         return t("controls.error_resolve", lang, message=error)
-    return t("controls.status_defaults", lang, value=value, source=source)
+    try:
+        notes = not_used_lines(mixprec.resolve(app), lang)
+    except mixprec.ConfigError:  # default_matmul resolved the same sources without an error
+        notes = []
+    return "\n".join([t("controls.status_defaults", lang, value=value, source=source), *([""] + notes if notes else [])])
+
+
+def not_used_lines(resolved: Any, lang: str) -> list[str]:
+    """Markdown list lines of what the sources held that was not used and is most likely a mistake
+    (a near miss of a setting's name, another app's prefix, a value read without its invisible
+    characters: :class:`mixprec.config.sources.Unused`), in the words of ``mixprec config show``.
+    English, as the log lines are: in a right-to-left language each line is isolated."""
+    items = [f"not used: {item}" for item in resolved.unused if item.warns] + list(resolved.warnings)
+    return [f"- {bidi(clip(line, limit=400), lang)}" for line in items]
 
 
 def preset_choices(lang: str) -> list[tuple[str, str]]:
@@ -148,8 +164,9 @@ def build_policy(
     Raises:
         ValueError: for an unknown preset or storage type (``PolicyError`` is one).
     """
-    dtypes = dict(dtypes or {})
-    preset = preset or NO_PRESET
+    # typed or pasted values are read as every source's words are (case, invisible characters, NFKC)
+    dtypes = {name: normalise(dtype) if isinstance(dtype, str) else dtype for name, dtype in (dtypes or {}).items()}
+    preset = normalise(preset) if isinstance(preset, str) and preset else NO_PRESET
     if preset != NO_PRESET and preset not in mixprec.PRESETS:
         raise ValueError(f"unknown preset {quote(preset)}; valid: {', '.join((NO_PRESET, *mixprec.PRESETS))}")
     for name, dtype in dtypes.items():
@@ -200,12 +217,15 @@ def initialize_service(
         Markdown: what was applied and from where, or the inline error.
     """
     check_language(lang)
+    preset = normalise(preset) if isinstance(preset, str) and preset else NO_PRESET
     try:
         policy = build_policy(preset=preset, upcast_attention=upcast_attention, dtypes=dtypes)
     except ValueError as exc:
         return t("controls.error_config", lang, message=str(exc))
+    typed = matmul
+    matmul = normalise(matmul) if isinstance(matmul, str) else matmul  # a typed value, read as every source's words
     if matmul not in mixprec.MATMUL_LEVELS:
-        return t("controls.error_choice", lang, value=clip(matmul, escape=True), field=t("controls.matmul_label", lang),
+        return t("controls.error_choice", lang, value=clip(typed, escape=True), field=t("controls.matmul_label", lang),
                  choices=", ".join(mixprec.MATMUL_LEVELS))
     try:
         resolved = mixprec.init(app, matmul=matmul)
@@ -227,6 +247,7 @@ def initialize_service(
     lines += [f"- {bidi(line, lang)}" for key, line in zip(resolved.settings, resolved.log_lines())
               if key not in ("preset", "policy")]
     lines += [f"- {policy_line(preset, upcast_attention, dtypes, lang)}"]
+    lines += not_used_lines(resolved, lang)
     from_preset = preset_matmul(preset)
     if from_preset is not None and from_preset != matmul:
         lines += [f"- {t('controls.status_matmul_override', lang, value=matmul, preset=preset, preset_value=from_preset)}"]
