@@ -1,6 +1,6 @@
-"""Every kind of tensor and every tensor mode torch has, through ``apply`` + a run + ``revert``:
-each works (cast or left, put back bit-exactly) or is refused up front with an ``ApplyError``
-naming it, and nothing changed (the table in :mod:`mixprec.casting.kinds`)."""
+"""Every kind of tensor torch has, through ``apply`` + a run + ``revert``: each works (cast or
+left, put back bit-exactly) or is refused up front with an ``ApplyError`` naming it, and nothing
+changed (the table in :mod:`mixprec.casting.kinds`). Tensor modes: ``test_kinds_modes.py``."""
 
 from __future__ import annotations
 
@@ -10,26 +10,11 @@ from typing import Callable
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 import mixprec
+from kinds_torch_models import POLICIES, X, Holder, buffer, changed, param, parts, state
 from mixprec.casting.kinds import digest, kind, sample, stored_bytes
 from mixprec.casting.targets import DTYPES
-from mixprec.device.hardware import DtypeSpeed, Hardware, classify
-
-X = torch.randn(3, 8, generator=torch.Generator().manual_seed(5))
-
-
-def _hw() -> Hardware:
-    speeds = {"fp32": 1.0, "tf32": 1.0, "bf16": 2.8, "fp16": 1 / 140}
-    dtypes = {name: DtypeSpeed(name, True, 100 * r, r, "fast" if name == "fp32" else classify(r, name != "tf32"))
-              for name, r in speeds.items()}
-    return Hardware("cpu", "test cpu", None, 2**34, (), 2, torch.__version__, dtypes)
-
-
-POLICIES = {"fast": lambda: mixprec.preset("fast", hardware=_hw()),
-            "bf16": lambda: mixprec.Policy(rules=(mixprec.Rule("*", storage="bf16"),)),
-            "fp8": lambda: mixprec.Policy(rules=(mixprec.Rule("*", storage="fp8"),))}
 
 
 @pytest.fixture(autouse=True)
@@ -38,73 +23,6 @@ def _quiet_torch_notes():
         warnings.filterwarnings("ignore", message=r".*(Sparse|sparse|quantiz|nested|Nested|mkldnn).*")
         yield
 
-
-def _parts(t: torch.Tensor) -> list[torch.Tensor]:
-    """The plain tensors holding ``t``'s values, for bit-exact comparison (independent of mixprec)."""
-    t = t.detach()
-    if is_traceable_wrapper_subclass(t):
-        names, _ = t.__tensor_flatten__()
-        return [p for n in names if isinstance(getattr(t, n), torch.Tensor) for p in _parts(getattr(t, n))]
-    if type(t) is not torch.Tensor:
-        t = t.as_subclass(torch.Tensor)
-    if t.is_nested:
-        return [p for u in t.unbind() for p in _parts(u)]
-    if t.layout == torch._mkldnn:
-        return [t.to_dense()]
-    if t.is_quantized:
-        return [t.int_repr()]
-    if t.layout != torch.strided:  # the compressed sparse layouts
-        return [t.to_dense()]
-    t = t.resolve_conj().resolve_neg()
-    return [torch.view_as_real(t) if t.is_complex() else t]
-
-
-def _state(model: nn.Module) -> dict[str, tuple]:
-    """Every tensor: its object, type, layout, dtype, storage, strides, inference-ness, grad_fn and values."""
-    out = {}
-    for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        plain = not (t.is_nested or t.layout != torch.strided or is_traceable_wrapper_subclass(t) or t.is_quantized
-                     or t._is_zerotensor())
-        where = (t.untyped_storage().data_ptr(), t.storage_offset(), t.stride()) if plain else None
-        out[name] = (id(t), type(t), t.layout, t.dtype, t.requires_grad, t.is_inference(), type(t.grad_fn), where,
-                     [p.clone() for p in _parts(t)])
-    return out
-
-
-def _changed(before: dict[str, tuple], model: nn.Module) -> list[str]:
-    after = _state(model)
-    return sorted(n for n in before.keys() | after.keys() if n not in before or n not in after
-                  or before[n][:8] != after[n][:8] or len(before[n][8]) != len(after[n][8])
-                  or not all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(before[n][8], after[n][8])))
-
-
-class Holder(nn.Module):
-    """Two linear layers (the second one's weight is stored in fp8 under an fp8 policy: the first
-    weight of a component stays out) and one more tensor of the kind under test, which forward reads."""
-
-    def __init__(self, make: Callable[[Holder], None]):
-        super().__init__()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            self.inp = nn.Linear(8, 8)
-            self.lin = nn.Linear(8, 8)
-        make(self)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.lin(self.inp(x))
-        for name, t in [*self.named_parameters(), *self.named_buffers()]:
-            if not name.startswith(("lin.", "inp.")):
-                values = torch.cat([p.reshape(-1).float() for p in _parts(t)])
-                y = y + values.sum().to(y.dtype) * 1e-3
-        return y
-
-
-def _buffer(name: str, make: Callable[[], torch.Tensor]) -> Callable[[Holder], None]:
-    return lambda m: m.register_buffer(name, make())
-
-
-def _param(name: str, make: Callable[[], torch.Tensor]) -> Callable[[Holder], None]:
-    return lambda m: setattr(m, name, nn.Parameter(make(), requires_grad=make().is_floating_point()))
 
 
 def _inference_model(m: Holder) -> None:
@@ -145,22 +63,22 @@ def _nested_jagged() -> torch.Tensor:
 #: Kinds apply works on: name -> how the holder gets one.
 WORKS = {
     "inference tensors": _inference_model,
-    "neg bit": _param("negated", lambda: torch.randn(8, 8, dtype=torch.complex64).conj().imag),
-    "conj bit (complex)": _buffer("conjugated", lambda: torch.randn(8, dtype=torch.complex64).conj()),
-    "transposed view": _param("transposed", lambda: torch.randn(8, 16).t()),
-    "expanded view": _param("expanded", lambda: torch.randn(8, 1).expand(8, 8)),
+    "neg bit": param("negated", lambda: torch.randn(8, 8, dtype=torch.complex64).conj().imag),
+    "conj bit (complex)": buffer("conjugated", lambda: torch.randn(8, dtype=torch.complex64).conj()),
+    "transposed view": param("transposed", lambda: torch.randn(8, 16).t()),
+    "expanded view": param("expanded", lambda: torch.randn(8, 1).expand(8, 8)),
     "views sharing storage": _aliased,
     "requires_grad non-leaf buffer": _non_leaf,
-    "sparse CSC": _buffer("csc", lambda: torch.eye(8).to_sparse_csc()),
-    "sparse BSR": _buffer("bsr", lambda: torch.eye(8).to_sparse_bsr((2, 2))),
-    "nested, strided": _buffer("nested", lambda: torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)])),
-    "nested, jagged": _buffer("jagged", _nested_jagged),
-    "quantized per channel": _buffer("qc", lambda: torch.quantize_per_channel(
+    "sparse CSC": buffer("csc", lambda: torch.eye(8).to_sparse_csc()),
+    "sparse BSR": buffer("bsr", lambda: torch.eye(8).to_sparse_bsr((2, 2))),
+    "nested, strided": buffer("nested", lambda: torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)])),
+    "nested, jagged": buffer("jagged", _nested_jagged),
+    "quantized per channel": buffer("qc", lambda: torch.quantize_per_channel(
         torch.randn(4, 8), torch.full((4,), 0.1), torch.zeros(4, dtype=torch.long), 0, torch.qint8)),
     "float64": lambda m: m.register_buffer("wide", torch.randn(8, dtype=torch.float64)),
-    "fp8 already": _buffer("f8", lambda: torch.randn(8).to(torch.float8_e4m3fn)),
-    "zero tensor": _buffer("zero", lambda: torch._efficientzerotensor(8)),
-    "__torch_dispatch__ wrapper": _buffer("two", _two_tensor),
+    "fp8 already": buffer("f8", lambda: torch.randn(8).to(torch.float8_e4m3fn)),
+    "zero tensor": buffer("zero", lambda: torch._efficientzerotensor(8)),
+    "__torch_dispatch__ wrapper": buffer("two", _two_tensor),
     "__torch_dispatch__ wrapper parameter": lambda m: setattr(m, "two", nn.Parameter(_two_tensor())),
     "forward-AD dual": _dual,
     "tensor hooks": _hooked,
@@ -183,7 +101,7 @@ class TestKindsThatWork:
 
         with fwad.dual_level():
             model = Holder(WORKS[case])
-            before = _state(model)
+            before = state(model)
             with torch.no_grad():
                 reference = model(X)
             pol = POLICIES[policy]()
@@ -192,7 +110,7 @@ class TestKindsThatWork:
                 for name, t in [*model.named_parameters(), *model.named_buffers()]:
                     assert t.is_inference() == before[name][5], name  # an inference tensor stays one, no other becomes one
                 assert torch.isfinite(model(X).float()).all()
-            assert _changed(before, model) == []
+            assert changed(before, model) == []
             with torch.no_grad():
                 assert torch.equal(model(X), reference)
 
@@ -234,11 +152,11 @@ class TestKindsThatWork:
             model = Holder(lambda m: None)
             model.lin.weight = nn.Parameter(distribute_tensor(model.lin.weight.detach(), mesh, [Shard(0)]))
             model.lin.bias = nn.Parameter(distribute_tensor(model.lin.bias.detach(), mesh, [Replicate()]))
-            before = _state(model)
+            before = state(model)
             with mixprec.apply(model, POLICIES[policy]()):
                 assert model.lin.weight.dtype != torch.float32 and type(model.lin.weight).__name__ == "DTensor"
                 model.lin(distribute_tensor(X.to(torch.bfloat16), mesh, [Replicate()]))
-            assert _changed(before, model) == []
+            assert changed(before, model) == []
         finally:
             dist.destroy_process_group()
 
@@ -246,10 +164,10 @@ class TestKindsThatWork:
     @pytest.mark.parametrize("policy", sorted(POLICIES))
     def test_a_model_on_the_gpu(self, policy):
         model = Holder(lambda m: m.register_buffer("wide", torch.randn(8, dtype=torch.float64))).cuda()
-        before = _state(model)
+        before = state(model)
         with mixprec.apply(model, POLICIES[policy]()):
             assert torch.isfinite(model(X.cuda()).float()).all()
-        assert _changed(before, model) == []
+        assert changed(before, model) == []
 
 
 def _mkldnn_param(m: Holder) -> None:
@@ -278,12 +196,12 @@ def _escaped(transform: str) -> Callable[[Holder], None]:
 
 #: Kinds apply refuses: name -> (how the holder gets one, the tensor's name, words naming its kind).
 REFUSED = {
-    "mkldnn buffer": (_buffer("packed", lambda: torch.randn(8, 8).to_mkldnn()), "packed", "mkldnn layout"),
+    "mkldnn buffer": (buffer("packed", lambda: torch.randn(8, 8).to_mkldnn()), "packed", "mkldnn layout"),
     "mkldnn parameter": (_mkldnn_param, "packed", "mkldnn layout"),
     "fake tensor": (_fake, "traced", "fake tensor"),
     "escaped from grad": (_escaped("grad"), "escaped", "functorch"),
     "escaped from vmap": (_escaped("vmap"), "escaped", "functorch"),
-    "float4 (bit-packed)": (_buffer("packed4", lambda: torch.zeros(4, 8, dtype=torch.float4_e2m1fn_x2)), "packed4",
+    "float4 (bit-packed)": (buffer("packed4", lambda: torch.zeros(4, 8, dtype=torch.float4_e2m1fn_x2)), "packed4",
                             r"float4_e2m1fn_x2, which torch cannot convert"),
 }
 
@@ -307,12 +225,12 @@ class TestKindsRefused:
         assert not any(m.__dict__.get("_mixprec_applied") for m in model.modules())
 
     def test_an_mkldnn_tensor_the_policy_keeps_is_left_and_sampled(self):
-        model = Holder(_buffer("packed", lambda: torch.randn(8, 8).to_mkldnn()))
-        before = _state(model)
+        model = Holder(buffer("packed", lambda: torch.randn(8, 8).to_mkldnn()))
+        before = state(model)
         with mixprec.apply(model, mixprec.Policy(rules=(mixprec.Rule("lin", storage="bf16"),))):
             assert model.lin.weight.dtype == torch.bfloat16 and model.packed.layout == torch._mkldnn
             model(X)
-        assert _changed(before, model) == []
+        assert changed(before, model) == []
 
 
 def _ao_dynamic() -> nn.Module:
@@ -347,12 +265,12 @@ class TestTorchAo:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             model = build()
-        before = _state(model)
+        before = state(model)
         with torch.no_grad():
             reference = model(X)
             with mixprec.apply(model, POLICIES[policy]()):
                 assert torch.isfinite(model(X).float()).all()
-            assert _changed(before, model) == [] and torch.equal(model(X), reference)
+            assert changed(before, model) == [] and torch.equal(model(X), reference)
 
 
 def _dtype_tensor(dtype: torch.dtype) -> torch.Tensor:
@@ -397,89 +315,6 @@ class TestEveryDtype:
         assert all(torch.equal(t, weights[n]) and t.dtype == torch.float32 for n, t in model.named_parameters())
 
 
-class _Logging(TorchDispatchMode):
-    """A user's dispatch mode that only watches."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
-
-
-#: Modes apply works under.
-MODES_THAT_WORK = {"inference_mode": torch.inference_mode, "no_grad": torch.no_grad, "enable_grad": torch.enable_grad,
-                   "autocast": lambda: torch.autocast("cpu", torch.bfloat16), "a user's dispatch mode": _Logging,
-                   "default device": lambda: torch.device("cpu"), "forward-AD level": torch.autograd.forward_ad.dual_level}
-
-
-def _fake_mode():
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    return FakeTensorMode(allow_non_fake_inputs=True)
-
-
-def _functional_mode():
-    from torch._subclasses.functional_tensor import FunctionalTensorMode
-
-    return FunctionalTensorMode()
-
-
-class TestModes:
-    @pytest.mark.parametrize("policy", sorted(POLICIES))
-    @pytest.mark.parametrize("mode", sorted(MODES_THAT_WORK))
-    def test_apply_inside_a_mode_works_and_the_model_stays_trainable(self, mode, policy):
-        model = Holder(lambda m: None)
-        before, reference = _state(model), model(X)
-        with MODES_THAT_WORK[mode]():
-            applied = mixprec.apply(model, POLICIES[policy]())
-        assert not any(t.is_inference() for t in model.parameters())  # the app can still train or take gradients
-        with torch.no_grad():
-            assert torch.isfinite(model(X).float()).all()
-        with MODES_THAT_WORK[mode]():
-            applied.revert()
-        assert _changed(before, model) == []
-        assert torch.equal(model(X), reference)
-        model(X).sum().backward()
-
-    @pytest.mark.parametrize("policy", sorted(POLICIES))
-    def test_apply_run_and_revert_all_under_inference_mode(self, policy):
-        model = Holder(lambda m: None)
-        before = _state(model)
-        with torch.inference_mode(), mixprec.apply(model, POLICIES[policy]()):
-            model(X)
-        assert _changed(before, model) == []
-
-    @pytest.mark.parametrize("transform", ["vmap", "grad", "functionalize", "jvp"])
-    def test_apply_inside_a_torch_func_transform_is_refused(self, transform):
-        model = Holder(lambda m: None)
-        before = _state(model)
-        errors = []
-
-        def body(x):
-            with pytest.raises(mixprec.ApplyError, match=r"inside a torch\.func transform .*nothing was changed") as err:
-                mixprec.apply(model, POLICIES["bf16"]())
-            errors.append(err.value)
-            return x.sum()
-
-        x = torch.randn(8)
-        if transform == "jvp":
-            torch.func.jvp(body, (x,), (torch.ones(8),))
-        else:
-            getattr(torch.func, transform)(body)(x if transform != "vmap" else x.reshape(2, 4))
-        assert errors and _changed(before, model) == []
-
-    @pytest.mark.parametrize("mode,words", [(_fake_mode, "fake"), (_functional_mode, "functional")])
-    def test_apply_under_torchs_own_tensor_modes_is_refused(self, mode, words):
-        model = Holder(lambda m: None)
-        before = _state(model)
-        with mode(), pytest.raises(mixprec.ApplyError, match=rf"under torch's {words} dispatch mode.*nothing was changed"):
-            mixprec.apply(model, POLICIES["bf16"]())
-        assert _changed(before, model) == []
-
-
 def _odd(model: Holder) -> torch.Tensor:
     """The holder's tensor of the kind under test."""
     return next(t for n, t in [*model.named_parameters(), *model.named_buffers()] if not n.startswith(("lin.", "inp.")))
@@ -491,7 +326,7 @@ class TestKindHelpers:
     def test_every_kind_is_sampled_counted_and_its_digest_sees_a_change(self, case):
         model = Holder(WORKS[case])
         t = _odd(model)
-        assert stored_bytes(t) == sum(p.numel() * p.element_size() for p in _parts(t))
+        assert stored_bytes(t) == sum(p.numel() * p.element_size() for p in parts(t))
         assert sample(t).dtype == torch.float64 and kind(t) in ("floating", "complex", "quantized")
         before = digest(t)
         with torch.random.fork_rng(devices=[]):

@@ -23,10 +23,11 @@ handled by one decision:
 
 Hooks on a tensor (``register_hook``, ``register_post_accumulate_grad_hook``), ``requires_grad``
 non-leaf buffers and tensors on a GPU are kinds of the table above: apply keeps the object, so
-they stay. Apply itself is refused inside a ``torch.func`` transform and under torch's fake,
-functional and tracing dispatch modes (:func:`refusal_of_context`); under ``inference_mode``,
-``no_grad``, autocast and an app's own dispatch modes it works, and no tensor of the model
-becomes an inference tensor (or stops being one).
+they stay. Apply itself is refused inside a ``torch.func`` transform, under torch's fake,
+functional and proxy dispatch modes (``make_fx``, ``torch.export``) and inside ``torch.jit.trace``
+(:func:`refusal_of_context`); under ``inference_mode``, ``no_grad``, autocast, ``torch.compile``
+and an app's own dispatch or function modes it works, and no tensor of the model becomes an
+inference tensor (or stops being one).
 """
 
 from __future__ import annotations
@@ -107,15 +108,18 @@ def refusal(t: torch.Tensor) -> str | None:
 
 def refusal_of_context() -> str | None:
     """Why apply cannot run where it is called (inside a ``torch.func`` transform, under torch's
-    fake, functional or tracing dispatch mode), or ``None``."""
+    fake, functional or proxy dispatch mode, inside ``torch.jit.trace``), or ``None``."""
     interpreter = torch._C._functorch.peek_interpreter_stack()
     if interpreter is not None:
         return (f"inside a torch.func transform ({interpreter.key().name}: vmap, grad, jvp, functionalize, ...), where torch "
                 "forbids writing a tensor's .data")
     for name, key in torch._C._TorchDispatchModeKey.__members__.items():
         if torch._C._get_dispatch_mode(key) is not None:
-            return (f"under torch's {name.lower()} dispatch mode ({type(torch._C._get_dispatch_mode(key)).__name__}), where "
-                    "tensor operations make no real values")
+            return (f"under torch's {name.lower()} dispatch mode ({type(torch._C._get_dispatch_mode(key)).__name__}, as "
+                    "make_fx, torch.export and FakeTensorMode set), where tensor operations are recorded or make no "
+                    "real values")
+    if torch._C._get_tracing_state() is not None:
+        return "inside torch.jit.trace, which would record the casts into the traced graph"
     return None
 
 
