@@ -226,3 +226,30 @@ def test_disk_offload_to_accelerate_files(tmp_path):
         assert torch.isfinite(_logits(model)).all()
     assert {p: _digest(p) for p in files} == files
     assert torch.equal(_logits(model), ref)
+
+
+def test_guard_fallback_on_an_overflow(tmp_path):
+    """An MLP whose activations overflow fp16: the guard's fallback pins it and re-applies beneath the hooks, mid-call."""
+    model = _llama()
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight.mul_(3000.0)
+        model.model.layers[1].mlp.gate_proj.weight.mul_(3000.0)
+    ref = _logits(model)
+    assert torch.isfinite(ref).all()
+    accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
+    store, forwards = _store(model), _forwards(model)
+    before = _snapshot(store)
+    applied = mixprec.apply(model, Policy(rules=(Rule("*", storage="fp16"),)))
+    assert not torch.isfinite(_logits(model)).all()
+    guard = mixprec.guard(applied, on_nonfinite="fallback", store=mixprec.FallbackStore(tmp_path / "fallbacks.json"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the guard says what it pinned
+        out = _logits(model)
+    guard.remove()
+    applied.revert()
+    assert "model.layers.1.mlp.down_proj" in guard.pins
+    assert torch.isfinite(out).all() and (out.float() - ref).abs().max() < 0.5
+    assert not _restored(store, before)
+    assert _forwards(model) == forwards
+    assert all(p.is_meta for p in model.parameters())
+    assert torch.equal(_logits(model), ref)

@@ -3,7 +3,8 @@
 Each is built from the real library, tiny and seeded:
 
 * a transformers Llama under accelerate's ``cpu_offload`` (its weights in the offload
-  hook's map, meta placeholders in the modules), and one tied to its head;
+  hook's map, meta placeholders in the modules), one tied to its head, and a diffusers
+  ``UNet2DModel`` under it;
 * a transformers Llama with peft LoRA adapters (non-zero adapters, so they count);
 * a convolution stack under ``weight_norm``, both APIs (``nn.utils.weight_norm`` and
   ``nn.utils.parametrizations.weight_norm``);
@@ -68,7 +69,8 @@ def _waveform_case(target, run) -> Case:
 
 def _offload_store(model) -> dict[str, torch.Tensor]:
     """The state dict ``cpu_offload`` keeps the weights in (every offload hook's map views it)."""
-    return model.model.embed_tokens._hf_hook.weights_map.dataset
+    return next(m._hf_hook.weights_map.dataset for m in model.modules()
+                if getattr(getattr(m, "_hf_hook", None), "weights_map", None) is not None)
 
 
 def _offloaded_case(tied: bool) -> Case:
@@ -137,7 +139,9 @@ def test_offloaded_llama(offloaded_llama, policy, hw, record_property):
     _check_offloaded(offloaded_llama, policy, hw, record_property, guard=False)
 
 
-@pytest.mark.parametrize(("policy", "hw"), GUARDED, indirect=["hw"])
+@pytest.mark.parametrize(("policy", "hw"), PRESETS + [pytest.param("fp16-storage-fp32-compute", "measured",
+                                                                    id="fp16-storage-fp32-compute-measured")],
+                         indirect=["hw"])
 def test_offloaded_llama_guarded(offloaded_llama, policy, hw, record_property):
     _check_offloaded(offloaded_llama, policy, hw, record_property, guard=True)
 
@@ -149,6 +153,31 @@ def test_offloaded_tied_llama(offloaded_tied_llama, policy, hw, record_property)
     assert store["lm_head.weight"].data_ptr() == store["model.embed_tokens.weight"].data_ptr()
     _check_offloaded(offloaded_tied_llama, policy, hw, record_property, guard=False)
     assert store["lm_head.weight"].data_ptr() == store["model.embed_tokens.weight"].data_ptr()
+
+
+@pytest.fixture(scope="module")
+def offloaded_unet() -> Case:
+    """A diffusers ``UNet2DModel`` (attention blocks included) under ``cpu_offload``: one denoising call."""
+    accelerate = pytest.importorskip("accelerate")
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    unet = diffusers.UNet2DModel(sample_size=8, in_channels=3, out_channels=3, block_out_channels=(16, 32),
+                                 layers_per_block=1, down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+                                 up_block_types=("AttnUpBlock2D", "UpBlock2D"), norm_num_groups=8).eval()
+    accelerate.cpu_offload(unet, execution_device=torch.device("cpu"))
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    return _waveform_case(unet, lambda: unet(x, torch.tensor([10])).sample)
+
+
+@pytest.mark.parametrize(("policy", "hw"), [("memory", "measured"), ("fast", "bf16-fast")], indirect=["hw"])
+def test_offloaded_unet(offloaded_unet, policy, hw, record_property):
+    _check_offloaded(offloaded_unet, policy, hw, record_property, guard=False)
+
+
+@pytest.mark.parametrize(("policy", "hw"), [("balanced", "measured"), ("fp16-storage-fp32-compute", "measured")],
+                         indirect=["hw"])
+def test_offloaded_unet_guarded(offloaded_unet, policy, hw, record_property):
+    _check_offloaded(offloaded_unet, policy, hw, record_property, guard=True)
 
 
 # --- peft, weight_norm, compile, tied, quantized, parametrized, split ----------------------
