@@ -33,7 +33,8 @@ from torch import nn
 
 import mixprec
 from mixprec import FallbackStore, Policy, Rule
-from mixprec.casting.fp8 import FP8_DTYPES, fp8_layer
+from mixprec.casting.fp8 import FP8_DTYPES
+from mixprec.casting.fp8plan import fp8_layer
 from mixprec.device import backends
 from mixprec.diagnose.dtype_errors import is_dtype_error
 

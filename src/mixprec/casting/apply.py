@@ -23,7 +23,8 @@ from mixprec.casting.caches import PlainTensors
 from mixprec.casting.compile import Compiled, any_on_cpu, check_compiler
 from mixprec.casting.explain import dtype_read_warnings, explain_rows
 from mixprec.casting.follow import WeightChanges, replaced_by_app
-from mixprec.casting.fp8 import FP8_DTYPES, Fp8Plan
+from mixprec.casting.fp8 import FP8_DTYPES
+from mixprec.casting.fp8plan import Fp8Plan
 from mixprec.casting.hooks import own_tensors
 from mixprec.casting.install import install_pins, install_wrappers
 from mixprec.casting.kinds import fits_file, set_data, stored_bytes

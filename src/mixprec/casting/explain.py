@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from mixprec.casting.fp8 import FP8_DTYPES, Fp8Plan
+from mixprec.casting.fp8 import FP8_DTYPES
+from mixprec.casting.fp8plan import Fp8Plan
 from mixprec.casting.hooks import own_tensors
 from mixprec.casting.kinds import stored_elements
 from mixprec.casting.offload import describe_offloaded

@@ -9,7 +9,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from mixprec.casting.fp8 import Fp8Weight, dequantise, fp8_eligible, is_fp8, quantise
+from mixprec.casting.fp8 import Fp8Weight, dequantise, is_fp8, quantise
+from mixprec.casting.fp8plan import fp8_eligible
 from mixprec.casting.hooks import cast_floats, own_tensors
 from mixprec.casting.kinds import copy_module, stored_bytes
 from mixprec.casting.targets import DTYPES

@@ -60,7 +60,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from mixprec.casting.apply import apply
-from mixprec.casting.fp8 import Fp8Plan
+from mixprec.casting.fp8plan import Fp8Plan
 from mixprec.casting.hooks import register_first
 from mixprec.casting.kinds import stored_elements
 from mixprec.casting.targets import components_of
