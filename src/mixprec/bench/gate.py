@@ -22,7 +22,7 @@ from mixprec._quote import quote
 from mixprec.bench import evidence, rundata
 from mixprec.bench.comparable import baseline_problems, comparable, nothing_in_common
 from mixprec.bench.comparable import index as _index
-from mixprec.bench.runstate import NO_REFERENCE, OLDER, UNFINISHED, UNTIMED, classify, main_quality
+from mixprec.bench.runstate import NO_REFERENCE, OLDER, PARTLY, UNFINISHED, UNTIMED, classify, main_quality
 from mixprec.bench.runstate import failure as _failure
 from mixprec.bench.runstate import number as _number
 from mixprec.measure.stats import MEMORY_FLOOR_BYTES, memory_beyond_noise
@@ -327,13 +327,15 @@ def check(run: dict[str, Any], baseline: dict[str, Any], thresholds: Thresholds,
     if set(run_state.states) & UNFINISHED:
         unusable.append(f"run {run.get('id', '?')} cannot be gated: {run_state.text}")
     unusable += comparable(run, baseline, allow_different_machine=allow_different_machine)
-    notes = [f"{label} {state.run_id}: {dict(state.problems)[OLDER]}"
-             for label, state in (("run", run_state), ("baseline", classify(baseline))) if OLDER in state.states]
+    # What the verdict rests on besides: configurations that did not run, a run stored without its device.
+    notes = [f"{label} {state.run_id} is {kind}: {why}" for label, state in (("run", run_state), ("baseline", classify(baseline)))
+             for kind, why in state.problems if kind in (PARTLY, OLDER)]
     if not run["configs"]:
         violations.append(f"run {run.get('id', '?')} has no configuration: it measured nothing")
     # A baseline the gate cannot decide on holds the run to nothing: only the run's own checks are made.
     base = {} if unusable else _index(baseline)
-    missing = sorted(set(base) - set(_index(run)))
+    # A configuration that did not run in the baseline holds the run to nothing, so it may be left out.
+    missing = sorted(key for key, ref in base.items() if key not in _index(run) and _failure(ref) is None)
     if missing:
         violations.append("configurations of the baseline missing from the run: "
                           + ", ".join(f"{name}@{batch}" for name, batch in missing))

@@ -30,6 +30,7 @@ from mixprec.ui.forms import (SIZES, cancel_job, check_choice, check_whole, devi
 from mixprec.ui.endpoints import endpoint
 from mixprec.ui.i18n import DEFAULT_LANGUAGE, bidi, messages, t
 from mixprec.ui.jobs import Job, JobIndex
+from mixprec.ui.stores import runs_with_states, state_key
 from mixprec.ui.widgets import device_picker, pipeline_pickers, run_id_box, start_cancel, store_path, wire_cancel
 
 __all__ = ["CONFIGS", "DEFAULT_CONFIGS", "MAX_RUNS", "TABLE_COLUMNS", "bench_cancel", "bench_run", "build_bench_tab",
@@ -124,14 +125,17 @@ def list_runs(path: str | None, *, lang: str = DEFAULT_LANGUAGE) -> tuple[str, l
         if not Path(where).is_file():
             return t("bench.none", lang, path=_short(where)), []
         with Store(where) as store:
-            runs = store.runs()
+            runs = runs_with_states(store)
     except (StoreError, OSError, ValueError) as exc:
         return t("bench.error", lang, message=_short(str(exc))), []
     if not runs:
         return t("bench.none", lang, path=where), []
-    cols = ("id", "started", "status", "pipeline", "size", "configs")
-    rows = [[_status(r[c], lang) if c == "status" else r[c] for c in cols] for r in runs]
+    cols = ("id", "started", "status", "state", "pipeline", "size", "configs")
+    rows = [[_status(r[c], lang) if c == "status" else t(state_key(r[c]), lang) if c == "state" else r[c] for c in cols]
+            for r in runs]
     table = markdown_table([t(f"bench.col_{c}", lang) for c in cols], rows)
+    if not all(r["final"] for r in runs):
+        table += "\n\n" + t("bench.state_note", lang)
     choices = [(f"#{r['id']} {r['pipeline']} ({r['size']}) {r['started']}", int(r["id"])) for r in runs]
     return t("bench.found", lang, count=len(runs), path=where) + "\n\n" + table, choices
 

@@ -1,4 +1,4 @@
-"""Where the web UI may open benchmark stores.
+"""Where the web UI may open benchmark stores, and the runs its views list.
 
 Anyone who can reach the UI can type a path into a store box, and opening a store
 creates the file. So while the server runs (:func:`stores_confined_to`, entered by
@@ -6,6 +6,9 @@ creates the file. So while the server runs (:func:`stores_confined_to`, entered 
 user data folder that holds the default store, or the folder the operator gave
 with ``mixprec ui --store-dir``. Relative names are taken inside that folder.
 Called from Python without the server, the handlers open any path they are given.
+
+The run views list each run with its state (:func:`runs_with_states`): a run that did not finish,
+measured nothing or timed nothing is never listed as if it were a result.
 
 Example:
     >>> with stores_confined_to("/srv/mixprec"):  # doctest: +SKIP
@@ -18,11 +21,11 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from mixprec._quote import quote
 
-__all__ = ["StoreLocationError", "resolve_store", "store_root", "stores_confined_to"]
+__all__ = ["StoreLocationError", "resolve_store", "runs_with_states", "state_key", "store_root", "stores_confined_to"]
 
 #: Longest store path accepted (and quoted) from a text box.
 MAX_PATH_CHARS = 1024
@@ -84,3 +87,16 @@ def resolve_store(typed: str | None, default: Path) -> str:
 
 def _inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
+
+
+def runs_with_states(store: Any) -> list[dict[str, Any]]:
+    """The runs of an open benchmark store, newest first, each with its ``state``, whether it is ``final``
+    and why not (``state_text``): :func:`mixprec.bench.runstate.classify`, as ``mixprec runs list`` says it."""
+    from mixprec.bench.runstate import with_states
+
+    return with_states(store.runs(), store.load_run)
+
+
+def state_key(state: str) -> str:
+    """The locale key of a run state (:data:`mixprec.bench.runstate.STATES`): ``bench.state_nothing_measured``."""
+    return "bench.state_" + state.replace(" ", "_")
