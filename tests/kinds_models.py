@@ -33,13 +33,13 @@ def _sparse_coo(g: torch.Generator) -> torch.Tensor:
 
 
 class EveryKind(nn.Module):
-    """Floating, sparse (COO and CSR, buffer and parameter), quantized, complex, integer,
+    """Floating, sparse (COO, buffer and parameter; CSR, compressed), quantized, complex, integer,
     bool, meta, nested-subclass and Parameter-subclass tensors, all read by ``forward``
     except the meta one (a buffer a checkpoint has not filled)."""
 
     #: name -> kind, for every parameter and buffer.
     KINDS = {"lin.weight": "floating", "lin.bias": "floating", "sparse_weight": "sparse", "phase": "complex",
-             "gain": "subclass", "shift": "subclass", "coo": "sparse", "csr": "sparse", "quantized": "quantized",
+             "gain": "subclass", "shift": "subclass", "coo": "sparse", "csr": "compressed", "quantized": "quantized",
              "spectrum": "complex", "positions": "integer", "mask": "integer", "scale": "subclass", "unloaded": "meta"}
 
     def __init__(self, seed: int = 0, *, meta: bool = True):

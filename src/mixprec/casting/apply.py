@@ -27,7 +27,7 @@ from mixprec.casting.fp8 import FP8_DTYPES
 from mixprec.casting.fp8plan import Fp8Plan
 from mixprec.casting.hooks import own_tensors
 from mixprec.casting.install import install_pins, install_wrappers
-from mixprec.casting.kinds import fits_file, set_data, stored_bytes
+from mixprec.casting.kinds import castable, fits_file, set_data, stored_bytes
 from mixprec.casting.offload import BeneathHooks, Offload, offload_slots
 from mixprec.casting.targets import DTYPES, ApplyError, components_of, refuse_meta, refuse_unsupported, weight_bytes
 from mixprec.policy import ModulePlan, Policy, PolicyError, resolve_modules
@@ -393,7 +393,7 @@ def _materialize(applied: Applied) -> None:
     offload = Offload(comps)
     for plan in plans:
         for key, t in own_tensors(plan.module):
-            if t.is_floating_point() and not offload.holds(plan.module, key):
+            if castable(t) and not offload.holds(plan.module, key):
                 owners.setdefault(id(t), (t, []))[1].append((plan, key))
     applied._plain = PlainTensors(comps)
     applied._entry_dtypes = {cname: next((t.dtype for t in root.parameters() if t.is_floating_point()), torch.float32)

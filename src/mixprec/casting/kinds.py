@@ -7,7 +7,8 @@ handled by one decision:
 | kind | apply | revert | bytes counted | sampled for fingerprints |
 |---|---|---|---|---|
 | floating, dense (any strides: transposed, expanded, views sharing storage; conj/neg bits; float64; fp8) | cast to the module's storage dtype | put back bit-exactly (the same view of the same storage) | elements x size | evenly spaced values |
-| floating, sparse (COO, CSR, CSC, BSR, BSC) | values cast, layout and indices kept | the original object (layout, indices, values) | indices + values | indices and values |
+| floating, sparse COO | values cast, layout and indices kept | the original object (layout, indices, values) | indices + values | indices and values |
+| floating, compressed sparse (CSR, CSC, BSR, BSC) | left: torch's ``.data =`` would relabel the dtype and keep the values | nothing to put back | indices + values | indices and values |
 | floating subclass (``__torch_function__``, ``nn.Parameter`` subclasses) | cast; the object and its type are kept | put back in the same object | as dense | its values as a plain tensor |
 | wrapper subclass (``__torch_dispatch__``: jagged nested tensors, DTensor, forward-AD duals) | as floating (its own ``.to``) | put back | its inner tensors | its inner tensors |
 | nested (strided layout) | as floating | put back | its components | its components |
@@ -17,7 +18,7 @@ handled by one decision:
 | quantized (per tensor, per channel; ``torch.ao`` modules' packed weights are not tensors) | left: already stored in 8 bits with its own scales | nothing to put back | elements x size | dequantized values |
 | meta, fake (``FakeTensorMode``) | a floating one the policy would cast is refused (no values); others left | nothing to put back | 0 (no storage) | shape and dtype only |
 | mkldnn layout | a floating one the policy would cast is refused (torch cannot change it in place); others left | nothing to put back | elements x size | its values, as dense |
-| bit-packed dtypes (``float4_e2m1fn_x2``, ``int1``..``int7``, ``uint1``..``uint7``, ``bits8``..) | a floating one the policy would cast is refused (torch converts none of them); others left | nothing to put back | elements x size | their bytes, as integers |
+| bit-packed dtypes (``float4_e2m1fn_x2``, ``int1``..``int7``, ``uint1``..``uint7``, ``bits8``..) | left: torch converts none of them | nothing to put back | elements x size | their bytes, as integers |
 | functorch-wrapped (escaped from ``vmap``/``grad``) | refused, whatever the policy | — | — | — |
 | lazy (``UninitializedParameter``) | refused: run one forward first | — | — | — |
 
@@ -101,8 +102,6 @@ def refusal(t: torch.Tensor) -> str | None:
         return "on the meta device" if t.is_meta else "a fake tensor (FakeTensorMode)"
     if t.layout == torch._mkldnn:
         return "of the mkldnn layout, which torch cannot convert to another dtype in place"
-    if not converts(t.dtype, t.device.type):
-        return f"of dtype {t.dtype}, which torch cannot convert to or from other dtypes on {t.device.type}"
     return unusable(t)
 
 
@@ -149,8 +148,12 @@ def kind(t: torch.Tensor) -> str:
 
 
 def castable(t: torch.Tensor) -> bool:
-    """Whether a policy casts ``t`` to a 16-bit storage dtype (meta tensors are refused before)."""
-    return t.is_floating_point() and not t.is_quantized
+    """Whether a policy casts ``t`` to another storage dtype (meta, fake and mkldnn ones are then
+    refused: :func:`refusal`). Left: all but floating tensors, quantized ones, the compressed sparse
+    layouts (CSR, CSC, BSR, BSC: torch's ``.data =`` relabels their dtype but keeps their values, a
+    tensor that is neither) and bit-packed dtypes torch converts to nothing (``float4_e2m1fn_x2``)."""
+    return (t.is_floating_point() and not t.is_quantized and t.layout not in _COMPRESSED
+            and converts(t.dtype, t.device.type))
 
 
 def _parts(t: torch.Tensor) -> Iterator[torch.Tensor]:

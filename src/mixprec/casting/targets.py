@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from mixprec.casting.fp8 import FP8_DTYPES, scale_bytes
-from mixprec.casting.kinds import is_lazy, refusal, refusal_of_context, stored_bytes, unusable
+from mixprec.casting.kinds import castable, is_lazy, refusal, refusal_of_context, stored_bytes, unusable
 
 __all__ = ["ApplyError", "DTYPES", "components_of", "refuse_meta", "refuse_unsupported", "weight_bytes"]
 
@@ -93,25 +93,23 @@ _REMEDIES = {
 }
 _MKLDNN = ("they cannot be cast", "Convert them to plain dense tensors first (t.to_dense()), or keep their modules in "
            "fp32 with a rule such as Rule('<module name>', storage='fp32')")
-_PACKED = ("they cannot be cast", "Hold them as raw bytes (t.view(torch.uint8): apply leaves integer tensors) and view "
-           "them back where the model reads them")
 
 
 def refuse_meta(cast: list[tuple[str, torch.Tensor]]) -> None:
     """Refuse ``(qualified name, tensor)`` pairs a policy would cast that cannot be cast in place:
-    meta and fake tensors (no values), mkldnn tensors, bit-packed dtypes torch converts to
-    nothing (``float4_e2m1fn_x2``), functorch-wrapped ones (:func:`~mixprec.casting.kinds.refusal`).
+    meta and fake tensors (no values), mkldnn tensors, functorch-wrapped ones
+    (:func:`~mixprec.casting.kinds.refusal`). Tensors a policy leaves (:func:`~mixprec.casting.kinds.castable`)
+    are never refused.
 
     Raises:
         ApplyError: naming the first tensor of the first kind found, the kind and what to do.
     """
-    refused = [(name, why) for name, t in cast if (why := refusal(t)) is not None]
+    refused = [(name, why) for name, t in cast if castable(t) and (why := refusal(t)) is not None]
     if not refused:
         return
     why = refused[0][1]
     names = [name for name, reason in refused if reason == why]
-    what, remedy = _REMEDIES.get(why) or (_MKLDNN if "mkldnn" in why else _PACKED if why.startswith("of dtype") else
-                                          ("they cannot be cast", ""))
+    what, remedy = _REMEDIES.get(why) or (_MKLDNN if "mkldnn" in why else ("they cannot be cast", ""))
     if why == "on the meta device":
         raise ApplyError(f"{len(names)} tensor(s) the policy would cast are on the meta device (first: {names[0]!r}) and "
                          f"hold no values; nothing was changed. {remedy}")
