@@ -100,3 +100,17 @@ def test_the_report_says_each_runs_state(state, runs):
     else:
         assert "Not a final result" not in page
     assert ("older record" in page) is (state == "older record")
+
+
+@pytest.mark.parametrize("state", sorted(RUNS))
+def test_the_hardware_matrix_names_no_winner_from_a_run_that_holds_nothing(state, runs):
+    from mixprec.bench.matrix import hardware_matrix
+
+    other = dict(runs["complete"], machine_fingerprint="g")  # another machine, so each run is a column
+    (matrix,) = hardware_matrix([runs[state], other])
+    column = matrix.machines[0]
+    if state in runstate.UNUSABLE:
+        assert matrix.winners[column] is None
+        assert matrix.undecided[column] == f"no winner: run {runs[state]['id']} is not a final result ({state})"
+    else:
+        assert "not a final result" not in (matrix.undecided[column] or "")

@@ -11,7 +11,9 @@ every other table: a figure only where its interval from paired rounds supports 
 A machine's winner is named only where the intervals support it: of the configurations
 that ran to their end (``ok``) with only finite outputs, the one whose whole interval lies
 above every other's (fp32's is exactly 1). Where they do not, the machine's line says it
-is undecided and why; the winner's quality stands beside it, for the reader to judge.
+is undecided and why; the winner's quality stands beside it, for the reader to judge. No winner
+is named from a run that did not finish, measured nothing, lacks its fp32 or timed nothing
+(:func:`mixprec.bench.runstate.classify`): its line says which state it is in.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, Mapping, Sequence
 from mixprec.bench import evidence, rundata
 from mixprec.bench.evidence import Interval, ratio_text, speedup_cell
 from mixprec.bench.gate import main_quality
+from mixprec.bench.runstate import classify
 
 __all__ = ["MATRIX_NOTE", "Cell", "Matrix", "hardware_matrix", "machine_label", "matrix_html", "matrix_runs",
            "matrix_text_rows", "spans_machines"]
@@ -199,11 +202,15 @@ def _cell(run: Mapping[str, Any], config: Mapping[str, Any]) -> Cell:
 def hardware_matrix(runs: Sequence[Mapping[str, Any]]) -> list[Matrix]:
     """One :class:`Matrix` per (pipeline, size, batch) over ``runs``, each run a column."""
     tables: dict[tuple[str, str, Any], Matrix] = {}
+    unfinal: dict[str, str] = {}  # column -> why its run is not a final result
     labels = [machine_label(r) for r in runs]
     if len({_device_kind(r) for r in runs}) > 1:  # a CPU run and a CUDA run of one host are two columns, named apart
         labels = [f"{label} on {rundata.device(r) or '?'}" for label, r in zip(labels, runs)]
     for run, label in zip(runs, labels):
         column = label if labels.count(label) == 1 else f"{label}, run {run.get('id', '?')}"
+        state = classify(run)
+        if not state.usable:
+            unfinal[column] = f"no winner: run {state.run_id} is not a final result ({state.state})"
         for batch in rundata.batches(run):
             key = (rundata.text(run.get("pipeline")), rundata.text(run.get("size")), batch)
             table = tables.setdefault(key, Matrix(*key))
@@ -220,6 +227,8 @@ def hardware_matrix(runs: Sequence[Mapping[str, Any]]) -> list[Matrix]:
             usable = [(c, table.cells[(c, machine)]) for c in table.configs
                       if (c, machine) in table.cells and table.cells[(c, machine)].usable]
             table.winners[machine], table.undecided[machine] = _winner(usable)
+            if machine in unfinal:  # its figures are shown, but no winner is named from them
+                table.winners[machine], table.undecided[machine] = None, unfinal[machine]
     return list(tables.values())
 
 
