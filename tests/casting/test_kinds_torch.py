@@ -295,6 +295,41 @@ def _raw(t: torch.Tensor) -> torch.Tensor:
     return t.int_repr().view(torch.uint8) if t.is_quantized else t.detach().view(torch.uint8).clone()
 
 
+def _layout_tensor(layout: torch.layout) -> torch.Tensor:
+    dense = torch.randn(8, 8, generator=torch.Generator().manual_seed(3)).relu()
+    if layout == torch.strided:
+        return dense
+    if layout == torch._mkldnn:
+        return dense.to_mkldnn()
+    if layout == torch.jagged:
+        return torch.nested.nested_tensor([dense[:3], dense[3:]], layout=torch.jagged)
+    if layout in (torch.sparse_coo, *COMPRESSED):
+        return dense.to_sparse(layout=layout, blocksize=(2, 2) if layout in (torch.sparse_bsr, torch.sparse_bsc) else None)
+    raise AssertionError(f"torch has a layout these tests do not know: {layout}; add it to the kinds table and here")
+
+
+class TestEveryLayout:
+    """A buffer of every layout torch has: cast (strided, COO, jagged), left (compressed sparse) or,
+    where the policy would cast it, refused up front (mkldnn)."""
+
+    @pytest.mark.parametrize("policy", sorted(POLICIES))
+    @pytest.mark.parametrize("layout", sorted({v for v in vars(torch).values() if isinstance(v, torch.layout)}, key=str),
+                             ids=str)
+    def test_apply_run_revert_or_refusal(self, layout, policy):
+        model = Holder(lambda m: m.register_buffer("odd", _layout_tensor(layout)))
+        before = state(model)
+        if layout == torch._mkldnn:
+            with pytest.raises(mixprec.ApplyError, match=r"mkldnn layout.*\(first: 'odd'\).*nothing was changed.*to_dense"):
+                mixprec.apply(model, POLICIES[policy]())
+        else:
+            with mixprec.apply(model, POLICIES[policy]()), torch.no_grad():
+                assert (model.odd.dtype == torch.float32) == (layout in COMPRESSED)
+                if layout in COMPRESSED:
+                    assert model.odd.values().dtype == torch.float32
+                assert torch.isfinite(model(X).float()).all()
+        assert changed(before, model) == []
+
+
 class TestEveryDtype:
     """A buffer of every dtype torch has, next to cast weights: floating ones cast, the rest left
     (bit-packed floats too: torch converts them to nothing)."""
