@@ -136,3 +136,19 @@ def test_an_empty_store(tmp_path, clean_env):
     for args in (["gate", "2", "--baseline", "1"], ["compare", "1", "2"], ["runs", "show", "1"]):
         result = _invoke([*args, "--db", db])
         assert result.exit_code == 2 and "recent runs: none" in result.stderr
+
+
+def test_a_run_written_by_an_older_schema(tmp_path, clean_env):
+    """A run stored under schema version 1 (no size, no device): read through the migration, said to be an
+    older record, and still gated against a run of its pipeline."""
+    db = tmp_path / "old.sqlite"
+    with Store(db, target_version=1) as old:
+        old._conn.execute("BEGIN")
+        old._conn.execute("INSERT INTO runs(started, status, pipeline, machine_json, machine_fingerprint, versions_json) "
+                          "VALUES ('2026-01-01 00:00:00', 'complete', 'tts', '{\"name\": \"test cpu\"}', 'f', '{}')")
+        old._conn.execute("COMMIT")
+    listed = json.loads(_invoke(["runs", "list", "--db", str(db), "--json"]).stdout)
+    assert [(r["state"], r["final"]) for r in listed] == [("nothing measured", False)]
+    assert "older record: stored by an older mixprec, without the device" in listed[0]["state_text"]
+    result = _invoke(["gate", "1", "--baseline", "1", "--db", str(db)])
+    assert result.exit_code == 2 and "baseline 1 has nothing to compare against (nothing measured" in _flat(result.stderr)
