@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import asdict
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -18,6 +19,7 @@ from mixprec.casting.targets import weight_bytes
 from mixprec.device.hardware import Hardware
 from mixprec.measure.memory import peak_bytes, reset_peak, rss_bytes
 from mixprec.pipelines import portable_spec
+from mixprec.policy.select import UnmatchedRuleWarning
 
 __all__ = ["serve", "job_for", "reference_output", "settle"]
 
@@ -56,6 +58,10 @@ def reference_output(payload: dict[str, Any]) -> SimpleNamespace:
 
 def serve(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs in the child process
     """Load the job's pipeline under its configuration, then answer ``reference`` / ``run`` / ``finish``."""
+    # A policy's rules that match no module are said once, before the run and in its notes
+    # (configs.unmatched_notes): not again by this process, wherever it applies the policy
+    # (set-up, the guard's fallback re-applying it), as a Python warning with a source path.
+    warnings.filterwarnings("ignore", category=UnmatchedRuleWarning)
     if job.get("threads"):
         torch.set_num_threads(int(job["threads"]))
     hardware = Hardware.from_dict(job["hardware"]) if job.get("hardware") else None

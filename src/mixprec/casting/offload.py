@@ -215,7 +215,7 @@ class BeneathHooks:
             if id(m) not in self._top:
                 continue
             forward, table = self._top.pop(id(m))
-            m.__dict__["_old_forward"] = m.__dict__["forward"]
+            m.__dict__["_old_forward"] = m.__dict__.get("forward", m.__dict__["_old_forward"])
             m.__dict__["forward"] = forward
             inner = m.__dict__.pop(_METHOD_TABLE, None)
             if inner:
@@ -266,7 +266,8 @@ class Offload:
         scale beside the weight, which the hook's copy at each call cannot carry: an
         offloaded weight of an fp8 plan is stored in the plan's compute dtype (warned, and
         ``explain`` says so)."""
-        from mixprec.casting.fp8 import FP8_DTYPES, fp8_layer
+        from mixprec.casting.fp8 import FP8_DTYPES
+        from mixprec.casting.fp8plan import fp8_layer
 
         out: dict[tuple[int, str], torch.dtype] = {}
         kept = []

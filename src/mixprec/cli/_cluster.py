@@ -15,6 +15,7 @@ import typer
 from mixprec._quote import quote
 from mixprec.cli._common import console, err_console, fail, open_store, table
 from mixprec.cli._files import Outputs, write_run_exports
+from mixprec.cli._notes import bench_pre_run_notes, say_pre_run
 from mixprec.cli._text import say
 
 __all__ = ["ExecutorFlag", "RayAddressFlag", "HardwareFlag", "check_executor_flags", "cluster", "bench_on_cluster",
@@ -69,12 +70,14 @@ def print_matrix(runs: list[dict]) -> None:
 def bench_on_cluster(*, address: str | None, hardware_spec: str | None, names: list[str], configs: str | None,
                      compiled: bool, device: str, db: str | None, make_options: Any, budget_s: float | None,
                      html: str | None, json_out: str | None, csv_out: str | None,
-                     show_run: Any = None) -> list[int]:
+                     show_run: Any = None, size: str = "default", seed: int = 0) -> list[int]:
     """``mixprec bench --executor ray``: probe the chosen hardware types, then one run per type and pipeline.
 
     ``make_options(name, specs, notes, budget)`` builds the :class:`~mixprec.bench.runner.BenchOptions`
     of one pipeline; ``show_run(run)`` prints each run's own table. Everything the cluster
-    cannot do as asked exits 2 before any run is stored.
+    cannot do as asked exits 2 before any run is stored. A policy file's rules that match no
+    module of a pipeline (``size``, ``seed``) are said before the runs and kept in their notes,
+    as on the local executor.
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -90,8 +93,10 @@ def bench_on_cluster(*, address: str | None, hardware_spec: str | None, names: l
             parts = probe_groups(ray, groups, device)
             # one configuration set for every machine: chosen for the first hardware type
             specs, notes = parse_configs(configs, parts[0].hardware, compiled_twins=compiled)
+            unmatched = bench_pre_run_notes(specs, names, size=size, seed=seed)
         except (ClusterError, ValueError) as exc:
             fail(exc)
+        say_pre_run(unmatched)
         store = open_store(db)
         run_ids: list[int] = []
         deadline = time.monotonic() + budget_s if budget_s is not None else None
@@ -104,7 +109,7 @@ def bench_on_cluster(*, address: str | None, hardware_spec: str | None, names: l
                     bar.update(tasks[label], advance=n, description=f"{name} on {label}: {description}")
 
                 share = None if deadline is None else (deadline - time.monotonic()) / (len(names) - index)
-                options = make_options(name, specs, notes, share)
+                options = make_options(name, specs, notes + unmatched[name], share)
                 # Ray hides the GPUs from a worker that asks for none; a sliver of one lets a
                 # run's configurations share the node's GPU, loaded side by side as locally
                 gpus = {"num_gpus": 0.001} if device.startswith("cuda") else {}

@@ -43,6 +43,7 @@ from mixprec.cli._common import (
 )
 from mixprec.cli._clock import process_started
 from mixprec.cli._files import Outputs, write_run_exports
+from mixprec.cli._notes import bench_pre_run_notes, say_pre_run
 from mixprec.cli._text import clean, json_text, say
 from mixprec.cli._verdicts import print_compare, print_gate, rows_json
 
@@ -117,7 +118,7 @@ def bench(
 
     from mixprec.device import hardware
     from mixprec.bench import plan
-    from mixprec.bench.configs import parse_configs, unmatched_notes
+    from mixprec.bench.configs import parse_configs
     from mixprec.bench.runner import BenchOptions, run_bench
     from mixprec.bench.store import StoreError
 
@@ -141,7 +142,7 @@ def bench(
         hw = hardware.probe(device) if executor == "local" else None  # on a cluster: probed on each node
         specs, notes = parse_configs(configs, hw, compiled_twins=compiled) if hw is not None else ([], [])
         # A policy file's rules that match no module: said now and kept in the run's notes.
-        unmatched = {name: unmatched_notes(specs, name, size=size, seed=run_seed) for name in names}
+        unmatched = bench_pre_run_notes(specs, names, size=size, seed=run_seed)
         if any(s.compile for s in specs):
             from mixprec.casting.compile import check_compiler
 
@@ -152,13 +153,11 @@ def bench(
     if executor == "ray":
         bench_on_cluster(address=ray_address, hardware_spec=hardware_spec, names=names, configs=configs, compiled=compiled,
                          device=device, db=db, budget_s=budget_s, html=html, json_out=json_out, csv_out=csv_out,
-                         show_run=_print_run, make_options=lambda name, specs, notes, share: BenchOptions(
+                         size=size, seed=run_seed, show_run=_print_run, make_options=lambda name, specs, notes, share: BenchOptions(
                              pipeline=name, configs=specs, batches=batches, repeat=n_repeat, warmup=n_warmup, timeout=timeout,
                              size=size, seed=run_seed, device=device, notes=notes, command=command, budget=share))
         return
-    for name in names:
-        for line in unmatched[name]:
-            say(err_console, ("warning:", "yellow"), f" {name}: {line}")
+    say_pre_run(unmatched)  # the pre-run note: a policy's rules that match no module
     store = open_store(db)
     if max(batches) > 1 and not force_batch:
         for name in names:

@@ -57,6 +57,7 @@ def tune_cmd(
     hardware_spec: HardwareFlag = None,
     workers: Annotated[str, typer.Option("--workers", help="With --executor ray: evaluations measured at the same time, each candidate timed against fp32 in its own worker.")] = "2",
     worker_cpus: Annotated[str, typer.Option("--worker-cpus", help="With --executor ray: CPUs (and torch threads) each worker holds.")] = "1",
+    policy: Annotated[Optional[str], typer.Option("--policy", help="Your own policy files, comma-separated: measured as candidates too, as the presets are, so the result is never worse than them; their rules that match no module are said before the search.")] = None,
     margin: Annotated[str, typer.Option("--margin", help="dB of error the search keeps below the bound, so the answer is not tuned to its edge (sqnr>=40 searches for 41 with 1); 0: none.")] = "1",
 ) -> None:
     """Find the fastest (or smallest) policy that meets a quality bound, by measurement.
@@ -69,6 +70,7 @@ def tune_cmd(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from mixprec.tuning.policies import load_policies, say_notes, unmatched_notes
     from mixprec.tuning.report import render_tune_html
 
     try:
@@ -100,6 +102,11 @@ def tune_cmd(
         if local:
             device = checked_device(device)
         pipeline = checked_pipeline(pipeline, size, 0, 1, device if local else None)
+        policy_files = [p.strip() for p in (policy or "").split(",") if p.strip()]
+        if policy is not None and not policy_files:
+            raise ValueError(f"--policy {quote(policy)}: give one or more policy .toml/.json files, comma-separated")
+        # the pre-run note: a user policy's rules that match no module of the pipeline
+        pre_run = unmatched_notes(load_policies(policy_files), pipeline=pipeline, size=size)
         if try_compile:
             from mixprec.casting.compile import check_compiler
 
@@ -113,6 +120,7 @@ def tune_cmd(
             raise ValueError(f"--workers {quote(workers)} / --worker-cpus {quote(worker_cpus)}: expected at least 1 worker and a positive number of CPUs")
     except ValueError as exc:
         fail(exc)
+    say_notes(pre_run, lambda note: say(err_console, ("warning:", "yellow"), f" {pipeline}: {note}"))
     store = open_store(db)
     on_cluster = tune_on_cluster(ctx, executor=executor, address=ray_address, hardware_spec=hardware_spec, workers=n_workers,
                                  worker_cpus=n_cpus, pipeline=pipeline, size=size, seeds=seed_list, repeat=n_repeat,
@@ -131,7 +139,8 @@ def tune_cmd(
         try:
             result = mixprec.tune(pipeline, parsed, objective=objective, budget=n_budget, seeds=seed_list, store=store,
                                   progress=progress, size=size, repeat=n_repeat, try_compile=try_compile,
-                                  validation_seeds=held_out, margin=margin_db, device=device, **on_cluster)
+                                  validation_seeds=held_out, margin=margin_db, device=device, policies=policy_files,
+                                  **on_cluster)
         except ValueError as exc:
             fail(exc)
     outputs = Outputs(err_console)

@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 
 from mixprec.measure.stats import paired_ratio
 from mixprec.tuning.candidates import Candidate
+from mixprec.tuning.policies import STEP_PREFIX
 from mixprec.tuning.search import Search
 
 __all__ = ["finalists", "pick_final", "retime"]
@@ -31,7 +32,7 @@ def finalists(search: Search, limit: int = 3) -> list[Candidate]:
             seen.add(key)
             ranked.append(cand)
     chosen = ranked[:limit]
-    preset = next((c for c in ranked if c.step.startswith("preset ")), None)
+    preset = next((c for c in ranked if c.step.startswith(("preset ", STEP_PREFIX))), None)
     if preset is not None and preset not in chosen:
         chosen.append(preset)
     baseline = search.path[0] if search.path else None

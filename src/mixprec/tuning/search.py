@@ -19,6 +19,7 @@ from mixprec.policy import Policy
 from mixprec.tuning.bounds import METRICS
 from mixprec.tuning.candidates import Candidate, Config, Evaluation
 from mixprec.tuning.group_testing import ModuleTree, hierarchical_keep, minimal_sufficient
+from mixprec.tuning.policies import STEP_PREFIX
 from mixprec.tuning.progress import TuneMeter, TuneProgress
 
 __all__ = ["BudgetExhausted", "Search", "TuneProgress", "fp8_pass", "improve_locally", "run_search"]
@@ -207,9 +208,9 @@ def _run_search(search: Search, evaluator: Any, fast: list[str], notes: list[str
         start_cands.append((cfg, search.evaluate(cfg, f"all-{cfg.base}" + (f" compute {cfg.compute}" if cfg.compute else ""))))
     config, cand = min(start_cands, key=lambda p: (not p[1].met, p[1].miss, search.cost(p[1])),
                        default=(Config("fp32"), baseline))
-    for name, policy in presets:  # candidates too: the result is never worse than a measured preset
+    for name, policy in presets:  # candidates too: the result is never worse than a measured preset (or user policy)
         search.prefetch(first_round)
-        search.evaluate_policy(policy, f"preset {name}")
+        search.evaluate_policy(policy, name if name.startswith(STEP_PREFIX) else f"preset {name}")
     if not baseline.met:
         notes.append("the fp32 baseline itself misses the bound: nothing to keep fp32 can meet it")
         return

@@ -71,7 +71,7 @@ def fp8_read_units(components: dict[str, torch.nn.Module]) -> dict[str, str]:
     """Modules whose weight an fp8 policy keeps in 16 bits because code reads it (qualified
     name -> where), :func:`mixprec.casting.fp8.dtype_read_weights`: the search may still
     try them in fp8 by naming them, and keeps that only where the bound holds."""
-    from mixprec.casting.fp8 import dtype_read_weights, fp8_eligible
+    from mixprec.casting.fp8plan import dtype_read_weights, fp8_eligible
 
     read = dtype_read_weights(components)
     out: dict[str, str] = {}
@@ -267,8 +267,14 @@ def risk_key(row: dict[str, Any]) -> tuple[bool, float]:
 
 def serve_tune(conn: Any, job: dict[str, Any]) -> None:  # pragma: no cover - runs in the worker process
     """Serve ``tune_reference`` / ``tune_profile`` / ``tune_eval`` / ``tune_time`` / ``tune_validate`` / ``finish``."""
-    from mixprec import pipelines
+    import warnings
 
+    from mixprec import pipelines
+    from mixprec.policy.select import UnmatchedRuleWarning
+
+    # A user policy's rules that match no module are said once by the tuner, before the search
+    # and in the result's notes: not by each worker as a Python warning with a source path.
+    warnings.filterwarnings("ignore", category=UnmatchedRuleWarning)
     if job.get("threads"):
         torch.set_num_threads(int(job["threads"]))
     pipe = pipelines.get(job["pipeline"], size=job["size"], seed=0, device=job.get("device"))

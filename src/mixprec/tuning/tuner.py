@@ -30,6 +30,7 @@ from mixprec._quote import quote
 from mixprec.device.hardware import Hardware
 from mixprec.policy import Policy
 from mixprec.policy.presets import PRESETS, preset
+from mixprec.tuning.policies import STEP_PREFIX, load_policies, quiet_unmatched, say_notes, unmatched_notes
 from mixprec.tuning.bounds import DEFAULT_MARGIN_DB, Bound, parse_bound, tightened
 from mixprec.tuning.candidates import Candidate, frontier
 from mixprec.tuning.evaluators import Evaluator, WorkerEvaluator
@@ -58,6 +59,7 @@ def tune(
     progress: Callable[[TuneProgress], None] | bool | None = None,
     should_stop: Callable[[], bool] | None = None,
     presets: Sequence[str] | None = None,
+    policies: Sequence[str | Policy] = (),
     size: str = "default",
     repeat: int = 3,
     hardware: Hardware | None = None,
@@ -96,6 +98,10 @@ def tune(
         presets: presets measured as candidates too, so the result is never worse
             than a measured preset; default: every preset when ``pipeline`` is a
             registered pipeline measured by the default evaluator, none otherwise.
+        policies: your own policies (files or :class:`~mixprec.policy.Policy` objects), measured as
+            candidates too, as the presets are, so the result is never worse than them. Their
+            rules that match no module are said before the search (a warning on the ``mixprec``
+            logger, once per process) and kept in the result's notes.
         size: pipeline size for the default evaluator.
         repeat: timed runs per evaluation for the default evaluator.
         hardware: the probed device (default :func:`mixprec.device.hardware.probe` of the
@@ -153,6 +159,7 @@ def tune(
     for d in dtypes or ():
         if d not in ("bf16", "fp16"):
             raise ValueError(f"unknown 16-bit dtype {quote(d)}; valid: bf16, fp16")
+    user_policies = load_policies(policies)  # a missing or malformed file: refused before any work
     owned = evaluator is None
     if owned and device is not None:
         device = str(resolve_device(device))  # a device this machine lacks is refused before any worker starts
@@ -174,13 +181,19 @@ def tune(
     previous = evaluator.progress if has_progress else None
     if has_progress and meter is not None:
         evaluator.progress = meter.worker
+    quiet = quiet_unmatched()  # a user policy's unmatched rules are said once, below, not by every apply
+    quiet.__enter__()
     try:
         # The probe measures where the pipeline lives: the device asked for, else where the worker built it.
         where = device if device is not None else (getattr(evaluator, "ready", None) or {}).get("device")
         hw = hardware if hardware is not None else probe(where)
         run_device = where or hw.device_type
         fast = list(dtypes) if dtypes is not None else hw.fast_16bit()
-        notes: list[str] = []
+        # looked at on the evaluator's own modules, else on the pipeline its workers build
+        notes: list[str] = unmatched_notes(user_policies, pipeline=getattr(evaluator, "pipeline", None),
+                                           target=getattr(evaluator, "target", None),
+                                           size=getattr(evaluator, "size", size))
+        say_notes(notes)
         if margin_db:
             notes.append(f"search bound {search_bound}: {bound} with a {margin_db:g} dB margin")
         if not fast:
@@ -197,10 +210,12 @@ def tune(
                 raise ValueError(f"unknown preset {quote(name)}; valid: {', '.join(PRESETS)}")
         hints = tuple(evaluator.sensitive()) if hasattr(evaluator, "sensitive") else ()
         preset_policies = [(name, preset(name, hardware=hw, hints=hints)) for name in names]
+        preset_policies += [(STEP_PREFIX + label, policy) for label, policy in user_policies]
         needed = _needed(len(units)) + len(preset_policies)
         if budget is not None and budget < needed:
             raise ValueError(f"budget={budget} is too small for one pass over {len(units)} modules: it needs at least "
-                             f"{needed} evaluations (baseline + all-16-bit + {len(preset_policies)} presets + a bisection pass)")
+                             f"{needed} evaluations (baseline + all-16-bit + {len(names)} presets"
+                             + (f" + {len(user_policies)} policies of yours" if user_policies else "") + " + a bisection pass)")
         search = Search(evaluator, search_bound, objective, budget, store, None, machine_fingerprint(hw), should_stop,
                         meter=meter)
         try:
@@ -233,6 +248,7 @@ def tune(
             best, validation, summary, validations = validate_held_out(search, evaluator, bound, best, held_out,
                                                                         search_seeds, notes)
     finally:
+        quiet.__exit__(None, None, None)
         if owned:
             evaluator.close()
         elif has_progress:
@@ -277,7 +293,7 @@ def _pick(search: Search, final: dict[int, list[float]], margin: float, notes: l
     best = search.best()
     if best is not None and final:
         # the presets and the fp32 baseline are the known answers: another policy must clearly beat them
-        known = [i for i in final if i == 0 or search.path[i].step.startswith("preset ")]
+        known = [i for i in final if i == 0 or search.path[i].step.startswith(("preset ", STEP_PREFIX))]
         index, why = pick_final(final, known, margin=margin)
         best = search.path[index]
         notes.append(why)
