@@ -137,3 +137,25 @@ def test_a_flag_near_a_commands_option_names_the_option_meant(flag, how, command
     text = " ".join(result.output.replace("│", " ").split())
     assert f"did you mean {meant}?" in text and how in text, text
     assert mixprec.snapshot() == before
+
+
+def test_a_near_miss_of_the_apps_prefix_is_said(tmp_path, clean_env):
+    r = resolve("ACE_STEP", search_dir=tmp_path, environ={f"ACESTEP_{_M}": "medium"})
+    (item,) = r.unused
+    assert r.numeric.matmul == "highest" and f"did you mean ACE_STEP_{_M}?" in item.reason
+
+
+@pytest.mark.parametrize(("given", "name"), [(" FAST\u00a0", "fast"), ("Naive-BF16\u200b", "naive-bf16"),
+                                             ("ＭＥＭＯＲＹ+compile", "memory+compile")])
+def test_bench_configuration_names_are_read_as_words(given, name):
+    from mixprec.bench.configs import _parse_names
+
+    assert [s.name for s in _parse_names(given)[0]] == ["fp32", name]
+
+
+def test_a_look_alike_configuration_name_is_refused_naming_the_letter():
+    from mixprec.bench.configs import UnknownConfigError, _parse_names
+
+    with pytest.raises(UnknownConfigError, match=r"'fa\\u0455t' \(did you mean 'fast'\? \\u0455 \(CYRILLIC SMALL LETTER DZE\) "
+                                                 r"looks like 's'\)"):
+        _parse_names("fa\u0455t")

@@ -17,6 +17,7 @@ from typing import Any, Callable, ContextManager
 import torch
 
 from mixprec._quote import quote
+from mixprec._words import normalise
 from mixprec.casting.apply import apply
 from mixprec.casting.explain import explain_unmatched
 from mixprec.casting.compile import check_compiler
@@ -145,8 +146,15 @@ def _with_twins(specs: list[ConfigSpec]) -> list[ConfigSpec]:
     return out
 
 
+def _name(given: str) -> str:
+    folded = normalise(given)
+    return folded if folded.split("+", 1)[0] in BUILTIN else given.strip()
+
+
 def _parse_names(text: str) -> tuple[list[ConfigSpec], list[str]]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    # a built-in name is read as every source's words are (case, a no-break space, invisible
+    # characters, fullwidth letters); a policy file's name is a path, taken as written
+    names = [_name(n) for n in text.split(",") if normalise(n)]
     if not names:
         raise UnknownConfigError(f"--configs {quote(text)} names no configuration; valid: {', '.join(BUILTIN)}")
     specs = [_spec(n) for n in dict.fromkeys(names)]

@@ -41,8 +41,8 @@ def did_you_mean(given: str, choices: list[str] | tuple[str, ...]) -> str:
     if not close:
         return ""
     original = next(c for c in choices if normalise(c) == close[0])
-    alike = "".join(f"; {describe(c)} looks like {latin!r}" for c, latin in look_alikes(str(given))[:3])
-    return f" (did you mean '{original}'?{alike})"
+    alike = "; ".join(f"{describe(c)} looks like {latin!r}" for c, latin in look_alikes(str(given))[:3])
+    return f" (did you mean '{original}'?{' ' + alike if alike else ''})"
 
 
 def word(value: Any, valid: tuple[str, ...] | list[str], what: str) -> str:
