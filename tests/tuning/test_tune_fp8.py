@@ -73,3 +73,17 @@ def test_memory_tune_stores_fp8_with_the_layers_that_fail_it_kept_16_bit_and_say
         name = sorted(kept)[0]
         assert rows[name]["storage"] != "fp8" and rows[f"{name[0]}.0"]["storage"] == "fp8"
         assert "kept in" in rows[name]["reason"]
+
+
+def test_the_fp8_step_is_skipped_when_asked_and_gives_up_where_most_layers_need_16_bits():
+    model = _model()
+    evaluator = InProcessEvaluator(model, _inputs, model, seeds=(0, 1), repeat=1, name="outliers")
+    off = tune("outliers", "sqnr>=30", evaluator=evaluator, objective="memory", dtypes=("bf16",), local_search=False,
+               validation_seeds=(7,), fp8=False)
+    assert off.met and not any("fp8" in c.step for c in off.path)
+    # a bound no fp8 layer meets: one look at three quarters of the layers, then the 16-bit result stays
+    strict = tune("outliers", "sqnr>=60", evaluator=evaluator, objective="memory", dtypes=("bf16",), local_search=False,
+                  validation_seeds=(7,))
+    fp8_steps = [c.step for c in strict.path if "fp8" in c.step]
+    assert len(fp8_steps) <= 2 and all(r.storage != "fp8" for r in strict.policy.rules)
+    assert any("more than three quarters of the layers" in n for n in strict.notes)

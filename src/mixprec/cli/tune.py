@@ -51,6 +51,7 @@ def tune_cmd(
     html: Annotated[Optional[str], typer.Option("--html", help="Write the frontier and search path as HTML here.")] = None,
     as_json: JsonFlag = False,
     try_compile: Annotated[bool, typer.Option("--try-compile", help="The local search also tries compiling the components (torch.compile), kept where it measures faster.")] = False,
+    fp8: Annotated[bool, typer.Option("--fp8/--no-fp8", help="With --objective memory, also try fp8 weights and find the layers that must stay 16-bit.")] = True,
     validation_seeds: Annotated[str, typer.Option("--validation-seeds", help="Held-out seeds the chosen policy must also meet the bound on: a count (3: the three seeds after the search seeds), or seeds such as 7,8,9 or 10-19; 0 disables validation.")] = "3",
     executor: ExecutorFlag = "local",
     ray_address: RayAddressFlag = None,
@@ -138,7 +139,7 @@ def tune_cmd(
 
         try:
             result = mixprec.tune(pipeline, parsed, objective=objective, budget=n_budget, seeds=seed_list, store=store,
-                                  progress=progress, size=size, repeat=n_repeat, try_compile=try_compile,
+                                  progress=progress, size=size, repeat=n_repeat, try_compile=try_compile, fp8=fp8,
                                   validation_seeds=held_out, margin=margin_db, device=device, policies=policy_files,
                                   **on_cluster)
         except ValueError as exc:

@@ -166,7 +166,8 @@ class Search:
 
 
 def run_search(search: Search, evaluator: Any, fast: list[str], notes: list[str], local_search: bool,
-               improvement: float, presets: Sequence[tuple[str, Policy]] = (), *, try_compile: bool = False) -> None:
+               improvement: float, presets: Sequence[tuple[str, Policy]] = (), *, try_compile: bool = False,
+               fp8: bool = True) -> None:
     """Baseline, all-16-bit start(s), the presets, keep-fp32 bisection if needed, then local search.
 
     Every candidate lands on ``search.path``; remarks are appended to ``notes``.
@@ -174,7 +175,7 @@ def run_search(search: Search, evaluator: Any, fast: list[str], notes: list[str]
     the evaluations the search will ask for next are measured ahead (:meth:`Search.prefetch`).
     """
     try:
-        _run_search(search, evaluator, fast, notes, local_search, improvement, presets, try_compile=try_compile)
+        _run_search(search, evaluator, fast, notes, local_search, improvement, presets, try_compile=try_compile, fp8=fp8)
     finally:
         search.settle(notes)
 
@@ -192,7 +193,7 @@ def _starts(objective: str, fast: list[str]) -> list[Config]:
 
 
 def _run_search(search: Search, evaluator: Any, fast: list[str], notes: list[str], local_search: bool,
-                improvement: float, presets: Sequence[tuple[str, Policy]], *, try_compile: bool) -> None:
+                improvement: float, presets: Sequence[tuple[str, Policy]], *, try_compile: bool, fp8: bool = True) -> None:
     starts = _starts(search.objective, fast)
     # one round: none of these depends on another's result
     first_round = [Config("fp32").policy(), *(cfg.policy() for cfg in starts), *(policy for _, policy in presets)]
@@ -254,7 +255,7 @@ def _run_search(search: Search, evaluator: Any, fast: list[str], notes: list[str
                 notes.append("the minimal keep-fp32 set found by group testing does not meet the bound on "
                              "re-measurement (quality is not monotone here); the best measured candidate is used")
                 return
-    if search.objective == "memory":
+    if search.objective == "memory" and fp8:
         config, cand = fp8_pass(search, evaluator, config, cand, notes)
     if local_search:
         improve_locally(search, evaluator, config, cand, fast, improvement, try_compile=try_compile)
@@ -315,10 +316,13 @@ def fp8_pass(search: Search, evaluator: Any, config: Config, cand: Candidate, no
         return (not bad, -noise / max(int(row.get("elements") or 1), 1))
 
     ranked[:] = sorted((u for u in evaluator.units() if u in tree.row), key=noise_per_weight)
+    # Where more than three quarters of the layers must stay 16-bit, fp8 saves little: one
+    # evaluation says so, instead of pruning a long list.
     needed = minimal_sufficient(ranked, lambda keep: search.evaluate(config_for(keep), f"fp8, keep {len(keep)} in {sixteen}").met,
-                                empty_fails=True, ahead=lambda keeps: search.prefetch([config_for(k).policy() for k in keeps]))
+                                empty_fails=True, max_prefix=max(1, len(ranked) * 3 // 4),
+                                ahead=lambda keeps: search.prefetch([config_for(k).policy() for k in keeps]))
     if needed is None:
-        notes.append(f"fp8 weights: the bound needs every layer in {sixteen}")
+        notes.append(f"fp8 weights: the bound needs more than three quarters of the layers in {sixteen}; they stay {sixteen}")
         return config, cand
     trial_cfg = config_for(frozenset(needed))
     trial = search.evaluate(trial_cfg, f"verify fp8 with {len(needed)} in {sixteen}")

@@ -66,6 +66,7 @@ def tune(
     dtypes: Sequence[str] | None = None,
     local_search: bool = True,
     try_compile: bool = False,
+    fp8: bool = True,
     improvement: float = 0.03,
     final_rounds: int = 3,
     validation_seeds: int | Sequence[int] = 3,
@@ -108,6 +109,8 @@ def tune(
             device the pipeline is measured on).
         dtypes: 16-bit storage types to try (default: those the probe measured fast).
         local_search: run the greedy local search after the bisection.
+        fp8: with the memory objective, also try fp8 weights (a scale per output channel)
+            and find the layers that must stay 16-bit (:func:`~mixprec.tuning.search.fp8_pass`).
         try_compile: the local search also tries compiling the components
             (``Policy.compile``) as its last move, kept where it measures faster
             (its compiling first call is not timed). Needs a C++ compiler on CPU.
@@ -219,7 +222,8 @@ def tune(
         search = Search(evaluator, search_bound, objective, budget, store, None, machine_fingerprint(hw), should_stop,
                         meter=meter)
         try:
-            run_search(search, evaluator, fast, notes, local_search, improvement, preset_policies, try_compile=try_compile)
+            run_search(search, evaluator, fast, notes, local_search, improvement, preset_policies, try_compile=try_compile,
+                       fp8=fp8)
         except BudgetExhausted:
             notes.append("stopped on request; the result holds what was measured" if search.cancelled
                          else f"budget of {budget} evaluations exhausted")
