@@ -32,7 +32,7 @@ from mixprec import pipelines
 from mixprec.ui.bench_tab import build_bench_tab, list_runs, show_run, speedup_text
 from mixprec.ui.controls import (DTYPES, NO_PRESET, build_policy, defaults_message, dtype_selector_update, matmul_info,
                                  precision_controls, preset_choices, preset_storage)
-from mixprec.ui.endpoints import INTERNAL, endpoint, name_control_endpoints
+from mixprec.ui.endpoints import INTERNAL, endpoint
 from mixprec.ui.forms import SIZES, check_choice, devices, error_text, markdown_table
 from mixprec.ui.i18n import DEFAULT_LANGUAGE, LANGUAGES, check_language, direction, t
 from mixprec.ui.tune_tab import build_tune_tab
@@ -415,7 +415,6 @@ def build_app(lang: str = DEFAULT_LANGUAGE, *, app: str | None = None) -> gr.Blo
                          **endpoint("run_comparison"))
         diag_button.click(diagnose_endpoint, inputs=[language, diag_pipe, diag_size, diag_preset, cache],
                           outputs=[diag_summary, diag_table, diag_toml, cache], **endpoint("diagnose"))
-    name_control_endpoints(demo, controls)
     return demo
 
 

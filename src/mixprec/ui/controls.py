@@ -23,6 +23,7 @@ import mixprec
 from mixprec._quote import clip, quote
 from mixprec._words import normalise
 from mixprec.policy import PolicyError
+from mixprec.ui.endpoints import INTERNAL, endpoint
 from mixprec.ui.i18n import bidi, check_language, t
 
 __all__ = [
@@ -370,14 +371,16 @@ def precision_controls(
     status = gr.Markdown(defaults_message(app, lang), elem_id="init-status")
     controls = PrecisionControls(app=app, lang=lang, matmul=matmul, preset=preset, upcast_attention=upcast,
                                  button=button, status=status, heading=heading, dtypes=dtypes, on_initialize=on_initialize)
+    # The button is the endpoint scripts call; the events that follow the preset only keep the page in step.
     if language is None:
-        button.click(controls.initialize, inputs=controls.inputs, outputs=status)
+        button.click(controls.initialize, inputs=controls.inputs, outputs=status, **endpoint("initialize_service"))
     else:
-        button.click(controls.initialize_in, inputs=[language, *controls.inputs], outputs=status)
+        button.click(controls.initialize_in, inputs=[language, *controls.inputs], outputs=status,
+                     **endpoint("initialize_service"))
     def follow(chosen: str, lg: str = lang) -> dict[str, Any]:
         return matmul_update(app, chosen, lg)
 
-    preset.change(follow, inputs=[preset] if language is None else [preset, language], outputs=matmul)
+    preset.change(follow, inputs=[preset] if language is None else [preset, language], outputs=matmul, **INTERNAL)
     if dtypes:
         def lock(chosen: str, lg: str = lang) -> list[dict[str, Any]]:
             if not chosen or chosen == NO_PRESET:
@@ -385,5 +388,6 @@ def precision_controls(
             given = preset_storage(chosen, pipeline.components, tuple(getattr(pipeline, "sensitive", ())))
             return [dtype_selector_update(chosen, lg, given[name]) for name in dtypes]
 
-        preset.change(lock, inputs=[preset] if language is None else [preset, language], outputs=list(dtypes.values()))
+        preset.change(lock, inputs=[preset] if language is None else [preset, language], outputs=list(dtypes.values()),
+                      **INTERNAL)
     return controls

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ENDPOINTS", "INTERNAL", "endpoint", "name_control_endpoints"]
+__all__ = ["ENDPOINTS", "INTERNAL", "endpoint"]
 
 #: Endpoint name -> what it does. Renaming one breaks the scripts that call it.
 ENDPOINTS: dict[str, str] = {
@@ -52,25 +52,3 @@ def endpoint(name: str) -> dict[str, Any]:
     if name not in ENDPOINTS:
         raise ValueError(f"unknown endpoint name {name!r}; the endpoints are: {', '.join(ENDPOINTS)}")
     return {"api_name": name, "api_description": ENDPOINTS[name]}
-
-
-def name_control_endpoints(demo: Any, controls: Any) -> None:
-    """Give the events of the precision controls placed in ``demo`` their places in the app's API.
-
-    The controls (:func:`mixprec.ui.controls.precision_controls`) wire their own events; in the
-    app, the *Initialize service* click is the endpoint ``initialize_service`` and the events
-    that follow the preset dropdown are internal. Call once ``demo`` is built, before it serves.
-
-    Args:
-        demo: the built ``gr.Blocks``.
-        controls: the :class:`~mixprec.ui.controls.PrecisionControls` placed in it.
-    """
-    button = (controls.button._id, "click")
-    following = {(controls.preset._id, "change")}
-    for fn in demo.fns.values():
-        if button in fn.targets and fn.fn is not None:
-            named = endpoint("initialize_service")
-            fn.api_name, fn.api_description = named["api_name"], named["api_description"]
-            fn.api_visibility = "public"
-        elif following & set(fn.targets):
-            fn.api_visibility = "private"
