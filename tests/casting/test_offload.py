@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import mixprec
+from tiny_llama import tiny_llama
 from mixprec import Policy, Rule
 from mixprec.casting.targets import ApplyError
 
@@ -25,15 +26,8 @@ IDS = torch.tensor([[1, 5, 9, 23, 42, 7, 64, 100]])
 BF16 = Policy(rules=(Rule("*", storage="bf16"),))
 
 
-def _llama(tied: bool = False):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         initializer_range=0.2, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                         tie_word_embeddings=tied)
-    return LlamaForCausalLM(config).eval()
+def _llama(*, tied: bool = False):
+    return tiny_llama(tied=tied)
 
 
 def _logits(model) -> torch.Tensor:

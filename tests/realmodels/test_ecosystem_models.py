@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 import mixprec
+from tiny_llama import tiny_llama
 from mixprec.casting.kinds import stored_bytes
 from realmodels_harness import Case, check_combination, check_guarded, compare_generation, compare_waveform
 
@@ -38,14 +39,7 @@ GUARDED = [("balanced", "measured"), ("fast", "bf16-fast"), ("memory", "measured
 
 
 def _llama(*, tied: bool = False):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         initializer_range=0.2, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                         tie_word_embeddings=tied)
-    return LlamaForCausalLM(config).eval()
+    return tiny_llama(tied=tied)
 
 
 def _generation_case(model, vocab_size: int = 128, target=None) -> Case:

@@ -13,13 +13,6 @@ from mixprec.ui import controls  # noqa: E402
 from mixprec.ui.controls import build_policy, initialize_service, precision_controls  # noqa: E402
 
 
-@pytest.fixture
-def restore_flags():
-    before = mixprec.snapshot()
-    yield
-    mixprec.restore(before)
-
-
 def test_build_inside_blocks(clean_env):
     with gr.Blocks():
         controls = precision_controls("ACE_STEP")

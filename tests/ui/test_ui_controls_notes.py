@@ -13,13 +13,6 @@ import mixprec  # noqa: E402
 from mixprec.ui.controls import build_policy, defaults_message, initialize_service, precision_controls  # noqa: E402
 
 
-@pytest.fixture
-def restore_flags():
-    before = mixprec.snapshot()
-    yield
-    mixprec.restore(before)
-
-
 @pytest.mark.parametrize("typed", ["MEDIUM", " medium\u00a0", "me\u200bdium", "ｍｅｄｉｕｍ"])
 def test_a_typed_matmul_value_is_read_as_the_word_it_shows(typed, clean_env, restore_flags):
     message = initialize_service(None, matmul=typed, lang="en")

@@ -88,15 +88,6 @@ def test_a_huge_path_is_not_echoed(served):
     assert len(status) < 1_000
 
 
-@pytest.fixture
-def restore_flags():
-    import mixprec
-
-    before = mixprec.snapshot()
-    yield
-    mixprec.restore(before)
-
-
 def test_initialize_with_a_preset_says_the_preset(clean_env, restore_flags):
     status = initialize_service(None, matmul="high", preset="memory", lang="en")
     assert "precision preset = not set" not in status
