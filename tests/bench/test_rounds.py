@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from mixprec.bench.rounds import MIN_TIMED, RoundKeeper, paired, speed_metrics
+from mixprec.bench.rounds import RoundKeeper, paired, speed_metrics
 from mixprec.bench.store import Store
 from mixprec.bench.table import render_table_rows
 from mixprec.cli import app

@@ -10,7 +10,6 @@ import math
 
 import pytest
 import torch
-from torch import nn
 
 from calibration_helpers import MLP, DtypeClock, Ticks, by_dtype, machine
 

@@ -24,21 +24,21 @@ def test_a_uniform_plan_installs_nothing_and_runs_as_model_to_dtype():
     model, x = _model(), torch.randn(2, 8)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     naive = Policy((Rule("*", storage="bf16"),), wrappers="none")
-    with mixprec.apply(model, naive) as applied:
+    with mixprec.apply(model, naive):
         assert _forward_wrapped(model) == [] and model[0].weight.dtype == torch.bfloat16
         with pytest.raises(RuntimeError, match="same dtype"):  # no entry cast, as after model.to(bfloat16)
             model(x)
         expected = _model().to(torch.bfloat16)(x.to(torch.bfloat16))
         assert torch.equal(model(x.to(torch.bfloat16)), expected)
     assert all(torch.equal(before[k], v) and before[k].dtype == v.dtype for k, v in model.state_dict().items())
-    with mixprec.apply(model, Policy((Rule("*", storage="bf16"),))) as wrapped:  # auto: the entry casts inputs
+    with mixprec.apply(model, Policy((Rule("*", storage="bf16"),))):  # auto: the entry casts inputs
         assert _forward_wrapped(model) and model(x).dtype == torch.float32
 
 
 def test_a_mixed_plan_gets_its_wrappers_whatever_it_asks():
     model, x = _model(), torch.randn(2, 8)
     mixed = Policy((Rule("*", storage="bf16"), Rule("2", keep_fp32=True)), wrappers="none")
-    with mixprec.apply(model, mixed) as applied:
+    with mixprec.apply(model, mixed):
         assert _forward_wrapped(model) and model[2].weight.dtype == torch.float32
         assert torch.isfinite(model(x)).all()
 

@@ -25,7 +25,7 @@ _NEAR = [
     (f"MIXPREC-{_M.replace('_', '-')}", f"'-' where the name has '_'; write MIXPREC_{_M}"),
     (f"MIXPREC__{_M}", f"'__' where the name has '_'; write MIXPREC_{_M}"),
     (f"MIXPREC_{_M}\u200b", f"invisible characters \\u200b (ZERO WIDTH SPACE); write MIXPREC_{_M}"),
-    (f"MIXPREC_FLOAT32_MATMUL_PREC\u0406SION", f"look-alike letters \\u0406 (CYRILLIC CAPITAL LETTER BYELORUSSIAN-UKRAINIAN I) for 'I'"),
+    ("MIXPREC_FLOAT32_MATMUL_PREC\u0406SION", "look-alike letters \\u0406 (CYRILLIC CAPITAL LETTER BYELORUSSIAN-UKRAINIAN I) for 'I'"),
     (f"\u041cIXPREC_{_M}", "look-alike letters \\u041c (CYRILLIC CAPITAL LETTER EM) for 'M'"),
     (f"ＭＩＸＰＲＥＣ_{_M}", "other forms of letters \\uff2d (FULLWIDTH LATIN CAPITAL LETTER M) for 'M'"),
     ("MIXPREC_FLOAT32_MATMUL_PRECISON", f"not a setting; did you mean MIXPREC_{_M}?"),
@@ -90,7 +90,7 @@ def test_a_keyword_near_a_settings_from_code_or_flags_names_the_key_meant(layer,
 def test_init_warns_once_per_process_however_often_it_runs(tmp_path, clean_env, caplog):
     forget_said()
     caplog.set_level(logging.INFO, logger="mixprec")
-    environ = {f"mixprec_{_M.lower()}": "medium", f"MIXPREC_PRESET": "fast\u00a0"}
+    environ = {f"mixprec_{_M.lower()}": "medium", "MIXPREC_PRESET": "fast\u00a0"}
     before = mixprec.snapshot()
     try:
         for _ in range(3):

@@ -447,7 +447,6 @@ class Guard:
             same = counterparts(scope, report.module, root, self.applied.plans) if (
                 scope == report.module or scope in owners) else [scope]
             pins = self._learn(same, "fp32", f"dtype error in {report.type}.{report.method}: {report.error}")
-            pin = pins[0]
             try:
                 output = self._rerun(call)
             except OP_ERRORS as again:
