@@ -65,7 +65,7 @@ def db(tmp_path_factory):
 
 
 def _cli(monkeypatch, width: int, args: list[str]) -> str:
-    monkeypatch.setattr(_common.console, "width", width)
+    monkeypatch.setenv("COLUMNS", str(width))  # the width a user gives a command
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     return result.output

@@ -290,7 +290,7 @@ class TestProbeFiguresReadAsTheirClass:
         hw = dataclasses.replace(measured, dtypes={**measured.dtypes, "bf16": bf16}, layers={"bf16": {"ConvTranspose1d": layer}})
         assert hardware.ratio_text(ratio, klass) == shown
         monkeypatch.setattr(hardware, "probe", lambda device, use_cache=True: hw)
-        monkeypatch.setattr(_common.console, "width", 200)
+        monkeypatch.setenv("COLUMNS", "200")
         out = CliRunner().invoke(app, ["env", "--device", "cpu"])
         assert out.exit_code == 0, out.output
         row = next(line for line in out.output.splitlines() if line.strip("│ ").startswith("bf16 "))

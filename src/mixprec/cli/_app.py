@@ -12,7 +12,7 @@ from typer.core import TyperGroup
 
 import mixprec
 from mixprec._quote import quote
-from mixprec.cli._common import console
+from mixprec.cli._common import console, fit_width
 from mixprec.cli._text import clean, say
 
 #: What an option read as text (so that it can give its own error) takes, as ``--help`` shows it;
@@ -117,3 +117,4 @@ def _root(
     version: Annotated[bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Show the version and exit.")] = False,
 ) -> None:
     """Safe, fast and measurable reduced-precision inference for PyTorch."""
+    fit_width()

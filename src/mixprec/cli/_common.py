@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mixprec._quote import quote
+from mixprec.cli._choices import device_values, pipeline_values, size_help
 from mixprec.cli._text import FitTable, SafeConsole, header_min_width, safe, say
 
 #: Width when stdout is a pipe or a file (logs, CI) and COLUMNS is unset: rich's 80 columns
@@ -23,12 +24,24 @@ PIPE_WIDTH = 180
 console = SafeConsole(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else PIPE_WIDTH)
 err_console = SafeConsole(stderr=True)
 
+
+def fit_width() -> None:
+    """Decide the console's width for the command about to run, from where its output goes now
+    (a terminal or ``COLUMNS``: their width; a pipe or a file: :data:`PIPE_WIDTH`), not from
+    where it went when the module was first imported (a test runner, an earlier command)."""
+    console.width = None if console.file.isatty() or "COLUMNS" in os.environ else PIPE_WIDTH
+
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
-SizeFlag = Annotated[str, typer.Option("--size", help="Pipeline size: test (tiny), default (benchmark-sized) or large (GPU-sized: Chatterbox / Stable Diffusion 1.5 shapes).")]
-PipelineFlag = Annotated[str, typer.Option("--pipeline", help="Pipeline name (see `mixprec pipelines`), or your factory: module.path:factory or path/to/file.py:factory.")]
-DeviceFlag = Annotated[Optional[str], typer.Option("--device", help="cpu | cuda | cuda:N | mps (default: best available)")]
+#: Each closed set of values is listed from its source (:mod:`mixprec.cli._choices`).
+DEVICES = " | ".join(device_values())
+#: ``--pipeline`` of the commands that build one pipeline: a registered name or a factory.
+PIPELINE_HELP = (f"Pipeline name: {', '.join(pipeline_values())} or a plugin's (see `mixprec pipelines`), or your "
+                 "factory: module.path:factory or path/to/file.py:factory.")
+SizeFlag = Annotated[str, typer.Option("--size", help=size_help())]
+PipelineFlag = Annotated[str, typer.Option("--pipeline", help=PIPELINE_HELP)]
+DeviceFlag = Annotated[Optional[str], typer.Option("--device", help=f"{DEVICES} (default: best available)")]
 #: ``--device`` of the commands that measure and store (``bench``, ``tune``): the CPU unless asked.
-MeasureDeviceFlag = Annotated[str, typer.Option("--device", help="cpu | cuda | cuda:N | mps: where the pipeline is built and measured; stored with the run.")]
+MeasureDeviceFlag = Annotated[str, typer.Option("--device", help=f"{DEVICES}: where the pipeline is built and measured; stored with the run.")]
 DbFlag = Annotated[Optional[str], typer.Option("--db", help="SQLite file (default: MIXPREC_DB, else bench.sqlite in the user data dir); created if missing; a folder you name must exist (mixprec creates only its own data folder).")]
 
 
