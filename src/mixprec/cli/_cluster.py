@@ -21,9 +21,14 @@ from mixprec.cli._text import say
 __all__ = ["ExecutorFlag", "RayAddressFlag", "HardwareFlag", "check_executor_flags", "cluster", "bench_on_cluster",
            "print_matrix"]
 
-EXECUTORS = ("local", "ray")
+#: ``--executor``: where the workers run -> what that means.
+EXECUTORS: dict[str, str] = {
+    "local": "fresh processes on this machine",
+    "ray": "fresh actor processes on a Ray cluster; needs pip install 'mixprec\\[ray]'",
+}
 
-ExecutorFlag = Annotated[str, typer.Option("--executor", help="Where the workers run: local (fresh processes on this machine) or ray (fresh actor processes on a Ray cluster; needs pip install 'mixprec\\[ray]').")]
+ExecutorFlag = Annotated[str, typer.Option("--executor", help="Where the workers run: " + " or ".join(
+    f"{name} ({what})" for name, what in EXECUTORS.items()) + ".")]
 RayAddressFlag = Annotated[Optional[str], typer.Option("--ray-address", help="With --executor ray: auto (the cluster this machine joined), or HOST:PORT of the head node; default: a private Ray on this machine.")]
 HardwareFlag = Annotated[Optional[str], typer.Option("--hardware", help="With --executor ray: all (one run per hardware type in the cluster) or LABEL[,LABEL] (nodes started with --resources '{\"mixprec-hw:LABEL\": 1}').")]
 

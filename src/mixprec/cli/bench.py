@@ -41,11 +41,16 @@ from mixprec.cli._common import (
     table,
     writable_path,
 )
+from mixprec.cli._choices import config_help, pipeline_values
 from mixprec.cli._clock import process_started
 from mixprec.cli._files import Outputs, write_run_exports
 from mixprec.cli._notes import bench_pre_run_notes, say_pre_run
 from mixprec.cli._text import clean, json_text, say
 from mixprec.cli._verdicts import print_compare, print_gate, rows_json
+
+#: ``bench --pipeline``: one or more registered names or factories.
+BENCH_PIPELINE_HELP = (f"Comma-separated pipeline names ({', '.join(pipeline_values())} or a plugin's: see mixprec pipelines), "
+                       "e.g. tts,diffusion, or factories module.path:factory / path/to/file.py:factory.")
 
 _TERMINAL_COLUMNS = ("config", "batch", "status", "latency", "ci", "speedup", "throughput", "tokens_per_s", "rtf",
                      "peak_mem", "weights", "compile", "compile_cached", "snr", "psnr", "ssim", "step_sqnr", "sqnr", "token_agreement", "nonfinite",
@@ -88,8 +93,8 @@ def _print_run(run: dict) -> None:
 
 @app.command()
 def bench(
-    pipeline: Annotated[str, typer.Option("--pipeline", help="Comma-separated pipeline names, e.g. tts,diffusion, or factories module.path:factory / path/to/file.py:factory.")] = "tts",
-    configs: Annotated[Optional[str], typer.Option("--configs", help="Comma-separated configurations (default: all that can help here).")] = None,
+    pipeline: Annotated[str, typer.Option("--pipeline", help=BENCH_PIPELINE_HELP)] = "tts",
+    configs: Annotated[Optional[str], typer.Option("--configs", help=config_help())] = None,
     batch: Annotated[str, typer.Option("--batch", help="Comma-separated batch sizes.")] = "1",
     repeat: Annotated[str, typer.Option("--repeat", help="Timed runs per configuration.")] = "3",
     warmup: Annotated[str, typer.Option("--warmup", help="Untimed runs first.")] = "1",

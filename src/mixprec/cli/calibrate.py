@@ -12,6 +12,7 @@ from mixprec._quote import quote
 from mixprec.cli._app import app
 from mixprec.cli._common import (
     MAX_BATCH,
+    PIPELINE_HELP,
     DeviceFlag,
     JsonFlag,
     SizeFlag,
@@ -23,9 +24,13 @@ from mixprec.cli._common import (
     gib,
     table,
 )
+from mixprec.cli._choices import preset_values
 from mixprec.cli._text import say
 
 __all__ = ["calibrate_cmd", "calibration_rows", "calibration_lines"]
+
+#: The presets calibrated when no --preset is given.
+_DEFAULT_PRESETS = ["balanced", "fast", "memory"]
 
 CALIBRATION_COLUMNS = ["candidate", "vs fp32", "output SQNR", "weights", "against the incumbent", "out / also"]
 
@@ -63,8 +68,8 @@ def _show(result: Any, title: str) -> None:
 
 @app.command("calibrate")
 def calibrate_cmd(
-    pipeline: Annotated[Optional[str], typer.Option("--pipeline", help="Pipeline name (see `mixprec pipelines`), or your factory: module.path:factory or path/to/file.py:factory.")] = None,
-    preset: Annotated[Optional[list[str]], typer.Option("--preset", help="balanced | fast | memory (repeat for several; default: all three).")] = None,
+    pipeline: Annotated[Optional[str], typer.Option("--pipeline", help=PIPELINE_HELP)] = None,
+    preset: Annotated[Optional[list[str]], typer.Option("--preset", help=" | ".join(preset_values()) + " (repeat for several; default: " + ", ".join(_DEFAULT_PRESETS) + ").")] = None,
     size: SizeFlag = "default",
     batch: Annotated[str, typer.Option("--batch", help="Batch size of the example inputs the presets are timed on.")] = "1",
     device: DeviceFlag = None,
@@ -89,7 +94,7 @@ def calibrate_cmd(
 
     names: list[str] = []
     try:
-        names = [check_name(p) for p in (preset or ["balanced", "fast", "memory"])]
+        names = [check_name(p) for p in (preset or _DEFAULT_PRESETS)]
     except ValueError as exc:
         fail(f"--preset: {exc}")
     if list_ or clear:

@@ -11,7 +11,8 @@ import typer
 
 import mixprec
 from mixprec.cli._app import app
-from mixprec.cli._common import DeviceFlag, JsonFlag, console, err_console, fail, gib, table
+from mixprec.cli._choices import bool_help, matmul_values
+from mixprec.cli._common import DEVICES, DeviceFlag, JsonFlag, console, err_console, fail, gib, table
 from mixprec.cli._text import say
 from mixprec.config import ConfigError
 
@@ -22,10 +23,10 @@ app.add_typer(config_app, name="config")
 AppFlag = Annotated[Optional[str], typer.Option("--app", help="Your app's env-var prefix, e.g. ACE_STEP.")]
 ConfigFlag = Annotated[Optional[str], typer.Option("--config", help="TOML file to read instead of pyproject.toml / mixprec.toml.")]
 EnvFileFlag = Annotated[Optional[str], typer.Option("--env-file", help=".env file (default: ./.env when present).")]
-MatmulFlag = Annotated[Optional[str], typer.Option("--float32-matmul-precision", help="highest | high | medium")]
-ConvFlag = Annotated[Optional[str], typer.Option("--conv-tf32", help="true | false: TF32 in cuDNN convolutions")]
-Fp16RedFlag = Annotated[Optional[str], typer.Option("--fp16-reduced-precision-reduction", help="true | false")]
-Bf16RedFlag = Annotated[Optional[str], typer.Option("--bf16-reduced-precision-reduction", help="true | false")]
+MatmulFlag = Annotated[Optional[str], typer.Option("--float32-matmul-precision", help=" | ".join(matmul_values()))]
+ConvFlag = Annotated[Optional[str], typer.Option("--conv-tf32", help=bool_help("TF32 in cuDNN convolutions"))]
+Fp16RedFlag = Annotated[Optional[str], typer.Option("--fp16-reduced-precision-reduction", help=bool_help())]
+Bf16RedFlag = Annotated[Optional[str], typer.Option("--bf16-reduced-precision-reduction", help=bool_help())]
 
 
 def _cli_values(matmul: str | None, conv: str | None, fp16: str | None, bf16: str | None) -> dict[str, Any]:
@@ -66,7 +67,7 @@ def env(
     conv_tf32: ConvFlag = None,
     fp16_rpr: Fp16RedFlag = None,
     bf16_rpr: Bf16RedFlag = None,
-    device: Annotated[Optional[str], typer.Option("--device", help="cpu | cuda | cuda:N | mps (default: best available)")] = None,
+    device: Annotated[Optional[str], typer.Option("--device", help=f"{DEVICES} (default: best available)")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Measure the hardware again instead of using the cache.")] = False,
     as_json: JsonFlag = False,
 ) -> None:

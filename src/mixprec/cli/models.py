@@ -14,6 +14,7 @@ from mixprec._quote import quote
 from mixprec.casting.explain import compile_advice, explain_unmatched
 from mixprec.policy.select import summarise_unmatched
 from mixprec.cli._app import app
+from mixprec.cli._choices import extension_help, preset_values
 from mixprec.cli._common import (
     MAX_BATCH,
     MAX_SEED,
@@ -35,6 +36,9 @@ from mixprec.cli._files import Outputs
 from mixprec.cli._module_tables import (EXPLAIN_COLUMNS, EXPLAIN_DROP, PROFILE_COLUMNS, PROFILE_DROP, explain_rows,
                                         explain_summary, profile_rows)
 from mixprec.cli._text import clean, line, say
+
+#: ``--preset`` of explain and diagnose.
+PRESET_HELP = " | ".join(preset_values())
 
 
 def _policy_for(pipe: Any, preset_name: str | None, policy_file: str | None, device: str | None) -> Any:
@@ -59,7 +63,7 @@ def _one_policy(preset: str | None, policy: str | None) -> None:
 @app.command()
 def explain(
     pipeline: PipelineFlag,
-    preset: Annotated[Optional[str], typer.Option("--preset", help="quality | balanced | fast | memory")] = None,
+    preset: Annotated[Optional[str], typer.Option("--preset", help=PRESET_HELP)] = None,
     policy: Annotated[Optional[str], typer.Option("--policy", help="Policy .toml/.json file.")] = None,
     size: SizeFlag = "default",
     device: DeviceFlag = None,
@@ -200,7 +204,7 @@ def _profile_bar(what: str) -> Iterator[Any]:
 @app.command()
 def diagnose(
     pipeline: PipelineFlag,
-    preset: Annotated[Optional[str], typer.Option("--preset", help="quality | balanced | fast | memory")] = None,
+    preset: Annotated[Optional[str], typer.Option("--preset", help=PRESET_HELP)] = None,
     policy: Annotated[Optional[str], typer.Option("--policy", help="Policy .toml/.json file.")] = None,
     size: SizeFlag = "default",
     seed: Annotated[str, typer.Option("--seed", help="Seed of weights and inputs.")] = "0",
@@ -330,7 +334,7 @@ _RUN_FIELDS = {"wall_seconds": "wall time (the run)", "audio_seconds": "audio le
 @app.command()
 def run(
     pipeline: PipelineFlag,
-    out: Annotated[str, typer.Option("--out", help="Output file: .wav (audio), .png (image), .npy/.json (embedding).")],
+    out: Annotated[str, typer.Option("--out", help=extension_help())],
     seed: Annotated[str, typer.Option("--seed", help="Seed of weights and inputs.")] = "0",
     batch: Annotated[str, typer.Option("--batch", help="Batch size.")] = "1",
     size: SizeFlag = "default",

@@ -12,10 +12,12 @@ import mixprec
 from mixprec._quote import quote
 from mixprec.cli._app import app
 from mixprec.cli._cluster import ExecutorFlag, HardwareFlag, RayAddressFlag, check_executor_flags, tune_on_cluster
+from mixprec.cli._choices import bound_help, join_or, objective_values
 from mixprec.cli._common import (
     MAX_REPEAT,
     MAX_SEED,
     MAX_SEEDS,
+    PIPELINE_HELP,
     DbFlag,
     JsonFlag,
     MeasureDeviceFlag,
@@ -34,13 +36,16 @@ from mixprec.cli._common import (
 from mixprec.cli._files import Outputs
 from mixprec.cli._text import clean, say
 
+#: ``tune --objective``: each objective and what it finds.
+OBJECTIVE_HELP = join_or([f"{name} ({what})" for name, what in objective_values().items()]) + "."
+
 
 @app.command("tune")
 def tune_cmd(
     ctx: typer.Context,
-    pipeline: Annotated[str, typer.Option("--pipeline", help="Pipeline to tune: a registered name, or your factory module.path:factory / path/to/file.py:factory.")] = "tts",
-    bound: Annotated[str, typer.Option("--bound", help="Quality bound 'metric op number', e.g. 'snr>=30' or 'cosine>=0.999'.")] = "sqnr>=30",
-    objective: Annotated[str, typer.Option("--objective", help="latency (fastest) or memory (smallest weights).")] = "latency",
+    pipeline: Annotated[str, typer.Option("--pipeline", help=PIPELINE_HELP)] = "tts",
+    bound: Annotated[str, typer.Option("--bound", help=bound_help())] = "sqnr>=30",
+    objective: Annotated[str, typer.Option("--objective", help=OBJECTIVE_HELP)] = "latency",
     budget: Annotated[Optional[str], typer.Option("--budget", help="Most measured evaluations (cached ones are free).")] = None,
     seeds: Annotated[str, typer.Option("--seeds", help="Number of seeds quality is measured on (worst case), or a comma-separated list.")] = "2",
     repeat: Annotated[str, typer.Option("--repeat", help="Timed runs per evaluation (median).")] = "2",
@@ -76,8 +81,8 @@ def tune_cmd(
 
     try:
         parsed = mixprec.parse_bound(bound)
-        if objective not in ("latency", "memory"):
-            raise ValueError(f"--objective {quote(objective)}: expected latency or memory")
+        if objective not in objective_values():
+            raise ValueError(f"--objective {quote(objective)}: expected {join_or(list(objective_values()))}")
         n_budget = as_int(budget, "--budget", high=MAX_REPEAT * 10) if budget is not None else None
         if n_budget is not None and n_budget < 1:
             raise ValueError(f"--budget {quote(budget)}: expected a positive number of evaluations")

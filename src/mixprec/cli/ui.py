@@ -9,6 +9,7 @@ import typer
 
 from mixprec._quote import quote
 from mixprec.cli._app import app
+from mixprec.cli._choices import join_or, language_values
 from mixprec.cli._common import fail
 
 
@@ -16,7 +17,7 @@ from mixprec.cli._common import fail
 def ui_cmd(
     host: Annotated[str, typer.Option("--host", help="Interface to bind; anything but loopback exposes the UI to the network (warned).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port.")] = 7860,
-    lang: Annotated[str, typer.Option("--lang", help="Initial language: en, zh, ja or he.")] = "en",
+    lang: Annotated[str, typer.Option("--lang", help=f"Initial language: {join_or(language_values())}.")] = "en",
     store_dir: Annotated[Optional[str], typer.Option("--store-dir", help="Folder the UI may create and open benchmark stores in (default: the user data folder of the default store); paths outside it are refused.")] = None,
 ) -> None:
     """Serve the web UI: run, benchmark, diagnose and tune in the browser (needs pip install 'mixprec\\[ui]')."""

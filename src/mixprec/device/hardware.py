@@ -251,6 +251,10 @@ def cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("mixprec"))
 
 
+#: The device types :func:`resolve_device` accepts (``cuda`` also as ``cuda:N``).
+DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda", "mps")
+
+
 def resolve_device(device: str | torch.device | None, *, source: str = "device") -> torch.device:
     """The device ``device`` names, checked against this machine; ``None``: CUDA when available, else the CPU.
 
@@ -271,7 +275,7 @@ def resolve_device(device: str | torch.device | None, *, source: str = "device")
         dev = torch.device(device)
     except (RuntimeError, TypeError):
         raise ValueError(f"{source} {shown}: unsupported device; choose cpu, cuda, cuda:N or mps") from None
-    if dev.type not in ("cpu", "cuda", "mps"):
+    if dev.type not in DEVICE_TYPES:
         raise ValueError(f"{source} {shown}: unsupported device; choose cpu, cuda, cuda:N or mps")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"{source} {shown}: CUDA is not available on this machine (torch.cuda.is_available() "

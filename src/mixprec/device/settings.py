@@ -17,6 +17,8 @@ from mixprec._words import describe, look_alikes, normalise
 
 __all__ = [
     "MATMUL_LEVELS",
+    "TRUE_WORDS",
+    "FALSE_WORDS",
     "NumericSettings",
     "parse_matmul",
     "parse_bool",
@@ -27,8 +29,10 @@ __all__ = [
 #: Valid values of ``torch.set_float32_matmul_precision``, most precise first.
 MATMUL_LEVELS: tuple[str, ...] = ("highest", "high", "medium")
 
-_TRUE = ("true", "1", "yes", "on")
-_FALSE = ("false", "0", "no", "off")
+#: The words a boolean setting accepts (any case), ``true``/``false`` first.
+TRUE_WORDS: tuple[str, ...] = ("true", "1", "yes", "on")
+FALSE_WORDS: tuple[str, ...] = ("false", "0", "no", "off")
+_BOOL_VALID = "true/false (also " + ", ".join(f"{t}/{f}" for t, f in zip(TRUE_WORDS[1:], FALSE_WORDS[1:])) + ")"
 
 
 def did_you_mean(given: str, choices: list[str] | tuple[str, ...]) -> str:
@@ -83,17 +87,17 @@ def parse_bool(value: Any) -> bool:
         return value
     if isinstance(value, str):
         folded = normalise(value)
-        if folded in _TRUE:
+        if folded in TRUE_WORDS:
             return True
-        if folded in _FALSE:
+        if folded in FALSE_WORDS:
             return False
         alike = look_alikes(value)
         if alike:
-            valid = "true/false (also 1/0, yes/no, on/off)"
+            valid = _BOOL_VALID
             raise ValueError(f"invalid value {quote(value)}: it holds "
                              f"{', '.join(f'{describe(c)}, which looks like {latin!r}' for c, latin in alike[:3])}; "
                              f"valid values: {valid}")
-    valid = "true/false (also 1/0, yes/no, on/off)"
+    valid = _BOOL_VALID
     raise ValueError(f"invalid value {quote(value)}; valid values: {valid}")
 
 

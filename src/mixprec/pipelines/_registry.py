@@ -42,6 +42,7 @@ __all__ = [
     "PluginWarning",
     "UnknownPipelineError",
     "available",
+    "builtin_names",
     "get",
     "plugin_errors",
     "register",
@@ -150,6 +151,11 @@ def plugin_errors() -> dict[str, str]:
     """Return ``{entry point name: reason}`` for plugins that failed to load."""
     _load_plugins()
     return dict(_errors)
+
+
+def builtin_names() -> list[str]:
+    """The names of the pipelines mixprec ships, without loading any plugin."""
+    return list(_BUILTINS)
 
 
 def available() -> list[str]:

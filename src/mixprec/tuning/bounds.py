@@ -14,7 +14,7 @@ from typing import Sequence
 
 from mixprec._quote import quote
 
-__all__ = ["LOWER_IS_BETTER", "METRICS", "DEFAULT_MARGIN_DB", "Bound", "parse_bound", "tightened", "worst_case"]
+__all__ = ["LOWER_IS_BETTER", "METRICS", "OPS", "DEFAULT_MARGIN_DB", "Bound", "parse_bound", "tightened", "worst_case"]
 
 
 #: Quality metrics where a smaller value is better; every other metric is higher-better.
@@ -49,8 +49,11 @@ METRICS: dict[str, str] = {
 }
 
 
-_GRAMMAR = "'<metric> <op> <number>' with op one of >=, >, <=, <"
-_BOUND_RE = re.compile(r"^\s*([a-z_]+)\s*(>=|<=|>|<)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
+#: The comparisons a bound may use.
+OPS: tuple[str, ...] = (">=", ">", "<=", "<")
+
+_GRAMMAR = f"'<metric> <op> <number>' with op one of {', '.join(OPS)}"
+_BOUND_RE = re.compile(r"^\s*([a-z_]+)\s*(" + "|".join(sorted(OPS, key=len, reverse=True)) + r")\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,10 @@ from mixprec.tuning.progress import TuneMeter, TuneProgress
 from mixprec.tuning.search import BudgetExhausted, Search, run_search
 from mixprec.tuning.validation import validate_held_out, validation_seed_list
 
-__all__ = ["tune", "stderr_progress", "STDERR_INTERVAL_S"]
+__all__ = ["OBJECTIVES", "tune", "stderr_progress", "STDERR_INTERVAL_S"]
+
+#: What :func:`tune` can minimise: objective -> what it finds.
+OBJECTIVES: dict[str, str] = {"latency": "the fastest policy", "memory": "the smallest weights"}
 
 
 def _needed(units: int) -> int:
@@ -151,8 +154,8 @@ def tune(
 
     start = time.perf_counter()
     bound = parse_bound(bound)
-    if objective not in ("latency", "memory"):
-        raise ValueError(f"unknown objective {quote(objective)}; valid: latency, memory")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {quote(objective)}; valid: {', '.join(OBJECTIVES)}")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
         raise ValueError(f"budget must be a positive number of evaluations or None, got {quote(budget)}")
     margin_db = DEFAULT_MARGIN_DB if margin is None else float(margin)

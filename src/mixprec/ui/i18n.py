@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+from mixprec._languages import DEFAULT_LANGUAGE, LANGUAGES
 from mixprec._quote import quote
 
 import json
@@ -20,9 +21,6 @@ from typing import Any
 
 __all__ = ["DEFAULT_LANGUAGE", "FSI", "LANGUAGES", "PDI", "bidi", "check_language", "direction", "messages", "t"]
 
-#: Supported languages: code -> the language's own name.
-LANGUAGES: dict[str, str] = {"en": "English", "zh": "中文", "ja": "日本語", "he": "עברית"}
-DEFAULT_LANGUAGE = "en"
 _RTL = frozenset({"he"})
 #: Unicode FIRST STRONG ISOLATE and POP DIRECTIONAL ISOLATE: the text between them is laid out on its own.
 FSI, PDI = "\u2068", "\u2069"
