@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from mixprec import pipelines
 from mixprec._languages import LANGUAGES
 from mixprec.bench.configs import BUILTIN, CALIBRATED_SUFFIX, COMPILE_SUFFIX
+from mixprec.bench.gate import SIZE_UNITS
 from mixprec.cli import app
 from mixprec.cli._cluster import EXECUTORS
 from mixprec.device.hardware import DEVICE_TYPES
@@ -51,6 +52,7 @@ CLOSED: dict[object, list[str]] = {
     "--pipeline": pipelines.builtin_names(),
     "--ray-address": ["auto"],
     "--hardware": ["all"],
+    "--memory-noise-floor": list(SIZE_UNITS),
     ("run", "--out"): [ext for exts in pipelines.EXTENSIONS.values() for ext in exts],
 }
 
@@ -58,7 +60,7 @@ CLOSED: dict[object, list[str]] = {
 FREE = {"--app", "--config", "--env-file", "--policy", "--seed", "--seeds", "--validation-seeds", "--top", "--db",
         "--batch", "--time-limit", "--repeat", "--warmup", "--timeout", "--html", "--json", "--csv", "--out", "--budget",
         "--baseline", "--max-quality-drop", "--max-latency-regression", "--max-memory-increase", "--max-failure-rate",
-        "--min-quality", "--memory-noise-floor", "--workers", "--worker-cpus", "--margin", "--host", "--port",
+        "--min-quality", "--workers", "--worker-cpus", "--margin", "--host", "--port",
         "--store-dir"}
 
 

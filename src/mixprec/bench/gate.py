@@ -27,7 +27,7 @@ from mixprec.bench.runstate import failure as _failure
 from mixprec.bench.runstate import number as _number
 from mixprec.measure.stats import MEMORY_FLOOR_BYTES, memory_beyond_noise
 
-__all__ = ["Thresholds", "GateResult", "check", "gate", "compare", "comparable", "main_quality", "parse_percent",
+__all__ = ["SIZE_UNITS", "Thresholds", "GateResult", "check", "gate", "compare", "comparable", "main_quality", "parse_percent",
            "parse_db", "parse_bytes", "thresholds_from_flags"]
 
 
@@ -72,7 +72,9 @@ def parse_db(text: str, flag: str) -> float:
     return value
 
 
-_UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+#: The units a size may be given in (any case) -> bytes.
+SIZE_UNITS: dict[str, int] = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+_UNITS = {unit.lower(): size for unit, size in SIZE_UNITS.items()}
 
 
 def parse_bytes(text: str, flag: str) -> float:
@@ -85,7 +87,7 @@ def parse_bytes(text: str, flag: str) -> float:
         value = None
     unit = match.group(2).lower() if match else ""
     if value is None or (unit and unit not in _UNITS):
-        raise ValueError(f"{flag} {quote(text)}: expected a size such as 8MiB (units: B, KiB, MiB, GiB, KB, MB, GB)")
+        raise ValueError(f"{flag} {quote(text)}: expected a size such as 8MiB (units: {', '.join(SIZE_UNITS)})")
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{flag} {quote(text)}: must be a finite size of 0 or more, such as 8MiB")
     if not unit and value != 0:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __all__ = ["bool_help", "bool_values", "bound_help", "config_help", "config_values", "device_values",
            "extension_help", "extension_values", "join_or", "language_values", "matmul_values", "objective_values",
-           "pipeline_values", "preset_values", "size_help", "sizes"]
+           "pipeline_values", "preset_values", "size_help", "size_units", "sizes"]
 
 
 def join_or(values: list[str] | tuple[str, ...]) -> str:
@@ -83,6 +83,13 @@ def objective_values() -> dict[str, str]:
     from mixprec.tuning.tuner import OBJECTIVES
 
     return OBJECTIVES
+
+
+def size_units() -> list[str]:
+    """The units a size (``gate --memory-noise-floor``) may be given in."""
+    from mixprec.bench.gate import SIZE_UNITS
+
+    return list(SIZE_UNITS)
 
 
 def bound_help() -> str:

@@ -41,13 +41,16 @@ from mixprec.cli._common import (
     table,
     writable_path,
 )
-from mixprec.cli._choices import config_help, pipeline_values
+from mixprec.cli._choices import config_help, pipeline_values, size_units
 from mixprec.cli._clock import process_started
 from mixprec.cli._files import Outputs, write_run_exports
 from mixprec.cli._notes import bench_pre_run_notes, say_pre_run
 from mixprec.cli._text import clean, json_text, say
 from mixprec.cli._verdicts import print_compare, print_gate, rows_json
 
+#: ``gate --memory-noise-floor``: a size, with every unit it may be given in.
+MEMORY_FLOOR_HELP = ("Peak memory must also grow by more than this to fail (readings move by a few MiB between identical runs), "
+                     f"e.g. 8MiB; units: {', '.join(size_units())}.")
 #: ``bench --pipeline``: one or more registered names or factories.
 BENCH_PIPELINE_HELP = (f"Comma-separated pipeline names ({', '.join(pipeline_values())} or a plugin's: see mixprec pipelines), "
                        "e.g. tts,diffusion, or factories module.path:factory / path/to/file.py:factory.")
@@ -338,7 +341,7 @@ def gate_cmd(
     max_memory_increase: Annotated[str, typer.Option("--max-memory-increase")] = "0%",
     max_failure_rate: Annotated[str, typer.Option("--max-failure-rate", help="Fraction of configurations that may fail; a run in which every one failed always fails.")] = "1%",
     min_quality: Annotated[Optional[str], typer.Option("--min-quality", help="Absolute quality floor, e.g. 40dB: every configuration must reach it, and against an exact baseline (fp32 vs itself) it is what lets a finite quality pass.")] = None,
-    memory_noise_floor: Annotated[str, typer.Option("--memory-noise-floor", help="Peak memory must also grow by more than this to fail (readings move by a few MiB between identical runs), e.g. 8MiB.")] = "8MiB",
+    memory_noise_floor: Annotated[str, typer.Option("--memory-noise-floor", help=MEMORY_FLOOR_HELP)] = "8MiB",
     fail_undecided: Annotated[bool, typer.Option("--fail-undecided", help="Fail where the timings can neither support nor exclude a latency regression (by default: a warning).")] = False,
     allow_different_machine: Annotated[bool, typer.Option("--allow-different-machine",
                                                           help="Gate against a baseline measured on another machine.")] = False,
