@@ -128,20 +128,35 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def _headlines(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any] | None]:
+    """The headline (:func:`mixprec.bench.headline.headlines`) of each record's run and batch, in record order."""
+    from mixprec.bench.headline import headlines
+
+    out: list[dict[str, Any] | None] = []
+    for run in runs:
+        said = [h.to_dict() for h in headlines(run)]
+        out += ([next((h for h in said if h["batch"] == config.get("batch")), None) for config in rundata.configs(run)]
+                or said[:1])
+    return out
+
+
 def to_json(runs: Sequence[Mapping[str, Any]]) -> str:
     """A JSON array with one object per configuration.
 
     Each object has the CSV's fields plus ``samples`` (the raw latencies in
-    seconds) and ``policy`` (the full policy, or ``null``). Infinities and NaN
+    seconds), ``policy`` (the full policy, or ``null``) and ``headline``: which configuration
+    to use at its run's batch and how sure that is (:meth:`mixprec.bench.headline.Headline.to_dict`:
+    ``certainty``, ``choice``, ``speedup``, ``final``, ``text``). Infinities and NaN
     are the strings ``"inf"``, ``"-inf"`` and ``"nan"``, so the text is strict JSON;
     a metric the configuration did not measure is ``null``.
     """
     runs = list(runs)
     fields, rows = _export_rows(runs)
     out = []
-    for row in rows:
+    for row, said in zip(rows, _headlines(runs)):
         item = {f: row[f] for f in fields}
         item["samples"] = row["_samples"]
         item["policy"] = row["_policy"]
+        item["headline"] = said
         out.append(_json_safe(item))
     return json.dumps(out, indent=2, ensure_ascii=False, allow_nan=False) + "\n"

@@ -191,11 +191,21 @@ def _run_html(run: Mapping[str, Any], index: int) -> str:
     return "\n".join(p for p in parts if p)
 
 
+def _headlines_html(runs: Sequence[Mapping[str, Any]]) -> str:
+    """What to use on each machine, per pipeline and batch (:func:`mixprec.bench.headline.headlines`)."""
+    from mixprec.bench.headline import by_machine
+
+    parts = [f"<h3>What to use on {_e(machine)}</h3><ul>{''.join(f'<li>{_e(text)}</li>' for text in lines)}</ul>"
+             for machine, lines in by_machine(runs).items() if lines]
+    return f'<section class="headline">{"".join(parts)}</section>' if parts else ""
+
+
 def render_html(runs: Sequence[Mapping[str, Any]], *, title: str = "mixprec benchmark") -> str:
     """One self-contained HTML page for one or more runs.
 
-    Runs on more than one machine start with their hardware matrix
-    (:func:`mixprec.bench.matrix.matrix_html`). Per run: machine and versions; per batch size a latency-vs-quality scatter
+    The page starts with which configuration to use on each machine, per pipeline and batch, and how
+    sure that is (:mod:`mixprec.bench.headline`); runs on more than one machine then show their
+    hardware matrix (:func:`mixprec.bench.matrix.matrix_html`). Per run: machine and versions; per batch size a latency-vs-quality scatter
     with its Pareto front, memory bars, latency box plots and the configuration
     table; the policies; the notes. CSS is inline and the plots are embedded as
     base64 PNG, so the page loads nothing from elsewhere. All text from the runs
@@ -212,7 +222,7 @@ def render_html(runs: Sequence[Mapping[str, Any]], *, title: str = "mixprec benc
                         for i, r in enumerate(runs))
         nav = f"<nav><ul>{links}</ul></nav>"
     body = "\n".join(_run_html(run, i) for i, run in enumerate(runs)) or '<p class="muted">no runs</p>'
-    body = "\n".join(p for p in (matrix_html(runs), body) if p)  # runs on several machines: their matrix first
+    body = "\n".join(p for p in (_headlines_html(runs), matrix_html(runs), body) if p)  # what to use, then the hardware matrix
     return (
         "<!DOCTYPE html>\n"
         f'<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{_e(title)}</title>\n'

@@ -159,11 +159,13 @@ def bench(
         fail(exc)
     command = "mixprec bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "mixprec bench"
     if executor == "ray":
-        bench_on_cluster(address=ray_address, hardware_spec=hardware_spec, names=names, configs=configs, compiled=compiled,
+        cluster_ids = bench_on_cluster(address=ray_address, hardware_spec=hardware_spec, names=names, configs=configs, compiled=compiled,
                          device=device, db=db, budget_s=budget_s, html=html, json_out=json_out, csv_out=csv_out,
                          size=size, seed=run_seed, show_run=_print_run, make_options=lambda name, specs, notes, share: BenchOptions(
                              pipeline=name, configs=specs, batches=batches, repeat=n_repeat, warmup=n_warmup, timeout=timeout,
                              size=size, seed=run_seed, device=device, notes=notes, command=command, budget=share))
+        with open_store(db) as store:
+            _print_headlines([store.load_run(i) for i in cluster_ids])
         return
     say_pre_run(unmatched)  # the pre-run note: a policy's rules that match no module
     store = open_store(db)
@@ -202,7 +204,18 @@ def bench(
     outputs = Outputs(err_console)
     write_run_exports(outputs, console, runs, html=html, json_out=json_out, csv_out=csv_out)
     say(console, f"stored as run(s) {', '.join(map(str, run_ids))} in {store.path}")
+    _print_headlines(runs)
     outputs.finish()
+
+
+def _print_headlines(runs: list[dict]) -> None:
+    """The last lines: per machine, pipeline and batch, which configuration to use and how sure that is."""
+    from mixprec.bench.headline import by_machine
+
+    for machine, lines in by_machine(runs).items():
+        say(console, (f"what to use on {machine}:", "bold"), soft_wrap=False)
+        for text in lines:
+            say(console, "  ", text, soft_wrap=False)
 
 
 #: Seconds of a --budget kept for printing the tables and writing --html/--json/--csv.
