@@ -53,6 +53,9 @@ def test_bench_on_every_hardware_type_stores_one_run_each_and_the_matrix(tmp_pat
     assert all(any(line.startswith(f"{m}: undecided which is fastest on this machine: memory reads undecided (n=2)")
                    for line in matrix.summary()) for m in matrix.machines)
     assert "undecided which is fastest" in result.output
+    # the last lines: what to use on each hardware type, from its own run
+    said = result.output[result.output.index("what to use on alpha ("):]
+    assert "what to use on beta (" in said and said.count("minilm, batch 1: ") == 2
     page = html.read_text()
     assert "<h2>Hardware matrix</h2>" in page and "alpha" in page and "beta" in page
     from mixprec.ui.bench_tab import show_run

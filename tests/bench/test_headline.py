@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mixprec.bench import evidence, export, report
-from mixprec.bench.headline import DECIDED, INDICATIVE, KEEP, NOTHING, floor_db, headline_lines, headlines
+from mixprec.bench.headline import DECIDED, INDICATIVE, KEEP, NOTHING, by_machine, floor_db, headline_lines, headlines
 from mixprec.bench.store import Store
 from mixprec.cli import app
 from run_states import store_of_states, write_run
@@ -203,3 +203,14 @@ def test_bench_ends_with_the_headline(tmp_path):
     assert lines[start - 1].startswith("stored as run(s) 1 in ")  # the headline is the last thing said
     assert " ".join(" ".join(lines[start + 1:]).split()) == " ".join(said.split())
     assert said.startswith("tts, batch 1: ")
+
+
+def test_headlines_are_grouped_per_machine(tmp_path):
+    with Store(tmp_path / "s.sqlite") as store:
+        local = store.load_run(write_run(store, "complete"))
+        other = store.load_run(write_run(store, "cancelled"))
+    node = dict(other, machine={**other["machine"], "node": {"label": "alpha", "host": "h1"}})
+    grouped = by_machine([local, node, local])
+    assert list(grouped) == ["test cpu", "alpha (h1)"]
+    assert grouped["test cpu"] == headline_lines(local) * 2 and grouped["alpha (h1)"] == headline_lines(node)
+    assert list(by_machine([dict(local, machine={})])) == ["this machine"]

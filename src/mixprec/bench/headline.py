@@ -285,9 +285,13 @@ def headline_lines(run: Mapping[str, Any]) -> list[str]:
 
 
 def by_machine(runs: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
-    """The :func:`headline_lines` of ``runs`` per machine name (``this machine`` where a run names none), in run order."""
+    """The :func:`headline_lines` of ``runs`` per machine, in run order: a cluster node's hardware label and host
+    (:func:`mixprec.bench.matrix.machine_label`), else the machine's name (``this machine`` where a run names none)."""
+    from mixprec.bench.matrix import machine_label
+
     out: dict[str, list[str]] = {}
     for run in runs:
-        name = rundata.text((run.get("machine") or {}).get("name")) or "this machine"
-        out.setdefault(name, []).extend(headline_lines(run))
+        machine = run.get("machine") or {}
+        name = machine_label(run) if (machine.get("node") or {}).get("label") else rundata.text(machine.get("name"))
+        out.setdefault(name or "this machine", []).extend(headline_lines(run))
     return out
