@@ -53,6 +53,8 @@ _SUFFIXES = ("+compile", "+calibrated")
 #: What :func:`~mixprec.bench.runstate.failure` says of a configuration that ran, after "X ran 2.1x but".
 _FAILURES = {"non-finite output": "its output was not finite", "output shape differs from fp32's": "its output's shape differs from fp32's",
              "no quality figure": "it has no quality figure against fp32"}
+#: What turns an undecided speed-up into a decided one.
+_DECIDES = "a longer --budget, a higher --repeat or a quieter machine decides"
 #: Other configurations named in one clause; the rest are counted.
 _LISTED = 2
 
@@ -233,7 +235,7 @@ def _choose(candidates: list[_Candidate], ref_row: Mapping[str, str]) -> tuple[s
     if faster:
         best = faster[0]
         return INDICATIVE, best, (f"maybe {best.name}: {_described(best, ref_row)}; nothing was decided faster than fp32: "
-                                  "a longer --budget or a higher --repeat decides")
+                                  f"{_DECIDES}")
     if not any(c.interval is not None for c in candidates):
         return KEEP, None, "nothing was timed against fp32, so no speed-up decides; keep fp32"
     why = []
@@ -243,8 +245,7 @@ def _choose(candidates: list[_Candidate], ref_row: Mapping[str, str]) -> tuple[s
         why.append(f"and {len(missed) - _LISTED} more that fell short")
     undecided = [c.name for c in met if not c.decided]
     if undecided:
-        why.append(f"undecided against fp32: {_listed(undecided)}; a longer --budget, a higher --repeat or a quieter "
-                   "machine decides")
+        why.append(f"undecided against fp32: {_listed(undecided)}; {_DECIDES}")
     text = "no configuration was measured faster than fp32 here; keep fp32" + (f" ({'; '.join(why)})" if why else "")
     return KEEP, None, text
 
