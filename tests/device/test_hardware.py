@@ -279,7 +279,7 @@ class TestProbeFiguresReadAsTheirClass:
         from typer.testing import CliRunner
 
         from mixprec.bench.report import render_html
-        from mixprec.cli import _common, app
+        from mixprec.cli import app
 
         monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
         _by_round(monkeypatch, ("avx2", "avx512_bf16"), _bf16([0.0004]))
