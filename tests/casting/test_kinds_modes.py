@@ -17,6 +17,18 @@ import mixprec
 from kinds_torch_models import POLICIES, X, Holder, changed, state
 
 
+def _refused_where_called(model, pattern: str):
+    """A function that applies a bf16 policy to ``model`` where it is called (inside a transform,
+    a trace) and expects the refusal ``pattern``; and the list of the errors it saw."""
+    errors: list[Exception] = []
+
+    def attempt() -> None:
+        with pytest.raises(mixprec.ApplyError, match=pattern) as err:
+            mixprec.apply(model, POLICIES["bf16"]())
+        errors.append(err.value)
+
+    return attempt, errors
+
 class _Watching(TorchFunctionMode):
     """A user's function mode that only passes calls on."""
 
@@ -97,12 +109,10 @@ class TestModes:
     def test_apply_inside_a_torch_func_transform_is_refused(self, transform):
         model = Holder(lambda m: None)
         before = state(model)
-        errors = []
+        attempt, errors = _refused_where_called(model, r"inside a torch\.func transform .*nothing was changed")
 
         def body(x):
-            with pytest.raises(mixprec.ApplyError, match=r"inside a torch\.func transform .*nothing was changed") as err:
-                mixprec.apply(model, POLICIES["bf16"]())
-            errors.append(err.value)
+            attempt()
             return x.sum()
 
         x = torch.randn(8)
@@ -127,12 +137,10 @@ class TestModes:
     def test_apply_while_tracing_is_refused(self, tracer, words):
         model = Holder(lambda m: None)
         before = state(model)
-        errors = []
+        attempt, errors = _refused_where_called(model, rf"{words}.*nothing was changed")
 
         def traced(x):
-            with pytest.raises(mixprec.ApplyError, match=rf"{words}.*nothing was changed") as err:
-                mixprec.apply(model, POLICIES["bf16"]())
-            errors.append(err.value)
+            attempt()
             return x * 2
 
         tracer(traced)

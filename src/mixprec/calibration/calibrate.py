@@ -172,7 +172,7 @@ _calibrate = calibrate  # apply's own argument is named calibrate
 FP8_LEVEL = "rules-fp8"
 
 
-def _fp8_level(figures: dict[str, dict[str, Any]], eligible: list[str], floor: float) -> str | None:
+def _fp8_kept_note(figures: dict[str, dict[str, Any]], eligible: list[str], floor: float) -> str | None:
     """Why memory keeps its fp8 level, where that candidate met the floor; else ``None``."""
     if FP8_LEVEL not in eligible:
         return None
@@ -244,7 +244,7 @@ def _measure(target: Any, run: Callable[[Any], Any], inputs: Any, name: str, hw:
     samples: dict[str, list[float]] = {c.label: [] for c in live}
     qualified = [c.label for c in live if figures[c.label]["out"] is None]
     eligible = [label for label in qualified if by_label[label].eligible]
-    fp8_note = _fp8_level(figures, eligible, floor)
+    fp8_note = _fp8_kept_note(figures, eligible, floor)
     if fp8_note is not None:  # memory's objective is weight bytes: its fp8 level wins wherever its quality holds
         eligible = [FP8_LEVEL]
     incumbent = "rules" if "rules" in eligible else (REFERENCE if REFERENCE in eligible else (eligible[0] if eligible else None))

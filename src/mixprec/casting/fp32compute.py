@@ -28,7 +28,7 @@ import functools
 import threading
 import warnings
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -38,10 +38,10 @@ from torch.nn.utils import stateless
 
 from mixprec.casting.fp8 import Fp8Weight, dequantise, entry_of, is_fp8
 from mixprec.casting.hooks import ForwardWrapper, add_method_hook, cast_floats, own_tensors
-from mixprec.casting.meet import OP_ERRORS, may_be_about_dtypes
+from mixprec.casting.meet import OP_ERRORS, float_dtypes, may_be_about_dtypes
 from mixprec.policy.tree import entry_methods
 
-__all__ = ["ComputeIn", "Fp8InputWarning", "fp32_forward_kind", "weight_layer"]
+__all__ = ["ComputeIn", "Fp8InputWarning", "fp32_forward_kind", "stored_elsewhere", "weight_layer"]
 
 _CASTABLE = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -98,6 +98,12 @@ def _rms_norm(m: nn.RMSNorm, up: Up, x: torch.Tensor) -> torch.Tensor:
 def _batch_norm(m: _BatchNorm, up: Up, x: torch.Tensor) -> torch.Tensor:
     m._check_input_dim(x)
     return F.batch_norm(x, up("running_mean"), up("running_var"), up("weight"), up("bias"), False, 0.0, m.eps)
+
+
+def stored_elsewhere(t: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether ``t`` is a 16/32-bit or fp8 tensor stored in another dtype than ``dtype``: a module
+    computing in ``dtype`` reads it through a converted copy (:class:`ComputeIn`)."""
+    return t.dtype != dtype and (t.dtype in _CASTABLE or is_fp8(t.dtype))
 
 
 def weight_layer(module: nn.Module) -> bool:
@@ -194,7 +200,7 @@ class ComputeIn(ForwardWrapper):
 
     def stored_elsewhere(self, t: torch.Tensor) -> bool:
         """Whether ``t`` is stored in another dtype than this module computes in."""
-        return t.dtype != self.dtype and (t.dtype in _CASTABLE or is_fp8(t.dtype))
+        return stored_elsewhere(t, self.dtype)
 
     def copies(self, prefix: str = "") -> dict[str, torch.Tensor]:
         """Copies in the compute dtype of the module's own tensors stored in another, by (prefixed) name."""
@@ -211,7 +217,9 @@ class ComputeIn(ForwardWrapper):
                         if p is not None and (entry := entry_of(p)) is not None}
 
         def cast_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-            if not self._fp8_input_told and any(is_fp8(t.dtype) for t in _tensors((args, kwargs))):
+            # Only a layer holding fp8 weights looks (once told, never again): every other call pays nothing.
+            if (self._scales and not self._fp8_input_told and not torch.compiler.is_compiling()
+                    and any(is_fp8(d) for d in float_dtypes((args, kwargs)))):
                 self._fp8_input_told = True
                 warnings.warn(f"a {type(module).__name__} stored in fp8 was called with an fp8 input: its caller cast "
                               "its activations to the weight's dtype, rounding them to 8 bits without a scale. Keep "
@@ -315,14 +323,3 @@ class ComputeIn(ForwardWrapper):
 
 class Fp8InputWarning(UserWarning):
     """An fp8-stored layer received an fp8 activation: its caller cast its input to the weight's dtype."""
-
-
-def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif depth < 3 and isinstance(obj, (tuple, list)):
-        for o in obj:
-            yield from _tensors(o, depth + 1)
-    elif depth < 3 and isinstance(obj, dict):
-        for o in obj.values():
-            yield from _tensors(o, depth + 1)

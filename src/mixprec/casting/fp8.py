@@ -35,6 +35,8 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from mixprec.casting.hooks import pin_own
+
 __all__ = ["FP8_DTYPES", "is_fp8", "Fp8Weight", "quantise", "dequantise", "entry_of", "register", "unregister",
            "scale_bytes", "stored_value", "pin_fp8", "MIN_ELEMENTS"]
 
@@ -175,21 +177,9 @@ def pin_fp8(module: nn.Module) -> bool:
     ``model.to(torch.bfloat16)`` would convert them without their scales); moves to another
     device still move them. Returns whether the module has any."""
     own = {id(t) for t in [*module._parameters.values(), *module._buffers.values()] if t is not None and entry_of(t) is not None}
-    if not own:
-        return False
-    original = module._apply
-
-    def _apply(fn, *args, **kwargs):
-        def keep(t):
-            out = fn(t)
-            if id(t) in own and isinstance(out, torch.Tensor) and out.dtype != t.dtype:
-                return t.to(device=out.device)
-            return out
-
-        return original(keep, *args, **kwargs)
-
-    module._apply = _apply  # type: ignore[method-assign]
-    return True
+    if own:
+        pin_own(module, own, lambda t, out: t.to(device=out.device) if out.dtype != t.dtype else out)
+    return bool(own)
 
 
 def stored_value(t: torch.Tensor) -> torch.Tensor:

@@ -519,20 +519,24 @@ class UpcastScope:
             return call(*args, **kwargs)
 
 
-def pin_fp32(module: nn.Module) -> None:
-    """Make ``module._apply`` keep this module's own floating tensors in fp32."""
+def pin_own(module: nn.Module, own: set[int], keep: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    """Make ``module._apply`` (``.half()``, ``.to()``) hand each of the tensors ``own`` (by ``id``)
+    what ``keep(tensor, converted)`` returns instead of its conversion; revert pops ``_apply``."""
     original = module._apply
-    own = {id(t) for _, t in own_tensors(module)}
 
     def _apply(fn, *args, **kwargs):
-        def keep(t):
+        def converted(t):
             out = fn(t)
-            if id(t) in own and isinstance(out, torch.Tensor) and out.is_floating_point() and out.dtype != torch.float32:
-                return out.float()
-            return out
+            return keep(t, out) if id(t) in own and isinstance(out, torch.Tensor) else out
 
-        return original(keep, *args, **kwargs)
+        return original(converted, *args, **kwargs)
 
     module._apply = _apply  # type: ignore[method-assign]
+
+
+def pin_fp32(module: nn.Module) -> None:
+    """Make ``module._apply`` keep this module's own floating tensors in fp32."""
+    pin_own(module, {id(t) for _, t in own_tensors(module)},
+            lambda t, out: out.float() if out.is_floating_point() and out.dtype != torch.float32 else out)
 
 

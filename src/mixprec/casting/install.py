@@ -12,8 +12,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from mixprec.casting.fp8 import is_fp8, pin_fp8
-from mixprec.casting.fp32compute import ComputeIn
+from mixprec.casting.fp8 import pin_fp8
+from mixprec.casting.fp32compute import ComputeIn, stored_elsewhere
 from mixprec.casting.frames import inline_only
 from mixprec.casting.meet import DtypeMeet
 from mixprec.casting.prune import Pruner
@@ -46,13 +46,6 @@ def _dtype_fn(plan: ModulePlan, by_module: dict[int, ModulePlan]) -> Callable[[]
         if rep is not None:
             return lambda: rep.dtype
     return lambda: planned
-
-
-def stored_elsewhere(module: nn.Module, dtype: torch.dtype) -> bool:
-    """Whether the module owns a 16/32-bit or fp8 tensor stored in another dtype than ``dtype``,
-    which its forward then reads through a converted copy (:class:`ComputeIn`)."""
-    return any(t.dtype != dtype and (t.dtype in (torch.float16, torch.bfloat16, torch.float32) or is_fp8(t.dtype))
-               for _, t in own_tensors(module))
 
 
 def _owns_float_weights(module: nn.Module) -> bool:
@@ -121,7 +114,7 @@ def install_wrappers(comps: dict[str, nn.Module], by_module: dict[int, ModulePla
             # of such a plan without weights of its own (it may read its children's, as torch's
             # TransformerEncoderLayer hands its attention's weights to one fused kernel).
             compute = DTYPES[plan.compute_dtype]
-            if not plan.keep_fp32 and (stored_elsewhere(module, compute) or (
+            if not plan.keep_fp32 and (any(stored_elsewhere(t, compute) for _, t in own_tensors(module)) or (
                     plan.storage != plan.compute_dtype and not _owns_float_weights(module) and module._modules)):
                 handles.append(ComputeIn(compute, min_ndim=0 if compute == torch.float32 or layer else 2).install(module))
             elif mixed and not bounded and _owns_float_weights(module):
