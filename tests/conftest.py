@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import settings
 
@@ -13,6 +15,31 @@ from mixprec.device import backends
 # random inputs a run happened to draw (cases found once are kept as explicit examples).
 settings.register_profile("mixprec", derandomize=True)
 settings.load_profile("mixprec")
+
+
+#: The terminal variables a worker process must see as the suite's own process saw them.
+_TERMINAL_VARIABLES = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist, in the suite's own process: hand each worker this process's terminal variables."""
+    node.workerinput["terminal_variables"] = {name: os.environ.get(name) for name in _TERMINAL_VARIABLES}
+
+
+def pytest_configure(config):
+    """In a pytest-xdist worker, the terminal variables as the suite's own process has them.
+
+    GNU readline, loaded in the suite's own process, writes ``COLUMNS=80`` and ``LINES=24``
+    into its C environment (``os.environ`` there does not show them), and the workers it
+    starts inherit them: the CLI would take them for a terminal's width and wrap its tables
+    where a serial run does not.
+    """
+    for name, value in getattr(config, "workerinput", {}).get("terminal_variables", {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(autouse=True)
