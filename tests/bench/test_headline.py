@@ -215,3 +215,16 @@ def test_headlines_are_grouped_per_machine(tmp_path):
     assert list(grouped) == ["test cpu", "alpha (h1)"]
     assert grouped["test cpu"] == headline_lines(local) * 2 and grouped["alpha (h1)"] == headline_lines(node)
     assert list(by_machine([dict(local, machine={})])) == ["this machine"]
+
+
+def test_runs_show_ends_with_the_headline_and_its_json_carries_it(tmp_path):
+    db = tmp_path / "s.sqlite"
+    with Store(db) as store:
+        run = store.load_run(write_run(store, "complete"))
+    shown = CliRunner().invoke(app, ["runs", "show", str(run["id"]), "--db", str(db)], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.rstrip("\n").splitlines()
+    (said,) = headline_lines(run)
+    assert lines[-2] == "what to use on test cpu:" and lines[-1].strip() == said
+    as_json = CliRunner().invoke(app, ["runs", "show", str(run["id"]), "--db", str(db), "--json"])
+    assert "what to use on" not in as_json.output and json.loads(as_json.output)[0]["headline"]["text"] == said

@@ -287,7 +287,7 @@ def runs_show(run_id: Annotated[int, typer.Argument(help="Run id.")], db: DbFlag
               html: Annotated[Optional[str], typer.Option("--html", help="Also write an HTML report.")] = None,
               csv_out: Annotated[Optional[str], typer.Option("--csv", help="Also write one CSV row per configuration.")] = None,
               as_json: JsonFlag = False) -> None:
-    """One run: every configuration and metric."""
+    """One run: every configuration and metric, then which configuration to use and how sure that is."""
     from mixprec.bench import export
     from mixprec.bench.store import StoreError
 
@@ -307,6 +307,8 @@ def runs_show(run_id: Annotated[int, typer.Argument(help="Run id.")], db: DbFlag
     else:
         _print_run(run)
     write_run_exports(outputs, err_console if as_json else console, [run], html=html, csv_out=csv_out)
+    if not as_json:  # the JSON records carry it as "headline"
+        _print_headlines([run])
     outputs.finish()
 
 
