@@ -89,7 +89,7 @@ def make_policy(name: str, hw) -> Policy:
 
 
 def expected_tier(name: str, hw) -> str:
-    """The tier a policy should resolve to on ``hw``, from the README's preset table."""
+    """The tier a policy should resolve to on ``hw``, from the preset table in docs/policies.md."""
     fast16 = [d for d in ("bf16", "fp16") if hw.dtypes[d].klass == "fast"]
     if name == "quality":
         return "exact"

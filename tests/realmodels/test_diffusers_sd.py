@@ -6,7 +6,7 @@ Assembled from a small ``UNet2DConditionModel`` (8x8 latents), ``AutoencoderKL``
 goes through the real tokenizer and text encoder and nothing is downloaded. Two DDIM
 steps with classifier-free guidance, ``output_type="pt"``.
 
-``mixprec.apply(pipe, policy)`` gets the pipeline itself: README ("nn.Module,
+``mixprec.apply(pipe, policy)`` gets the pipeline itself: docs/policies.md ("nn.Module,
 {name: module} or a pipeline") and ``components_of`` ("a pipeline gives
 ``pipeline.components``"). A diffusers pipeline's ``components`` also holds the
 tokenizer, the scheduler and ``None`` for absent optional parts

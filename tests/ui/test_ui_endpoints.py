@@ -24,7 +24,7 @@ from mixprec.ui.forms import cancel_job  # noqa: E402
 from mixprec.ui.i18n import t  # noqa: E402
 from mixprec.ui.jobs import Job, JobIndex  # noqa: E402
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+UI_PAGE = Path(__file__).resolve().parents[2] / "docs" / "ui.md"
 #: The endpoints and their parameters, as scripts call them.
 STABLE = {
     "initialize_service": ["lang", "matmul", "preset", "upcast_attention"],
@@ -114,9 +114,9 @@ def test_every_endpoint_has_its_documented_name(url):
     assert api["unnamed_endpoints"] == {}
     params = {name[1:]: [p["parameter_name"] for p in info["parameters"]] for name, info in api["named_endpoints"].items()}
     assert params == STABLE  # scripts call these names with these parameters: a change breaks them
-    section = README.read_text(encoding="utf-8").split("## Web UI and Gradio controls")[1].split("\n## ")[0]
+    section = UI_PAGE.read_text(encoding="utf-8").split("## Endpoints")[1].split("\n## ")[0]
     for name in ENDPOINTS:
-        assert f"`{name}`" in section, f"README's web UI section does not list the endpoint {name}"
+        assert f"`{name}`" in section, f"docs/ui.md's endpoints section does not list the endpoint {name}"
     with pytest.raises(ValueError, match="unknown endpoint name 'run_bench'; the endpoints are: initialize_service"):
         endpoint("run_bench")
 
