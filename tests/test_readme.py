@@ -1,12 +1,13 @@
-"""The shell commands of README.md and examples/README.md run as written.
+"""The shell commands of README.md, examples/README.md and docs/**/*.md run as written.
 
-Every command is extracted from the READMEs' code blocks (``bash`` blocks, and ``$ ``
-lines in untagged ones) and must be classified here: run (quick, no weights, network or
+Every command is extracted from the pages' code blocks (``bash`` blocks, and ``$ ``
+lines in untagged ones; tests/docs_blocks.py reads them) and must be classified here: run (quick, no weights, network or
 GPU), or skipped with its reason. A new command nobody classified fails the test, so a
-README cannot grow a command that was never tried. The quick ones run in a fresh
+page cannot grow a command that was never tried. The quick ones run in a fresh
 ``bash`` with the environment the README says to activate (``. .venv/bin/activate``),
 from a scratch directory that sees the repository's ``examples/`` and ``benchmarks/``.
 Synopsis brackets (``[--device cuda]``) are optional parts: the command runs without them.
+Python and TOML blocks are checked by tests/test_docs_blocks.py.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-READMES = ("README.md", "examples/README.md")
+from docs_blocks import READMES, ROOT, blocks, doc_files
+
 ACTIVATE = ". .venv/bin/activate"
 
 #: (pattern, expected exit status): commands that run here.
@@ -39,6 +40,9 @@ RUN: list[tuple[str, int]] = [
 #: (pattern, reason): commands left out, each with why.
 SKIP: list[tuple[str, str]] = [
     (r"^make (demo|test)\b", "long: installs, then benchmarks or tests for minutes (the README's own set-up)"),
+    (r"^make docs$", "builds the site: tests/test_docs_site.py builds it in strict mode"),
+    (r"^ray start ", "starts a Ray cluster node"),
+    (r"^\.venv/bin/lint-imports$", "reads the repository's contracts from its root; tests/test_layers.py runs the check"),
     (r"^mixprec env$", "measures the hardware again when its cache is cold (the --json form runs)"),
     (r"^mixprec pipelines$", "builds every pipeline size to count its weights (a minute on a loaded 2-core machine)"),
     (r"^mixprec explain ", "builds a pipeline first (tens of seconds on 2 cores); tests/cli covers explain"),
@@ -57,18 +61,14 @@ SKIP: list[tuple[str, str]] = [
 
 
 def _commands() -> list[tuple[str, int, str]]:
-    """(file, line, command) of every shell command in the READMEs' code blocks."""
+    """(file, line, command) of every shell command in the pages' code blocks."""
     found = []
-    for name in READMES:
-        lines = (ROOT / name).read_text(encoding="utf-8").splitlines()
-        fence, lang = False, ""
-        pending, start = "", 0
-        for number, line in enumerate(lines, start=1):
-            if line.startswith("```"):
-                fence, lang = (not fence), line[3:].strip()
-                continue
-            if not fence or lang not in ("", "bash", "sh", "shell", "console"):
-                continue
+    for block in (b for name in doc_files() for b in blocks(name)):
+        lang = block.lang
+        if lang not in ("", "bash", "sh", "shell", "console"):
+            continue
+        name, pending, start = block.file, "", 0
+        for number, line in enumerate(block.text.splitlines(), start=block.line + 1):
             text = line[2:] if line.startswith("$ ") else (line if lang else ("" if not pending else line))
             if not pending and lang == "" and not line.startswith("$ "):
                 continue  # output shown in an untagged block
@@ -119,7 +119,7 @@ class TestReadmeCommands:
         readme = (ROOT / "README.md").read_text(encoding="utf-8")
         assert ACTIVATE in readme and ".venv/bin/mixprec" in readme
         assert ACTIVATE in (ROOT / "examples/README.md").read_text(encoding="utf-8")
-        assert {name for name, _, _ in COMMANDS} == set(READMES)
+        assert set(READMES) <= {name for name, _, _ in COMMANDS}
         assert any(_classify(c)[0] == "run" for _, _, c in COMMANDS)
 
     def test_the_extraction_joins_continued_lines_and_drops_comments_and_synopsis_brackets(self):

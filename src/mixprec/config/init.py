@@ -45,9 +45,17 @@ def init(
     Args:
         app: the application's env-var prefix; ``init(app="ACE_STEP")`` honours
             ``ACE_STEP_FLOAT32_MATMUL_PRECISION`` as well as ``MIXPREC_...``.
-        matmul, conv_tf32, fp16_reduced_precision_reduction, bf16_reduced_precision_reduction:
-            explicit values, which beat every other source.
-        config_file, env_file, search_dir, environ, cli: see :func:`mixprec.config.resolve`.
+        matmul: the float32 matmul precision; this and the next three are explicit
+            values, which beat every other source.
+        conv_tf32: cuDNN conv TF32.
+        fp16_reduced_precision_reduction: fp16 reduced-precision reduction.
+        bf16_reduced_precision_reduction: bf16 reduced-precision reduction.
+        config_file: a TOML file to read instead of looking up ``pyproject.toml`` and
+            ``mixprec.toml``; this and the next four are as in :func:`mixprec.config.resolve`.
+        env_file: the ``.env`` file.
+        search_dir: where to look for config files.
+        environ: the environment; default ``os.environ``.
+        cli: values from command-line flags, keyed by config key.
         apply: ``False`` resolves and validates without touching torch.
         notes: where what was seen and not used is said (each note once per process);
             default: a WARNING on the ``mixprec`` logger. The CLI passes its own printer.
