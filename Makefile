@@ -3,7 +3,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.mixprec-installed
 
-.PHONY: demo test test-torch install clean
+.PHONY: demo test test-torch install clean docs
 
 # Install (or refresh) the virtual environment whenever the project files change.
 $(STAMP): pyproject.toml constraints.txt tools/requirements-models-nodeps.txt
@@ -33,6 +33,10 @@ demo:
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+# The documentation site, built into site/ (tests/test_docs_site.py builds it too, in a temporary folder).
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
 
 # The core suite (everything but the browser, Ray and real-app tests) on another torch, in a
 # side venv: make test-torch TORCH=2.6.0 (what chatterbox-tts pins) or TORCH=2.11.0. Those
