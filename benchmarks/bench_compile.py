@@ -42,12 +42,12 @@ import time
 
 import torch
 from _report import finish, speedup
-from bench_presets import sqnr_db
 
 import mixprec
 from mixprec import hardware, pipelines
 from mixprec.bench import configs
 from mixprec.device import clock as mixprec_clock
+from mixprec.measure.metrics import sqnr_db
 
 CONFIGS = "fast,naive-bf16+compile,fast+compile,fast+compile:unguarded"
 UNGUARDED = ":unguarded"

@@ -16,7 +16,11 @@ After its warm-up calls (as many as an applied model takes to decide which per-m
 casts it keeps), each configuration runs once more under ``sys.setprofile``,
 counting the Python function calls whose code lies in the mixprec package, except the
 reference pipelines' own code (``mixprec/pipelines``): the Python work mixprec adds per
-run. Quality is the SQNR of the warm-up output against the fp32 output.
+run. Quality is the SQNR of the warm-up output against the fp32 output; memory is the bytes of
+the weights as the configuration stores them (``mixprec.weight_bytes``), against fp32's.
+``--configs`` also takes ``quality`` and ``autocast-bf16`` / ``autocast-fp16``
+(``torch.autocast`` around each run): with ``--configs
+fp32,autocast-bf16,quality,balanced,fast,memory`` this is every preset against fp32 and autocast.
 
 A ``+calibrated`` preset (``fast+calibrated``) is first checked on the pipeline by
 :func:`mixprec.calibrate` (its candidates timed on the same inputs, within
@@ -44,12 +48,12 @@ from collections import Counter
 
 import torch
 from _report import finish, speedup
-from bench_presets import sqnr_db
 
 import mixprec
 from mixprec import hardware, pipelines
 from mixprec.bench import configs
 from mixprec.device import clock as mixprec_clock
+from mixprec.measure.metrics import sqnr_db
 
 CONFIGS = "fp32,naive-bf16,naive-fp16,balanced,fast,memory"
 KINDS = ("baseline", "naive", "autocast", "preset")  # the ones this script can revert in place
@@ -125,12 +129,14 @@ def bench(name: str, size: str, specs: list, repeat: int, calls: int, hw: hardwa
 
     times: dict[str, list[float]] = {spec.name: [] for spec in specs}
     quality: dict[str, float] = {}
+    weights: dict[str, int] = {}
     counts: dict[str, Counter] = {}
     for round_index in range(repeat + 1):  # round 0: warm-up, quality and the counted run
         for spec in (specs if round_index % 2 else specs[::-1]):
             with configured(spec, pipe, hw, calibrated):
                 if round_index == 0:
                     quality[spec.name] = sqnr_db(run().output, reference.output)
+                    weights[spec.name] = mixprec.weight_bytes(pipe)
                     for _ in range(STEADY):
                         run()
                     counts[spec.name] = python_calls(run)
@@ -146,14 +152,14 @@ def bench(name: str, size: str, specs: list, repeat: int, calls: int, hw: hardwa
     best_plain = times[fastest]
     lines = [f"### {name}, size={size}, batch {batch}", "",
              f"| config | median ms ({clock.name}) | speed-up vs fp32 (interval) | vs best naive (interval) "
-             f"| vs the fastest of fp32 and naive ({fastest}) | SQNR vs fp32 (dB) | mixprec Python calls per run |",
-             "|---|---|---|---|---|---|---|"]
+             f"| vs the fastest of fp32 and naive ({fastest}) | SQNR vs fp32 (dB) | weight bytes vs fp32 | mixprec Python calls per run |",
+             "|---|---|---|---|---|---|---|---|"]
     for spec in specs:
         t = times[spec.name]
         lines.append(f"| {spec.name} | {statistics.median(t) * 1e3:.1f} | "
                      f"{'reference' if spec.name == 'fp32' else speedup(times['fp32'], t)} | "
                      f"{speedup(best_naive, t) if best_naive else '-'} | {speedup(best_plain, t)} | "
-                     f"{quality[spec.name]:.1f} | {counts[spec.name]['mixprec']} |")
+                     f"{quality[spec.name]:.1f} | {weights[spec.name] / weights['fp32']:.3f} | {counts[spec.name]['mixprec']} |")
     for label, result in calibrated.items():
         lines.append(f"- {label}: kept **{result.chosen}** ({result.source}, {took[label]:.1f} s): {result.headline()}")
     lines += ["", f"Not counted: the pipeline's own code in mixprec/pipelines, {counts['fp32']['pipeline']} calls per fp32 run. "
@@ -168,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="test,default")
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds after the warm-up round")
     parser.add_argument("--calls", type=int, default=3, help="timed calls per configuration and round (the fastest counts)")
-    parser.add_argument("--configs", default=CONFIGS, help="fp32, naive-bf16/fp16, autocast-bf16/fp16, presets")
+    parser.add_argument("--configs", default=CONFIGS, help="fp32 (required: the reference), naive-bf16/fp16, "
+                        "autocast-bf16/fp16, presets (quality, balanced, fast, memory; +calibrated)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batches", default="1", help="batch sizes, e.g. 1,16")
     parser.add_argument("--clock", default=None, help="cpu-time | cuda-events | wall (default: the device's)")
