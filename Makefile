@@ -34,9 +34,10 @@ demo:
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
-# The documentation site, built into site/ (tests/test_docs_site.py builds it too, in a temporary folder).
+# The documentation site, built into site/ (tests/test_docs_site.py builds it too, in a temporary folder);
+# NO_MKDOCS_2_WARNING silences Material's notice about its own future, printed on every build.
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # The core suite (everything but the browser, Ray and real-app tests) on another torch, in a
 # side venv: make test-torch TORCH=2.6.0 (what chatterbox-tts pins) or TORCH=2.11.0. Those
