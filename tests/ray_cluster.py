@@ -1,6 +1,6 @@
 """A real Ray cluster on this machine for the cluster tests, and serve functions its workers run.
 
-:func:`two_types` starts (once per test process) a head node of hardware ``alpha`` and
+:func:`two_types` starts (once per test process; the tests marked :data:`ON_THE_CLUSTER` share one) a head node of hardware ``alpha`` and
 a second node of hardware ``beta`` on loopback (``ray.cluster_utils.Cluster``), and
 connects this process to it. The workers find this module (``PYTHONPATH`` is set to
 the tests folder before the nodes start), so the serve functions below run there.
@@ -16,6 +16,10 @@ from typing import Any
 import pytest
 
 _STATE: dict[str, Any] = {}
+
+#: The mark of every test that uses the cluster: pytest-xdist (``--dist loadgroup``) runs them
+#: all in one worker, so one cluster (two nodes and their workers) serves them all.
+ON_THE_CLUSTER = pytest.mark.xdist_group("ray-cluster")
 
 
 def ray_or_skip() -> Any:

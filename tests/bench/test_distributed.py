@@ -10,9 +10,10 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from ray_cluster import ray_or_skip, two_types
+from ray_cluster import ON_THE_CLUSTER, ray_or_skip, two_types
 
 ray_or_skip()
+pytestmark = ON_THE_CLUSTER
 
 from mixprec.bench.configs import parse_configs  # noqa: E402
 from mixprec.bench.distributed import probe_groups, run_matrix  # noqa: E402

@@ -21,6 +21,7 @@ from mixprec.config.names import forget_said
 from mixprec.policy.select import UnmatchedRuleWarning
 from mixprec.tuning.evaluators import InProcessEvaluator
 from mixprec.tuning.tuner import tune
+from ray_cluster import ON_THE_CLUSTER
 
 runner = CliRunner()
 
@@ -56,6 +57,7 @@ def test_bench_says_it_before_the_run_and_keeps_it_in_the_run(policy_file, tmp_p
     assert sum(n.startswith(_NOTE) for n in run["notes"]) == 1
 
 
+@ON_THE_CLUSTER
 def test_bench_on_ray_gets_the_same_note(policy_file, tmp_path):
     from ray_cluster import two_types
 

@@ -9,9 +9,10 @@ import textwrap
 
 import pytest
 
-from ray_cluster import ray_or_skip, serve_state, two_types
+from ray_cluster import ON_THE_CLUSTER, ray_or_skip, serve_state, two_types
 
 ray_or_skip()
+pytestmark = ON_THE_CLUSTER
 
 from mixprec.measure.cluster import ClusterError, node_groups, select_groups  # noqa: E402
 from mixprec.measure.executor import WorkerError, WorkerTimeout  # noqa: E402

@@ -21,6 +21,7 @@ from mixprec.tuning.evaluators import InProcessEvaluator
 from mixprec.tuning.pool import PoolEvaluator
 from mixprec.tuning.tuner import tune
 
+from ray_cluster import ON_THE_CLUSTER
 from tune_models import inputs as _inputs, model as synthetic_model
 
 
@@ -137,6 +138,7 @@ def test_a_pool_of_workers_times_each_candidate_against_its_own_fp32():
         assert pool.units() and pool.groups() and pool.risk(Config("bf16").policy())
 
 
+@ON_THE_CLUSTER
 @pytest.mark.skipif(os.environ.get("MIXPREC_HEAVY") != "1", reason="two tune runs on a Ray cluster: set MIXPREC_HEAVY=1")
 def test_tune_on_ray_finds_the_policy_the_local_tuner_finds(tmp_path):
     from ray_cluster import two_types
