@@ -74,8 +74,12 @@ def _isolate_torch_flags():
 
 @pytest.fixture(autouse=True)
 def _isolate_cache(tmp_path_factory, monkeypatch):
-    # Probe results go to a per-session cache so tests never touch the user's cache.
-    monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "mixprec-cache"))
+    # Probe results go to a per-session cache so tests never touch the user's cache; the
+    # workers of one pytest-xdist session share it (their base folders are siblings), so
+    # the machine is probed once, not once per worker.
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    monkeypatch.setenv("MIXPREC_CACHE_DIR", str(shared / "mixprec-cache"))
 
 
 @pytest.fixture

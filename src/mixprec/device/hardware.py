@@ -501,7 +501,7 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
     if use_cache and not undecided:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")  # processes probing at once never share a file half-written
             tmp.write_text(json.dumps(hw.to_dict(), indent=2))
             tmp.replace(path)
         except OSError:
