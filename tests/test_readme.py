@@ -56,6 +56,9 @@ SKIP: list[tuple[str, str]] = [
     (r"--executor ray|^mixprec compare .* --matrix", "needs a Ray cluster"),
     (r"^CHATTERBOX_VOICE=", "needs downloaded Chatterbox weights"),
     (r"^(python3 -m pip|pip|git clone|hf download|export CHATTERBOX)", "installs or downloads: needs the network"),
+    (r"^git worktree add \.\./baseline ", "a CI job's step: checks out another revision beside this repository"),
+    (r"^python3 -m venv \.\./baseline/", "a CI job's step: a second environment, installed from the network"),
+    (r"^\.\./baseline/\.venv/bin/mixprec bench ", "a CI job's step: long, a benchmark in the baseline's environment"),
     (r"benchmarks/gpu_check\.py", "needs a GPU"),
 ]
 
