@@ -65,6 +65,22 @@ def test_only_indicative_timings_name_the_best_and_how_few_rounds(tmp_path):
                               "machine decides")
 
 
+def test_every_round_faster_but_too_few_for_a_95_percent_interval_is_indicative(tmp_path):
+    # The table shows 3 rounds all faster as a figure (their range); 3 of 3 happen one time in 8 by chance.
+    run = _run(tmp_path, [("fp32", _timed(1.0, 3), REF), ("memory", _timed(1.9, 3, seed=4), _q(47.0)),
+                          ("fast", _timed(1.8, 3, seed=5), _q(47.0))])
+    interval = evidence.speedup(run, run["configs"][1])
+    assert interval.n == 3 and not interval.exact and interval.low > 1.0
+    assert "x (" in evidence.speedup_cell(interval)  # a figure in the table
+    said = _one(run)
+    assert (said.certainty, said.choice) == (INDICATIVE, "memory")
+    assert said.text.startswith("tts, batch 1: maybe memory: ")
+    assert (f"indicative: 3 rounds, every one faster than fp32 ({evidence.ratio_text(interval.low)}–"
+            f"{evidence.ratio_text(interval.high)}), too few for a 95% interval") in said.text
+    more = _run(tmp_path, [("fp32", _timed(1.0), REF), ("memory", _timed(1.9, seed=4), _q(47.0))], name="more.sqlite")
+    assert _one(more).certainty == DECIDED and "decided: 95% interval of 8 paired rounds" in _one(more).text
+
+
 def test_an_interval_holding_1_is_indicative_with_its_bounds(tmp_path):
     run = _run(tmp_path, [("fp32", [0.10, 0.13, 0.09, 0.12, 0.10, 0.14], REF),
                           ("fast", [0.12, 0.09, 0.13, 0.08, 0.13, 0.09], _q(40.0))])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from mixprec.bench.rounds import RoundKeeper, paired, speed_metrics
+from mixprec.bench.rounds import RoundKeeper, paired, speed_metrics, unsettled
 from mixprec.bench.store import Store
 from mixprec.bench.table import render_table_rows
 from mixprec.cli import app
@@ -98,6 +98,15 @@ def test_bench_stores_paired_intervals(tmp_path):
     m = fast["metrics"]
     assert m["speedup_ci_low"] <= m["speedup"] <= m["speedup_ci_high"]
     assert [s for s in fast["samples"]] and len(fast["samples"]) == 6
+
+
+def test_a_ratio_asks_for_rounds_until_it_has_a_narrow_95_percent_interval():
+    # Three rounds all faster give only their range (one time in eight by chance): within a budget,
+    # the adaptive rounds go on to the five pairs a bootstrap interval needs.
+    assert unsettled(Ratio(1.87, 1.80, 1.91, 3, exact=False))
+    assert unsettled(Ratio(1.2, 1.1, 1.3, 2, exact=False))  # too few pairs
+    assert unsettled(Ratio(1.5, 1.2, 1.8, 6))  # an interval wider than the target
+    assert not unsettled(Ratio(1.87, 1.82, 1.90, 5))
 
 
 def test_other_jobs_are_counted_and_said_but_idle_workers_are_not(tmp_path, monkeypatch):

@@ -10,11 +10,12 @@ nothing else. Per batch size it chooses among the configurations that met their 
   ``balanced`` 25 dB, ``fast`` and ``memory`` 20 dB, with or without ``+compile`` / ``+calibrated``),
   every other configuration the most permissive preset's (20 dB).
 
-Of those, the fastest whose paired speed-up against fp32 is decided faster (its interval wholly
-above 1, from at least :data:`~mixprec.bench.evidence.MIN_PAIRS` rounds, timings not flagged
-unstable: what :func:`~mixprec.bench.evidence.speedup_cell` shows as a figure) is the choice
-(:data:`DECIDED`). Where none is decided, the fastest measured above 1 is named as
-:data:`INDICATIVE`, with how many rounds it rests on; where none was measured faster, the headline
+Of those, the fastest whose paired speed-up against fp32 is decided faster (a 95% interval wholly
+above 1, timings not flagged unstable) is the choice (:data:`DECIDED`). A speed-up the table shows
+as a figure from the range of fewer rounds than a 95% interval needs (every round faster, but
+three rounds all faster happen one time in eight by chance) is not decided here. Where none is
+decided, the fastest measured above 1 is named as :data:`INDICATIVE`, with how many rounds it
+rests on; where none was measured faster, the headline
 says to keep fp32 (:data:`KEEP`), naming what was faster but fell short of its quality. A run that is
 not a final result (:func:`~mixprec.bench.runstate.classify`) says so first.
 
@@ -114,12 +115,17 @@ class _Candidate:
         return self.interval.value if self.interval is not None and math.isfinite(self.interval.value) else -math.inf
 
     @property
-    def decided(self) -> bool:
+    def shown(self) -> bool:
         """Whether its speed-up is a figure, as :func:`~mixprec.bench.evidence.speedup_cell` shows one."""
         i = self.interval
         if i is None or self.unstable or not i.usable or i.n == 0 or (i.n is not None and i.n < evidence.MIN_PAIRS):
             return False
         return not i.low <= 1.0 <= i.high
+
+    @property
+    def decided(self) -> bool:
+        """Whether its speed-up is a figure from a 95% interval (not the range of a few rounds)."""
+        return self.shown and self.interval.exact
 
 
 def _db(value: float) -> str:
@@ -167,9 +173,12 @@ def _sureness(c: _Candidate) -> str:
     if i is None:
         return "not timed"
     if c.decided:
-        basis = "95% interval" if i.exact else "range"
         rounds = f" of {i.n} paired rounds" if i.n is not None else ""
-        return f"decided: {basis}{rounds}"
+        return f"decided: 95% interval{rounds}"
+    if c.shown:
+        side = "faster" if i.low > 1.0 else "slower"
+        return (f"indicative: {_rounds(i.n)}, every one {side} than fp32 "
+                f"({evidence.ratio_text(i.low)}–{evidence.ratio_text(i.high)}), too few for a 95% interval")
     if c.unstable:
         return f"indicative: {_rounds(i.n)}, timings too spread to trust"
     if i.n == 0 or not i.usable:

@@ -11,9 +11,9 @@ conditions: their ratio is one paired measurement (:func:`mixprec.measure.stats.
   only when not even one round fits before any was timed are the slowest
   configurations dropped; each is named in the run's notes;
 - **adaptive rounds**: with a budget, after the planned rounds, rounds are added while
-  some configuration's speed ratio interval is wider than
-  :data:`~mixprec.measure.stats.TARGET_WIDTH` and the budget allows one more; those
-  still wide at the end are named as undecided.
+  some configuration's speed ratio has no 95% interval yet (too few pairs: only their
+  range) or an interval wider than :data:`~mixprec.measure.stats.TARGET_WIDTH`, and the
+  budget allows one more; those still wide at the end are named as undecided.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 from mixprec.measure.stats import TARGET_WIDTH, Ratio, cv, paired_ratio
 
-__all__ = ["RoundKeeper", "paired", "speed_metrics", "load_note", "runnable_others", "MIN_TIMED"]
+__all__ = ["RoundKeeper", "paired", "unsettled", "speed_metrics", "load_note", "runnable_others", "MIN_TIMED"]
 
 #: Fewer timed rounds than this give no interval worth a decision.
 MIN_TIMED = 3
@@ -39,6 +39,14 @@ def paired(reference: tuple[Sequence[int], Sequence[float]], candidate: tuple[Se
     if not pairs:
         return None
     return paired_ratio([p[0] for p in pairs], [p[1] for p in pairs])
+
+
+def unsettled(ratio: Ratio) -> bool:
+    """Whether a configuration's speed ratio asks for another round (within a budget): fewer than
+    :data:`MIN_TIMED` pairs, no 95% interval yet (too few pairs for one: only their range, and three
+    rounds all faster happen one time in eight by chance), or an interval wider than
+    :data:`~mixprec.measure.stats.TARGET_WIDTH`."""
+    return ratio.n < MIN_TIMED or not ratio.exact or ratio.width > TARGET_WIDTH
 
 
 def speed_metrics(ratio: Ratio | None, samples: Sequence[float], unstable: str | None) -> dict[str, Any]:
@@ -183,4 +191,4 @@ class RoundKeeper:
     def adaptive_note(self, index: int) -> None:
         added = index - (self.warmup + self.repeat)
         if added > 0:
-            self.notes.append(f"batch {self.batch}: {added} round(s) added until the speed ratios were narrow enough")
+            self.notes.append(f"batch {self.batch}: {added} round(s) added until the speed ratios had narrow enough 95% intervals")

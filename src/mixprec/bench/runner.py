@@ -34,12 +34,12 @@ from mixprec.bench.configs import ConfigSpec
 from mixprec.bench.plan import Calibration, Plan, config_cost, drop_order, plan_runs
 from mixprec.bench.slots import LOAD_TIMEOUT_S, Slot, call, stop_for_budget, wait_ready
 from mixprec.bench.against import fp8_against_16bit
-from mixprec.bench.rounds import MIN_TIMED, RoundKeeper, load_note, paired, runnable_others, speed_metrics
+from mixprec.bench.rounds import RoundKeeper, load_note, paired, runnable_others, speed_metrics, unsettled
 from mixprec.bench.store import Store
 from mixprec.bench.worker import job_for, serve
 from mixprec.measure.executor import Executor, LocalProcessExecutor
 from mixprec.measure.machine import machine_fingerprint, versions
-from mixprec.measure.stats import TARGET_WIDTH, instability
+from mixprec.measure.stats import instability
 from mixprec.device.hardware import Hardware, contradiction, forget
 
 __all__ = ["BenchOptions", "BenchCancelled", "run_bench", "calibrate", "size_label"]
@@ -355,7 +355,7 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
             def wide() -> list[tuple[str, Any]]:
                 ratios = [(slot.spec.name, paired((reference.rounds, reference.samples), (slot.rounds, slot.samples)))
                           for slot in slots[1:] if slot.alive]
-                return [(name, r) for name, r in ratios if r is not None and (r.n < MIN_TIMED or r.width > TARGET_WIDTH)]
+                return [(name, r) for name, r in ratios if r is not None and unsettled(r)]
 
             def slow_first() -> list[tuple[str, Any, float]]:
                 alive = sorted((s for s in slots[1:] if s.alive), key=lambda s: -(s.last_s or 0.0))
