@@ -17,6 +17,10 @@ settings.register_profile("mixprec", derandomize=True)
 settings.load_profile("mixprec")
 
 
+#: Folders whose conftest builds session fixtures all their tests use: the real-model tests
+#: (the probe measured once, the model packages imported once), the reference pipelines.
+_SHARED_SET_UP = ("tests/realmodels/", "tests/pipelines/")
+
 #: The terminal variables a worker process must see as the suite's own process saw them.
 _TERMINAL_VARIABLES = ("COLUMNS", "LINES")
 
@@ -54,15 +58,15 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """The units pytest-xdist hands out whole (``--dist loadgroup``, as ``make test`` runs it).
 
-    A test keeps the group it names (``xdist_group``: the Ray cluster's tests); the tests of
-    ``realmodels/`` share their session's set-up (the probe measured once, the model
-    packages imported once) and form one group; every other module is its own group, so
-    its module fixtures are built once.
+    A test keeps the group it names (``xdist_group``: the Ray cluster's tests); the tests of a
+    folder in :data:`_SHARED_SET_UP` form one group (its conftest's session fixtures built
+    once); every other module is its own group, so its module fixtures are built once.
     """
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             module = item.nodeid.split("::", 1)[0]
-            item.add_marker(pytest.mark.xdist_group("realmodels" if module.startswith("tests/realmodels/") else module))
+            folder = next((f for f in _SHARED_SET_UP if module.startswith(f)), None)
+            item.add_marker(pytest.mark.xdist_group(folder or module))
 
 
 @pytest.fixture(autouse=True)

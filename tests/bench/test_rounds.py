@@ -76,6 +76,10 @@ def test_the_keeper_cuts_warm_ups_then_rounds_then_configurations_and_adds_round
     keeper._last = 20.0
     assert keeper.go_on(3, wide, list) == (False, [])  # no room for an adaptive round
     assert RoundKeeper(0, 3, None, 1).go_on(3, wide, list)[0] is False  # without a budget, no rounds are added
+    # Two planned rounds cut by the budget may still grow to the five pairs an interval needs, not just to four.
+    keeper = RoundKeeper(warmup=1, repeat=2, deadline=clock.now + 1000, batch=1, clock=clock)
+    keeper._last = 0.01
+    assert keeper.extra == 3 and keeper.go_on(5, wide, list)[0] and keeper.go_on(6, wide, list)[0] is False
 
 
 def test_speed_metrics_and_the_table_show_the_interval_and_doubts():

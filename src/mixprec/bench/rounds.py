@@ -10,7 +10,8 @@ conditions: their ratio is one paired measurement (:func:`mixprec.measure.stats.
   warm-ups left are cut, then the planned timed rounds as each stops fitting, and
   only when not even one round fits before any was timed are the slowest
   configurations dropped; each is named in the run's notes;
-- **adaptive rounds**: with a budget, after the planned rounds, rounds are added while
+- **adaptive rounds**: with a budget, after the planned rounds, rounds are added (as many
+  again as planned, and at least up to :data:`~mixprec.measure.stats.MIN_INTERVAL_PAIRS`) while
   some configuration's speed ratio has no 95% interval yet (too few pairs: only their
   range) or an interval wider than :data:`~mixprec.measure.stats.TARGET_WIDTH`, and the
   budget allows one more; those still wide at the end are named as undecided.
@@ -23,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from mixprec.measure.stats import TARGET_WIDTH, Ratio, cv, paired_ratio
+from mixprec.measure.stats import MIN_INTERVAL_PAIRS, TARGET_WIDTH, Ratio, cv, paired_ratio
 
 __all__ = ["RoundKeeper", "paired", "unsettled", "speed_metrics", "load_note", "runnable_others", "MIN_TIMED"]
 
@@ -118,8 +119,9 @@ class RoundKeeper:
     _started: float | None = None
 
     def __post_init__(self) -> None:
-        # Adaptive rounds only within a budget: as many again as planned, at most.
-        self.extra = self.repeat if self.deadline is not None else 0
+        # Adaptive rounds only within a budget: as many again as planned, and at least enough
+        # to reach the pairs a 95% interval needs, at most.
+        self.extra = max(self.repeat, MIN_INTERVAL_PAIRS - self.repeat) if self.deadline is not None else 0
 
     def start_round(self) -> None:
         self._started = self.clock()

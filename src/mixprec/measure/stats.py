@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["Ratio", "paired_ratio", "cv", "instability", "CV_LIMIT", "DRIFT_LIMIT", "TARGET_WIDTH",
+__all__ = ["Ratio", "paired_ratio", "cv", "instability", "CV_LIMIT", "DRIFT_LIMIT", "TARGET_WIDTH", "MIN_INTERVAL_PAIRS",
            "memory_beyond_noise", "MEMORY_FLOOR_BYTES"]
 
 #: A spread of samples beyond this coefficient of variation is reported as unstable
@@ -34,6 +34,8 @@ DRIFT_LIMIT = 2.0
 TARGET_WIDTH = 0.10
 #: Memory readings (RSS, allocator peaks) move by a few MiB between identical runs.
 MEMORY_FLOOR_BYTES = 8 * 2**20
+#: Fewer pairs than this get no bootstrap interval of their median ratio: only their range.
+MIN_INTERVAL_PAIRS = 5
 
 
 @dataclass(frozen=True)
@@ -95,8 +97,8 @@ def paired_ratio(reference: Sequence[float], candidate: Sequence[float], *, conf
             raise ValueError(f"{name} samples must be positive and finite, got {values.tolist()}")
     ratios = ref / cand
     value = float(np.median(ratios))
-    if n < 5 or np.ptp(ratios) == 0:
-        return Ratio(value, float(ratios.min()), float(ratios.max()), n, confidence, exact=n >= 5)
+    if n < MIN_INTERVAL_PAIRS or np.ptp(ratios) == 0:
+        return Ratio(value, float(ratios.min()), float(ratios.max()), n, confidence, exact=n >= MIN_INTERVAL_PAIRS)
     from scipy.stats import bootstrap
 
     result = bootstrap((ratios,), np.median, confidence_level=confidence, n_resamples=resamples, method="percentile",
