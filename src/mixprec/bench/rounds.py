@@ -193,4 +193,4 @@ class RoundKeeper:
     def adaptive_note(self, index: int) -> None:
         added = index - (self.warmup + self.repeat)
         if added > 0:
-            self.notes.append(f"batch {self.batch}: {added} round(s) added until the speed ratios had narrow enough 95% intervals")
+            self.notes.append(f"batch {self.batch}: {added} round(s) added to narrow the speed ratios' 95% intervals, within the budget")
