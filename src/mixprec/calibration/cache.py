@@ -22,13 +22,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 from torch import nn
 
+from mixprec._atomic import write_text
 from mixprec._version import __version__
 from mixprec.device.hardware import Hardware, cache_dir
 
@@ -121,10 +121,8 @@ def store(fields: dict[str, Any], record: dict[str, Any]) -> Path | None:
     path = _path(fields)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(dict(record, key=fields), indent=2, default=str))
-        tmp.replace(path)
-    except OSError:
+        write_text(path, json.dumps(dict(record, key=fields), indent=2, default=str))
+    except (OSError, UnicodeError):
         return None
     return path
 

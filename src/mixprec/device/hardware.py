@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from mixprec._atomic import write_text
 from mixprec._quote import quote
 from mixprec.device import backends
 from mixprec.device.clock import clock_for, one_thread
@@ -501,10 +502,8 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
     if use_cache and not undecided:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")  # processes probing at once never share a file half-written
-            tmp.write_text(json.dumps(hw.to_dict(), indent=2))
-            tmp.replace(path)
-        except OSError:
+            write_text(path, json.dumps(hw.to_dict(), indent=2))  # processes probing at once leave one whole file
+        except (OSError, UnicodeError):
             # The cache is an optimisation; an unwritable cache dir only costs a re-measure.
             pass
     return hw

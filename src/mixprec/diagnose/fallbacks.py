@@ -7,9 +7,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -18,6 +16,7 @@ from typing import Any, Iterator
 
 import torch
 
+from mixprec._atomic import write_text
 from mixprec.casting.apply import Applied
 from mixprec.casting.kinds import sample
 from mixprec.device.hardware import Hardware, cache_dir
@@ -155,18 +154,8 @@ class FallbackStore:
             yield data
             if invalid:
                 shutil.copyfile(self.path, str(self.path) + ".invalid")
-            fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
-            try:
-                os.chmod(tmp, self.path.stat().st_mode & 0o777 if self.path.exists() else 0o644)
-                with os.fdopen(fd, "w") as f:
-                    f.write(json.dumps(data, indent=2, sort_keys=True))
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, self.path)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                raise
+            write_text(self.path, json.dumps(data, indent=2, sort_keys=True),
+                       mode=None if self.path.exists() else 0o644)
         finally:
             lock.release()
 
