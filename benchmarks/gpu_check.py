@@ -11,17 +11,21 @@ check goes on):
 3. ``mixprec bench`` of the tts and diffusion reference pipelines at ``--size`` (``large``:
    Chatterbox-scale and SD-1.5-scale) under every configuration: fp32, TF32, autocast,
    the naive casts, the presets, and compiled twins; within a ``--budget`` per pipeline.
-4. What mixprec adds per run: ``benchmarks/bench_overhead.py`` (presets, and presets
+4. ``mixprec calibrate --preset fast`` of each pipeline at ``--size``: the decision and the
+   time it took against its ``--calibrate-limit``.
+5. What mixprec adds per run: ``benchmarks/bench_overhead.py`` (presets, and presets
    calibrated on the pipeline (``fast+calibrated``: their candidates timed with CUDA
    events), against fp32 and the naive casts in paired rounds, and the Python calls
    mixprec makes per run).
-5. The numerics guard's cost: the tts pipeline under ``fast``, with and without
+6. The numerics guard's cost: the tts pipeline under ``fast``, with and without
    ``mixprec.guard``, in interleaved rounds.
-6. Compiled token decode (``benchmarks/bench_compile.py``): tts under ``fast`` compiled with
+7. Compiled token decode (``benchmarks/bench_compile.py``): tts under ``fast`` compiled with
    CUDA graphs (``fast+compile:graphs``, its decoder on a static key/value cache) against
    fp32 eager, ``fast`` eager and ``naive-bf16+compile``, with recompile counts.
 
-The results file is rewritten after every step, so a check cut short keeps what it measured.
+The results file is rewritten after every step, so a check cut short keeps what it measured;
+``--time-limit`` bounds the whole check (a device lease of fixed length): each step gets at
+most what is left, and one with under a minute left is recorded as skipped.
 
 The file names the GPU, its driver and torch. On a machine with torch and most
 dependencies preinstalled and no network, put ``src/`` on ``PYTHONPATH`` and install the
@@ -31,6 +35,7 @@ the dry run (a few minutes on 2 cores).
 Usage:
     HF_HUB_OFFLINE=1 python benchmarks/gpu_check.py [--device cuda] [--size large] [--budget 150]
         [--pipelines tts,diffusion] [--configs ...] [--out-dir benchmarks/results]
+        [--time-limit 500] [--calibrate-limit 30]
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import argparse
 import os
 import platform
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -57,12 +63,16 @@ CLI = [sys.executable, "-c", "from mixprec.cli import main; main()"]
 def _run(title: str, argv: list[str], timeout_s: float, env: dict[str, str] | None = None) -> list[str]:
     """Run one step in its own process; its output (or why there is none) as markdown lines."""
     start = time.monotonic()
+    # Its own process group: a step stopped at its limit takes the workers it started with it.
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})}, start_new_session=True)
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env={**os.environ, **(env or {})})
-        body, status = done.stdout + done.stderr, f"exit {done.returncode}"
-    except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or b"") + (exc.stderr or b"")
-        body, status = out.decode(errors="replace") if isinstance(out, bytes) else out, f"stopped after {timeout_s:.0f} s"
+        body, _ = proc.communicate(timeout=timeout_s)
+        status = f"exit {proc.returncode}"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        body, _ = proc.communicate()
+        status = f"stopped after {timeout_s:.0f} s"
     lines = [line for line in body.splitlines() if not re.search(r"FutureWarning|warnings.warn|return forward_call", line)]
     took = time.monotonic() - start
     print(f"[{took:5.0f} s] {title}: {status}", flush=True)
@@ -186,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default=None, help=f"default: {CONFIGS}, with{COMPILED} on CUDA")
     parser.add_argument("--pipelines", default="tts,diffusion")
     parser.add_argument("--out-dir", default=str(HERE / "results"))
+    parser.add_argument("--calibrate-limit", type=float, default=30.0, help="calibrate's --time-limit per pipeline")
+    parser.add_argument("--time-limit", type=float, default=None,
+                        help="seconds for the whole check: each step's own limit is cut to what is left, and a step "
+                             "with under a minute left is recorded as skipped (for a device lease of fixed length)")
     args = parser.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: torch sees no CUDA device here; use --device cpu for the dry run")
@@ -198,6 +212,20 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         path.write_text("\n".join(lines) + "\n")
+
+    def left(limit: float) -> float:
+        """A step's time limit: its own, or what the whole check has left (0: skip the step)."""
+        if args.time_limit is None:
+            return limit
+        remaining = args.time_limit - (time.monotonic() - started)
+        return min(limit, remaining) if remaining >= 60 else 0.0
+
+    def step(title: str, argv_: list[str], limit: float) -> list[str]:
+        limit = left(limit)
+        if not limit:
+            print(f"[skipped] {title}: under a minute of --time-limit left", flush=True)
+            return [f"## {title}", "", f"skipped: under a minute of the {args.time_limit:.0f} s time limit was left", ""]
+        return _run(title, argv_, limit, env)
     env = {"HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg", "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
     started = time.monotonic()
     lines = [f"# GPU check on {_name(args.device)}", "",
@@ -205,32 +233,42 @@ def main(argv: list[str] | None = None) -> int:
              "", *_machine(args.device), f"pipeline size: {size}", ""]
     lines += _numerics(args.device)
     save()
-    lines += _run("mixprec env", [*CLI, "env", "--device", args.device], 120, env)
+    lines += step("mixprec env", [*CLI, "env", "--device", args.device], 120)
     save()
     db = str(out / f"gpu-{_name(args.device)}.sqlite")
     pipelines = [p.strip() for p in args.pipelines.split(",") if p.strip()]
     for pipeline in pipelines:
-        lines += _run(f"mixprec bench: {pipeline}", [*CLI, "bench", "--pipeline", pipeline, "--size", size, "--device", args.device,
+        lines += step(f"mixprec bench: {pipeline}", [*CLI, "bench", "--pipeline", pipeline, "--size", size, "--device", args.device,
                                                      "--configs", configs, "--budget", f"{args.budget:.0f}s", "--db", db],
-                      args.budget * 1.5 + 120, env)
+                      args.budget * 1.5 + 120)
+        save()
+    # Calibration at the sizes users run: the decision and the time it took (its limit included).
+    for pipeline in pipelines:
+        lines += step(f"mixprec calibrate: {pipeline}", [*CLI, "calibrate", "--pipeline", pipeline, "--size", size, "--device",
+                                                         args.device, "--preset", "fast", "--no-cache", "--time-limit",
+                                                         f"{args.calibrate_limit:.0f}"],
+                      args.calibrate_limit * 2 + 60)
         save()
     # bench_overhead.py reverts in place: fp32, the naive casts and the presets only.
-    overhead = [c for c in configs.split(",") if c == "fp32" or c.startswith("naive-") or c in ("quality", "balanced", "fast", "memory")]
+    # (no compiled twin: "naive-bf16+compile" is a configuration bench_overhead.py refuses).
+    overhead = [c for c in configs.split(",") if c in ("fp32", "quality", "balanced", "fast", "memory")
+                or (c.startswith("naive-") and "+" not in c)]
     overhead += [f"{p}+calibrated" for p in ("balanced", "fast", "memory") if p in overhead]
-    lines += _run("What mixprec adds per run", [sys.executable, str(HERE / "bench_overhead.py"), "--pipelines", ",".join(pipelines),
+    lines += step("What mixprec adds per run", [sys.executable, str(HERE / "bench_overhead.py"), "--pipelines", ",".join(pipelines),
                                                 "--sizes", size, "--device", args.device, "--repeat", "4", "--calls", "2",
                                                 "--configs", ",".join(overhead)],
-                  max(300.0, args.budget * 2), env)
+                  max(300.0, args.budget * 2))
     save()
     if "tts" in pipelines:
-        lines += _guard_cost(args.device, size)
-        save()
+        if left(60):
+            lines += _guard_cost(args.device, size)
+            save()
         # The dry run on a CPU checks the step with one compile; the GPU compares all four.
         compared = "fp32,fast,naive-bf16+compile,fast+compile:graphs" if cuda else "fast,fast+compile"
-        lines += _run("Compiled token decode (tts)", [sys.executable, str(HERE / "bench_compile.py"), "--pipelines", "tts",
+        lines += step("Compiled token decode (tts)", [sys.executable, str(HERE / "bench_compile.py"), "--pipelines", "tts",
                                                       "--size", size, "--device", args.device, "--repeat", "3" if cuda else "1",
                                                       "--configs", compared],
-                      300, env)
+                      300)
     lines.append(f"The whole check took {time.monotonic() - started:.0f} s.")
     save()
     print(f"wrote {path}")

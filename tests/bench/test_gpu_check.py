@@ -32,12 +32,27 @@ def test_dry_run_on_the_cpu_writes_every_section(tmp_path, monkeypatch):
     text = (tmp_path / "gpu-cpu-dry-run.md").read_text()
     assert "torch reads back: get_float32_matmul_precision = `high`" in text  # the app's env var took effect
     assert "after restore: get_float32_matmul_precision = `highest`" in text
-    for section in ("## mixprec env", "## mixprec bench: tts", "## What mixprec adds per run",
+    for section in ("## mixprec env", "## mixprec bench: tts", "## mixprec calibrate: tts", "## What mixprec adds per run",
                     "## The numerics guard's cost", "## Compiled token decode (tts)"):
         assert section in text
-    assert text.count(": exit 0,") == 4, text  # env, bench, overhead, compiled decode each finished
+    assert text.count(": exit 0,") == 5, text  # env, bench, calibrate, overhead, compiled decode each finished
     assert "| fast+compile |" in text and "recompile-limit warnings" in text
     assert torch.get_float32_matmul_precision() == before
+
+
+def test_a_time_limit_skips_the_steps_it_leaves_no_time_for(tmp_path, monkeypatch):
+    monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path / "cache"))
+    check = _gpu_check()
+    started = []
+    monkeypatch.setattr(check, "_run", lambda title, *a, **k: started.append(title) or [])
+    assert check.main(["--device", "cpu", "--pipelines", "tts", "--configs", "fp32", "--time-limit", "30",
+                       "--out-dir", str(tmp_path)]) == 0
+    text = (tmp_path / "gpu-cpu-dry-run.md").read_text()
+    assert started == []  # no step started with under a minute left
+    assert "## Numerics" in text  # the numerics in this process come first and always run
+    for section in ("## mixprec env", "## mixprec bench: tts", "## mixprec calibrate: tts", "## Compiled token decode (tts)"):
+        assert f"{section}\n\nskipped: under a minute of the 30 s time limit was left" in text
+    assert "## The numerics guard's cost" not in text
 
 
 def test_cuda_is_refused_where_torch_sees_none(tmp_path, monkeypatch):
