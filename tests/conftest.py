@@ -7,9 +7,9 @@ import os
 import pytest
 from hypothesis import settings
 
-from probe_helpers import decided
 
-from mixprec.device import backends
+import machines
+from mixprec.device import backends, hardware
 
 # Property tests draw the same examples on every run: a verdict must not depend on which
 # random inputs a run happened to draw (cases found once are kept as explicit examples).
@@ -76,6 +76,48 @@ def _isolate_torch_flags():
     backends.restore(before)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--hardware-class", default=None, choices=list(machines.CLASSES),
+                     help=f"the machine every test sees (default: ${machines.VARIABLE}, else {machines.DEFAULT})")
+
+
+def hardware_class(config) -> str:
+    """The class this run simulates: ``--hardware-class``, else ``MIXPREC_TEST_HARDWARE``, else the default."""
+    chosen = config.getoption("--hardware-class")
+    if chosen:
+        return chosen
+    return machines.check_name(os.environ.get(machines.VARIABLE) or machines.DEFAULT, machines.VARIABLE)
+
+
+def pytest_report_header(config):
+    return f"hardware class: {hardware_class(config)} (scripted; tests marked real_probe see this machine)"
+
+
+@pytest.fixture(scope="session")
+def _probe_files(tmp_path_factory, pytestconfig):
+    """Per class, a probe file describing it (written once per session and worker)."""
+    folder = tmp_path_factory.mktemp("machines")
+    return {name: machines.write(folder / f"{name}.json", descriptions) for name, (_, descriptions) in machines.CLASSES.items()}
+
+
+@pytest.fixture(autouse=True)
+def machine(request, monkeypatch, _probe_files):
+    """The machine this test sees: the run's hardware class, scripted through ``MIXPREC_PROBE_FILE``.
+
+    Every probe (in this process and in the processes it starts) reads that description
+    instead of measuring, so no outcome depends on the CPU the suite runs on. Returns the
+    class's :class:`~mixprec.device.hardware.Hardware` (for ``cuda``: the simulated GPU,
+    to hand to the decisions a test makes). A test marked ``real_probe`` sees this machine
+    as it is and gets ``None``.
+    """
+    if request.node.get_closest_marker("real_probe") is not None:
+        monkeypatch.delenv(hardware.PROBE_FILE_VAR, raising=False)
+        return None
+    name = hardware_class(request.config)
+    monkeypatch.setenv(hardware.PROBE_FILE_VAR, str(_probe_files[name]))
+    return machines.CLASSES[name][0]
+
+
 @pytest.fixture(autouse=True)
 def _isolate_cache(tmp_path_factory, monkeypatch):
     # Probe results go to a per-session cache so tests never touch the user's cache; the
@@ -98,28 +140,12 @@ def clean_env(monkeypatch):
 
 
 @pytest.fixture
-def bf16_cpu(tmp_path, monkeypatch):
-    """This machine as a CPU whose probe measured bf16 fast (as on avx512_bf16 or AMX parts).
+def bf16_cpu(_probe_files, monkeypatch):
+    """A CPU whose probe measured bf16 fast and fp16 emulated (AVX512-BF16), whatever the run's class.
 
-    Presets follow the measured probe, so a test of what a preset does with 16-bit
-    types would otherwise depend on the machine running it. This measures the real
-    probe into a private cache, then rewrites the cached bf16 entry as fast; every
-    later ``probe()`` (benchmark workers included, through ``MIXPREC_CACHE_DIR``)
-    reads that description.
+    For tests of what a preset does with 16-bit types on such a machine: every later
+    ``probe()`` (benchmark workers included, through ``MIXPREC_PROBE_FILE``) reads it.
     """
-    import dataclasses
-    import json
-
-    from mixprec import hardware
-
-    cache = tmp_path / "bf16-cpu-cache"
-    monkeypatch.setenv("MIXPREC_CACHE_DIR", str(cache))
-    real = decided(hardware.probe("cpu", use_cache=False, layers=False))
-    path = hardware.cache_path(real)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fp32 = real.dtypes["fp32"].gflops or 100.0
-    bf16 = dataclasses.replace(real.dtypes["bf16"], supported=True, gflops=round(2.5 * fp32, 2), ratio=2.5, klass="fast")
-    simulated = dataclasses.replace(real, dtypes={**real.dtypes, "bf16": bf16})
-    path.write_text(json.dumps(simulated.to_dict(), indent=2))
+    monkeypatch.setenv(hardware.PROBE_FILE_VAR, str(_probe_files["avx512-bf16"]))
     assert hardware.probe("cpu").dtypes["bf16"].klass == "fast"
-    return simulated
+    return machines.AVX512_BF16

@@ -7,6 +7,15 @@ from mixprec import hardware
 from mixprec.policy import presets
 from mixprec.device import backends
 
+# The probe's own measurement: no scripted machine description. Each test scripts the
+# CPU flags and timings it needs, or asserts only what holds on any machine.
+pytestmark = pytest.mark.real_probe
+
+
+def _on_cpu(monkeypatch, flags=("avx2", "avx512_bf16")):
+    """The probe reads ``flags`` as this CPU's (not the machine's own)."""
+    monkeypatch.setattr(hardware, "_cpu_info", lambda: ("Simulated CPU", tuple(flags)))
+
 
 @pytest.fixture(scope="module")
 def hw():
@@ -70,6 +79,7 @@ def _scripted_timings(monkeypatch, seconds):
 
 def test_probe_is_cached_per_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
+    _on_cpu(monkeypatch)
     _scripted_timings(monkeypatch, lambda dtype, level, n: {torch.bfloat16: 0.0004, torch.float16: 0.1}.get(dtype, 0.001))
     first = hardware.probe("cpu", layers=False)
     assert not first.cached and first.dtypes["bf16"].klass == "fast" and first.dtypes["fp16"].klass == "emulated"
@@ -88,7 +98,7 @@ def test_a_probe_on_a_busy_machine_says_undecided_and_caches_nothing(tmp_path, m
     """bf16's calls slowed by other jobs in every other round: no verdict, no cache; the
     presets use what the CPU's flags state instead, and say so."""
     monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(hardware, "_cpu_info", lambda: ("Simulated CPU", flags))
+    _on_cpu(monkeypatch, flags)
 
     def busy(dtype, level, n):
         if dtype == torch.bfloat16:
@@ -109,12 +119,17 @@ def test_a_probe_on_a_busy_machine_says_undecided_and_caches_nothing(tmp_path, m
     hardware._UNDECIDED_THIS_PROCESS.clear()  # as a new process starts
     monkeypatch.undo()
     monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
-    _scripted_timings(monkeypatch, lambda dtype, level, n: 0.0004 if dtype == torch.bfloat16 else 0.001)
-    assert hardware.probe("cpu", layers=False).dtypes["bf16"].klass == "fast"  # measured again, now quiet
+    _on_cpu(monkeypatch, flags)  # the same CPU, whatever this machine's own flags are
+    # Measured again, now quiet: bf16 at what this CPU's units allow (2.5x; without them, emulated).
+    units = storage == "bf16"
+    quiet = 0.0004 if units else 0.05
+    _scripted_timings(monkeypatch, lambda dtype, level, n: quiet if dtype == torch.bfloat16 else 0.001)
+    assert hardware.probe("cpu", layers=False).dtypes["bf16"].klass == ("fast" if units else "emulated")
 
 
 def test_a_later_measurement_that_contradicts_the_cached_probe_drops_it(tmp_path, monkeypatch):
     monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
+    _on_cpu(monkeypatch)
     _scripted_timings(monkeypatch, lambda dtype, level, n: 0.005 if dtype == torch.bfloat16 else 0.001)
     hw = hardware.probe("cpu", layers=False)  # a noisy moment classed bf16 emulated (0.2x) in every round
     assert hw.dtypes["bf16"].klass == "emulated" and hardware.cache_path(hw).exists()
@@ -342,9 +357,81 @@ class TestWhatTheHardwareStates:
 
 def test_a_cpu_probe_times_one_thread_in_cpu_time_and_restores_the_threads(tmp_path, monkeypatch):
     monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
+    _on_cpu(monkeypatch)
     threads = torch.get_num_threads()
     seen = []
     monkeypatch.setattr(hardware._MatmulCase, "_call", lambda case: seen.append(torch.get_num_threads()) or 0.001)
     hw = hardware.probe("cpu", layers=False, use_cache=False)
     assert set(seen) == {1} and torch.get_num_threads() == threads
     assert hw.clock == "cpu-time, 1 thread" and hw.threads == threads
+
+
+class TestARecordedMachine:
+    """``MIXPREC_PROBE_FILE``: a recorded description is used instead of measuring."""
+
+    def test_the_recorded_description_is_used_and_nothing_is_measured(self, tmp_path, monkeypatch):
+        import machines
+
+        monkeypatch.setattr(hardware, "_measure", lambda *a, **k: pytest.fail("measured despite a recorded machine"))
+        path = machines.write(tmp_path / "m.json", machines.CLASSES["cuda"][1])
+        monkeypatch.setenv(hardware.PROBE_FILE_VAR, str(path))
+        hw = hardware.probe("cpu")
+        assert hw.cpu_flags == machines.AMX.cpu_flags and hw.recorded == str(path) and hw.cached
+        assert hw.dtypes == machines.AMX.dtypes and hw.layers == machines.AMX.layers
+
+    def test_what_env_json_prints_is_a_recording(self, tmp_path, monkeypatch):
+        import json
+
+        from typer.testing import CliRunner
+
+        from mixprec.cli import app
+
+        import machines
+
+        monkeypatch.setenv(hardware.PROBE_FILE_VAR, str(machines.write(tmp_path / "amx.json", (machines.AMX,))))
+        out = CliRunner().invoke(app, ["env", "--json", "--device", "cpu"])
+        assert out.exit_code == 0, out.output
+        recording = tmp_path / "env.json"
+        recording.write_text(out.stdout)
+        monkeypatch.setenv(hardware.PROBE_FILE_VAR, str(recording))
+        assert hardware.probe("cpu").dtypes == machines.AMX.dtypes
+        assert json.loads(recording.read_text())["hardware"]["cpu_flags"] == list(machines.AMX.cpu_flags)
+        monkeypatch.setenv("COLUMNS", "250")
+        shown = CliRunner().invoke(app, ["env", "--device", "cpu"])
+        assert f"recorded in {recording} through MIXPREC_PROBE_FILE, not measured here" in shown.output
+
+    @pytest.mark.parametrize(("content", "said"), [
+        (None, "cannot read it"),
+        ("{not json", "not JSON"),
+        ('{"device_type": "cpu"}', "not a machine description (KeyError"),
+        ('[{"device_type": "tpu", "dtypes": {}}]', "(item 0): not a machine description"),
+        ("[]", "describes nothing, not cpu"),
+    ])
+    def test_a_bad_file_is_refused_naming_the_variable_and_the_file(self, tmp_path, monkeypatch, content, said):
+        path = tmp_path / "machine.json"
+        if content is not None:
+            path.write_text(content)
+        monkeypatch.setenv(hardware.PROBE_FILE_VAR, str(path))
+        with pytest.raises(ValueError) as exc:
+            hardware.probe("cpu")
+        assert str(exc.value).startswith(f"MIXPREC_PROBE_FILE='{path}'") and said in str(exc.value), exc.value
+
+    def test_a_file_without_this_device_names_what_it_holds(self, tmp_path, monkeypatch):
+        import dataclasses
+
+        import machines
+
+        only_gpu = dataclasses.replace(machines.H100)
+        monkeypatch.setenv(hardware.PROBE_FILE_VAR, str(machines.write(tmp_path / "gpu.json", (only_gpu,))))
+        with pytest.raises(ValueError, match="describes cuda, not cpu: record it with `mixprec env --device cpu --json`"):
+            hardware.probe("cpu")
+
+    @pytest.mark.parametrize("name", ["avx2", "avx512-bf16", "amx", "cuda"])
+    def test_every_hardware_class_is_a_description_the_probe_would_keep(self, name):
+        """The suite's classes pass the checks a measured probe must pass to be cached."""
+        import machines
+        from mixprec.device.trust import holds
+
+        for hw in machines.CLASSES[name][1]:
+            assert holds(hw, (hardware.UNDECIDED, hardware.UNSTABLE)), hw
+            assert hardware.Hardware.from_dict(hw.to_dict()) == hw

@@ -98,7 +98,8 @@ def env(
         ["fp32 matmul GFLOP/s by level" + (" (one thread)" if "1 thread" in hw.clock else ""),
          " / ".join(f"{k} {v:.0f}" for k, v in hw.matmul_levels.items())],
         ["probe", f"{hw.matmul_size}x{hw.matmul_size} matmul, {hw.seconds:.2f} s" + (f", timed in {hw.clock}" if hw.clock else "")
-         + (" (cached)" if hw.cached else "")],
+         + (f" (recorded in {hw.recorded} through MIXPREC_PROBE_FILE, not measured here)" if hw.recorded
+            else " (cached)" if hw.cached else "")],
     ]))
     console.print(table("Precisions (measured)", ["dtype", "supported", "GFLOP/s" + (" (one thread)" if "1 thread" in hw.clock else ""),
                                                   "vs fp32", "class", "used as"], [

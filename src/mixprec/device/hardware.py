@@ -14,6 +14,11 @@ rounds still cannot decide, decisions use what the hardware states
 (:meth:`Hardware.effective`, :func:`stated`), labelled "not measured".
 
 The probe restores every global torch flag it changes.
+
+``MIXPREC_PROBE_FILE`` names a recorded description to use instead of measuring (what
+``mixprec env --json`` prints, or a list of :meth:`Hardware.to_dict` objects, one per
+device type): decisions made on a CI runner, or for a machine recorded elsewhere, then
+follow that machine rather than the one they run on.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from mixprec.device.stated import stated
 from mixprec.device.trust import ceiling, holds, settled, tight
 
 __all__ = ["DtypeSpeed", "Hardware", "probe", "resolve_device", "cache_dir", "available_memory", "DTYPES", "classify", "contradiction", "forget", "cache_path",
-           "UNDECIDED", "UNSTABLE", "ceiling", "ratio_text", "stated"]
+           "UNDECIDED", "UNSTABLE", "ceiling", "ratio_text", "stated", "recorded", "PROBE_FILE_VAR"]
 
 #: The precisions the probe measures, by short name.
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -152,6 +157,8 @@ class Hardware:
     layers: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     #: What timed the figures: ``cpu-time, 1 thread`` on a CPU, ``cuda-events`` on a GPU.
     clock: str = ""
+    #: The file this description was read from (``MIXPREC_PROBE_FILE``); empty where it was measured here.
+    recorded: str = ""
 
     def is_fast(self, dtype: str) -> bool:
         """Whether ``dtype`` (``bf16``, ``fp16``, ``tf32``) is fast here (:meth:`effective`)."""
@@ -413,6 +420,52 @@ def _load_cached(path: Path) -> Hardware | None:
     return hw if holds(hw, (UNDECIDED, UNSTABLE)) else None
 
 
+#: The environment variable naming a recorded machine description used instead of measuring.
+PROBE_FILE_VAR = "MIXPREC_PROBE_FILE"
+
+
+def recorded(device_type: str) -> Hardware | None:
+    """The description of ``device_type`` in the file :data:`PROBE_FILE_VAR` names; None where it is unset.
+
+    The file holds what ``mixprec env --json`` prints (its ``hardware``), one
+    :meth:`Hardware.to_dict` object, or a list of them (one per device type).
+
+    Raises:
+        ValueError: the file cannot be read, is not such a description, or describes no
+            ``device_type`` device; the message names the variable, the file and what is valid.
+    """
+    path = os.environ.get(PROBE_FILE_VAR, "").strip()
+    if not path:
+        return None
+    where = f"{PROBE_FILE_VAR}={quote(path)}"
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"{where}: cannot read it ({exc.strerror or exc}); unset it to measure this machine") from None
+    except ValueError as exc:
+        raise ValueError(f"{where}: not JSON ({exc}); record one with `mixprec env --json > FILE`") from None
+    if isinstance(data, dict) and "hardware" in data:
+        data = data["hardware"]
+    items = data if isinstance(data, list) else [data]
+    found = []
+    for index, item in enumerate(items):
+        try:
+            hw = Hardware.from_dict(item)
+            if hw.device_type not in DEVICE_TYPES or "fp32" not in hw.dtypes:
+                raise ValueError(f"device_type {quote(hw.device_type)}" if hw.device_type not in DEVICE_TYPES else "no fp32 entry")
+        except (TypeError, KeyError, ValueError, AttributeError) as exc:
+            at = f" (item {index})" if isinstance(data, list) else ""
+            raise ValueError(f"{where}{at}: not a machine description ({type(exc).__name__}: {exc}); "
+                             "record one with `mixprec env --json > FILE`") from None
+        found.append(hw)
+    for hw in found:
+        if hw.device_type == device_type:
+            return dataclasses.replace(hw, recorded=path, cached=True)
+    described = ", ".join(sorted({hw.device_type for hw in found})) or "nothing"
+    raise ValueError(f"{where} describes {described}, not {device_type}: record it with "
+                     f"`mixprec env --device {device_type} --json`, or unset {PROBE_FILE_VAR} to measure this machine")
+
+
 def probe(device: str | torch.device | None = None, *, use_cache: bool = True, budget_s: float = 0.05,
           layers: bool = True) -> Hardware:
     """Describe and measure a device.
@@ -428,7 +481,8 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
             faster kept in fp32 (:mod:`mixprec.device.layers`; about 2 s on a CPU).
 
     Returns:
-        A :class:`Hardware`.
+        A :class:`Hardware`: where ``MIXPREC_PROBE_FILE`` is set, the description it records
+        for this device type, not measured (:func:`recorded`).
 
     Example:
         >>> hw = mixprec.device.hardware.probe()
@@ -436,6 +490,9 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
         'fast'
     """
     dev = resolve_device(device)
+    described = recorded(dev.type)
+    if described is not None:
+        return described
     cpu_name, flags = _cpu_info()
     threads = torch.get_num_threads()
     if dev.type == "cuda":
