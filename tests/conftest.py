@@ -11,6 +11,8 @@ from hypothesis import settings
 import machines
 from mixprec.device import backends, hardware
 
+pytest_plugins = ["_flops16"]  # --flops16 / --flops16-budget: the bf16/fp16 FLOPs of each test
+
 # Property tests draw the same examples on every run: a verdict must not depend on which
 # random inputs a run happened to draw (cases found once are kept as explicit examples).
 settings.register_profile("mixprec", derandomize=True)

@@ -34,13 +34,15 @@ def _layers(gains: dict[str, float], margin: float = 0.1) -> dict[str, dict]:
 
 def _cpu(name: str, flags: tuple[str, ...], fp32: float, bf16: tuple[float, str], fp16: tuple[float, str], medium: float,
          layers: dict[str, dict[str, float]]) -> Hardware:
+    """``medium``: the fp32 matmul's speed at that level over ``highest`` (1.0: the level computes what fp32 does)."""
     return Hardware(
         device_type="cpu", name=name, capability=None, memory_bytes=24 * 2 ** 30, cpu_flags=flags, threads=1,
         torch_version=torch.__version__,
         dtypes={"fp32": _speed("fp32", fp32, 1.0, "fast"),
                 "tf32": _speed("tf32", fp32, 1.0, "unsupported", supported=False),
                 "bf16": _speed("bf16", fp32, *bf16), "fp16": _speed("fp16", fp32, *fp16)},
-        matmul_levels={"highest": fp32, "high": fp32, "medium": round(fp32 * medium, 2)}, matmul_size=512, seconds=0.4,
+        matmul_levels={"highest": fp32, "high": fp32, "medium": round(fp32 * medium, 2)},
+        matmul_exact={"high": True, "medium": medium == 1.0}, matmul_size=512, seconds=0.4,
         layers={dtype: _layers(gains) for dtype, gains in layers.items()}, clock="cpu-time, 1 thread")
 
 
@@ -66,7 +68,8 @@ H100 = Hardware(
     cpu_flags=AMX.cpu_flags, threads=16, torch_version=torch.__version__,
     dtypes={"fp32": _speed("fp32", 47544.0, 1.0, "fast"), "tf32": _speed("tf32", 47544.0, 4.43, "fast"),
             "bf16": _speed("bf16", 47544.0, 7.9, "fast"), "fp16": _speed("fp16", 47544.0, 9.31, "fast")},
-    matmul_levels={"highest": 47544.0, "high": 210786.0, "medium": 212791.0}, matmul_size=2048, seconds=2.1,
+    matmul_levels={"highest": 47544.0, "high": 210786.0, "medium": 212791.0}, matmul_exact={"high": False, "medium": False},
+    matmul_size=2048, seconds=2.1,
     layers={"bf16": _layers({"Conv1d": 0.74, "ConvTranspose1d": 0.83, "Conv2d": 0.82, "LSTM": 5.17, "GRU": 5.73,
                              "LayerNorm": 0.54, "GroupNorm": 0.66}),
             "fp16": _layers({"Conv1d": 0.74, "ConvTranspose1d": 0.82, "Conv2d": 0.82, "LSTM": 0.94, "GRU": 0.84,

@@ -244,3 +244,17 @@ def test_runs_show_ends_with_the_headline_and_its_json_carries_it(tmp_path):
     assert lines[-2] == "what to use on test cpu:" and lines[-1].strip() == said
     as_json = CliRunner().invoke(app, ["runs", "show", str(run["id"]), "--db", str(db), "--json"])
     assert "what to use on" not in as_json.output and json.loads(as_json.output)[0]["headline"]["text"] == said
+
+
+def test_a_configuration_that_computes_exactly_what_fp32_computes_is_never_named(tmp_path):
+    """matmul-medium on a CPU whose matmul level changes nothing: fp32's output bit for bit, so its
+    measured speed-up is noise, however decided it looks."""
+    run = _run(tmp_path, [("fp32", _timed(1.0), REF), ("matmul-medium", _timed(1.3, seed=4), REF),
+                          ("fast", _timed(0.9, seed=6), _q(38.2))])
+    said = _one(run)
+    assert (said.certainty, said.choice) == (KEEP, "fp32")
+    assert "matmul-medium ran 1.3" in said.text
+    assert "but it computes exactly what fp32 computes here (its output is fp32's, bit for bit)" in said.text
+    run = _run(tmp_path, [("fp32", _timed(1.0), REF), ("matmul-medium", _timed(1.3, seed=4), REF),
+                          ("naive-bf16", _timed(1.1, seed=5), _q(38.0))], name="t.sqlite")
+    assert _one(run).choice == "naive-bf16"  # slower than the exact one, but a real change

@@ -30,7 +30,8 @@ def test_calibrate_remembers_and_the_next_run_reuses_it(tmp_path, monkeypatch):
     assert json.loads(runner.invoke(app, ["calibrate", "--list", "--json"]).output) == []
 
 
-def test_calibrate_text_and_explain_show_the_figures(tmp_path, monkeypatch):
+def test_calibrate_text_and_explain_show_the_figures(tmp_path, monkeypatch, bf16_cpu):
+    """On a CPU with native bf16, memory's candidates are timed and shown (elsewhere its level needs no timing)."""
     monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("COLUMNS", "200")
     out = runner.invoke(app, ["explain", "--pipeline", "tts", "--size", "test", "--preset", "memory", "--calibrate"])

@@ -135,7 +135,8 @@ def test_diagnose_reports_the_models_own_error(project):
     assert "model's own error" in result.output.replace("\n", " ")
 
 
-def test_diagnose_tells_an_error_the_policy_causes(project):
+def test_diagnose_tells_an_error_the_policy_causes(project, bf16_cpu):
+    """memory stores this model's weights in bf16 on a CPU with native bf16: the model refuses them."""
     result = runner.invoke(app, ["diagnose", "--pipeline", "f.py:fp32_only", "--preset", "memory"])
     _clean_exit(result)
     flat = result.output.replace("\n", " ")

@@ -435,3 +435,20 @@ class TestARecordedMachine:
         for hw in machines.CLASSES[name][1]:
             assert holds(hw, (hardware.UNDECIDED, hardware.UNSTABLE)), hw
             assert hardware.Hardware.from_dict(hw.to_dict()) == hw
+
+    def test_a_recorded_gpu_decides_on_a_machine_without_one(self, tmp_path, monkeypatch):
+        from typer.testing import CliRunner
+
+        from mixprec.cli import app
+
+        import machines
+
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        monkeypatch.setenv(hardware.PROBE_FILE_VAR, str(machines.write(tmp_path / "gpu.json", machines.CLASSES["cuda"][1])))
+        assert hardware.probe("cuda").capability == (9, 0)
+        monkeypatch.setenv("COLUMNS", "250")
+        out = CliRunner().invoke(app, ["presets", "--device", "cuda"])
+        assert out.exit_code == 0 and "Presets for cuda (Simulated NVIDIA H100 80GB HBM3)" in out.output, out.output
+        assert "fp16 measured 9.31x fp32 matmul speed" in out.output
+        with pytest.raises(ValueError, match="unsupported device"):
+            hardware.probe("tpu")

@@ -182,6 +182,11 @@ def default_configs(hardware: Hardware) -> tuple[list[ConfigSpec], list[str]]:
             notes.append(f"matmul-high left out: TF32 changes nothing on {hardware.name} (measured "
                          f"{hardware.dtypes['tf32'].ratio}x fp32); ask for it by name to run it")
             continue
+        if spec.kind == "matmul" and hardware.matmul_exact.get(spec.arg):
+            # It would compute what fp32 computes: any speed-up it showed would be noise.
+            notes.append(f"{name} left out: on {hardware.name} an fp32 matmul at {spec.arg!r} computes the same bits "
+                         f"as at 'highest' (the probe compared them); ask for it by name to run it")
+            continue
         specs.append(spec)
     return specs, notes
 

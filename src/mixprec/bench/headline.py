@@ -5,6 +5,8 @@ nothing else. Per batch size it chooses among the configurations that met their 
 
 - the configuration ran to the end (status ``ok``), its output was finite and of fp32's shape
   (:func:`mixprec.bench.runstate.failure`);
+- its output is not fp32's bit for bit (:data:`SAME_AS_FP32`: such a configuration computes what fp32
+  computes, a matmul level that changes nothing on the machine, say, and any speed-up it shows is noise);
 - its main quality figure (the one the table shows: SNR, PSNR, else SQNR against fp32) reaches its
   floor: a mixprec preset's own (:data:`mixprec.calibration.FLOORS_DB`: ``quality`` must be exact,
   ``balanced`` 25 dB, ``fast`` and ``memory`` 20 dB, with or without ``+compile`` / ``+calibrated``),
@@ -48,6 +50,8 @@ KEEP = "keep fp32"
 #: Nothing to choose by: the fp32 reference did not run, or nothing else did.
 NOTHING = "nothing to choose"
 
+#: Why a configuration whose output is fp32's, bit for bit, is never the choice.
+SAME_AS_FP32 = "it computes exactly what fp32 computes here (its output is fp32's, bit for bit)"
 #: The table's row key of each main quality metric.
 _QUALITY_CELL = {"snr_db": "snr", "psnr_db": "psnr", "sqnr_db": "sqnr"}
 _SUFFIXES = ("+compile", "+calibrated")
@@ -142,6 +146,9 @@ def _quality_out(config: Mapping[str, Any], ref: Mapping[str, Any], row: Mapping
     quality = main_quality(rundata.metrics(config))
     if quality is None or math.isnan(quality[1]):
         return "it has no quality figure against fp32"
+    if quality[1] == math.inf:
+        # fp32's output, bit for bit: the same arithmetic, so its speed-up is noise.
+        return SAME_AS_FP32
     floor = floor_db(rundata.text(config.get("name")))
     if not quality[1] >= floor:
         key = _QUALITY_CELL.get(quality[0], "")

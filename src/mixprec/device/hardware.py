@@ -62,7 +62,7 @@ UNDECIDED = "undecided"
 #: used as if not fast, said with its reason (``DtypeSpeed.note``), never cached.
 UNSTABLE = "unstable"
 
-_PROBE_VERSION = 5  # 5: a CPU timed on one thread in CPU time; 4: figures checked for spread and physical bounds
+_PROBE_VERSION = 6  # 6: which matmul levels change nothing; 5: a CPU timed on one thread in CPU time; 4: figures checked for spread and physical bounds
 
 
 
@@ -157,6 +157,10 @@ class Hardware:
     layers: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     #: What timed the figures: ``cpu-time, 1 thread`` on a CPU, ``cuda-events`` on a GPU.
     clock: str = ""
+    #: Per float32 matmul level (``high``, ``medium``): whether an fp32 matmul at that level
+    #: computed the same bits as at ``highest`` here, i.e. the level changes nothing on this
+    #: device (empty: not measured).
+    matmul_exact: dict[str, bool] = field(default_factory=dict)
     #: The file this description was read from (``MIXPREC_PROBE_FILE``); empty where it was measured here.
     recorded: str = ""
 
@@ -404,6 +408,19 @@ def _measure(dev: torch.device, n: int, budget_s: float, rounds: int = ROUNDS) -
     return result, levels
 
 
+def _exact_levels(dev: torch.device, n: int) -> dict[str, bool]:
+    """Per reduced float32 matmul level: whether its product has the same bits as ``highest``'s."""
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    a, b = (torch.randn(n, n, generator=gen).to(dev) for _ in range(2))
+    with backends.numerics(matmul="highest"):
+        exact = torch.mm(a, b)
+    same = {}
+    for level in ("high", "medium"):
+        with backends.numerics(matmul=level):
+            same[level] = bool(torch.equal(torch.mm(a, b), exact))
+    return same
+
+
 def _cache_key(dev: torch.device, name: str, flags: tuple[str, ...], threads: int) -> str:
     raw = json.dumps([_PROBE_VERSION, dev.type, name, flags, threads, torch.__version__, platform.machine()])
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
@@ -466,6 +483,22 @@ def recorded(device_type: str) -> Hardware | None:
                      f"`mixprec env --device {device_type} --json`, or unset {PROBE_FILE_VAR} to measure this machine")
 
 
+def _recorded_for(device: str | torch.device | None) -> Hardware | None:
+    """The recorded description for ``device`` (a device this machine need not have: a recording
+    moves decisions, not kernels); None where ``MIXPREC_PROBE_FILE`` is unset."""
+    if not os.environ.get(PROBE_FILE_VAR, "").strip():
+        return None
+    if device is None:
+        return recorded(resolve_device(None).type)
+    try:
+        kind = torch.device(device.strip().lower() if isinstance(device, str) else device).type
+    except (RuntimeError, TypeError, ValueError):
+        kind = None
+    if kind not in DEVICE_TYPES:
+        resolve_device(device)  # refuses it in its own words
+    return recorded(kind)
+
+
 def probe(device: str | torch.device | None = None, *, use_cache: bool = True, budget_s: float = 0.05,
           layers: bool = True) -> Hardware:
     """Describe and measure a device.
@@ -484,15 +517,15 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
         A :class:`Hardware`: where ``MIXPREC_PROBE_FILE`` is set, the description it records
         for this device type, not measured (:func:`recorded`).
 
-    Example:
+    Examples:
         >>> hw = mixprec.device.hardware.probe()
         >>> hw.dtypes["bf16"].klass
         'fast'
     """
-    dev = resolve_device(device)
-    described = recorded(dev.type)
+    described = _recorded_for(device)
     if described is not None:
         return described
+    dev = resolve_device(device)
     cpu_name, flags = _cpu_info()
     threads = torch.get_num_threads()
     if dev.type == "cuda":
@@ -512,6 +545,7 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
     start = time.perf_counter()
     with one_thread(dev):
         rates, levels = _measure(dev, n, budget_s)
+        exact = _exact_levels(dev, n)
     seconds = time.perf_counter() - start
 
     fp32 = rates["fp32"]["rate"] or None
@@ -541,7 +575,8 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
 
     hw = Hardware(device_type=dev.type, name=name, capability=capability, memory_bytes=memory, cpu_flags=flags,
                   threads=threads, torch_version=torch.__version__, dtypes=dtypes,
-                  matmul_levels={k: round(v, 2) for k, v in levels.items()}, matmul_size=n, seconds=round(seconds, 3),
+                  matmul_levels={k: round(v, 2) for k, v in levels.items()}, matmul_exact=exact, matmul_size=n,
+                  seconds=round(seconds, 3),
                   clock=clock_for(dev).name + (", 1 thread" if dev.type == "cpu" else ""))
     if layers:
         from mixprec.device.layers import island_gains
