@@ -11,7 +11,7 @@ from hypothesis import settings
 import machines
 from mixprec.device import backends, hardware
 
-pytest_plugins = ["_flops16"]  # --flops16 / --flops16-budget: the bf16/fp16 FLOPs of each test
+pytest_plugins = ["_flops16", "_system_packages"]  # --flops16 / --flops16-budget: the bf16/fp16 FLOPs of each test; the tests a missing system package skipped
 
 # Property tests draw the same examples on every run: a verdict must not depend on which
 # random inputs a run happened to draw (cases found once are kept as explicit examples).
@@ -22,6 +22,16 @@ settings.load_profile("mixprec")
 #: Folders whose conftest builds session fixtures all their tests use: the real-model tests
 #: (the probe measured once, the model packages imported once), the reference pipelines.
 _SHARED_SET_UP = ("tests/realmodels/", "tests/pipelines/")
+
+#: Modules whose every test's outcome follows the hardware class (marked ``hardware``: ``make
+#: test-hardware`` runs them under every class), beside the tests that carry the mark themselves.
+_HARDWARE_MODULES = (
+    "tests/test_hardware_classes.py",  # the probe, presets, bench's configurations, the demo's plan per class
+    "tests/policy/test_presets.py", "tests/policy/test_layer_islands.py",
+    "tests/casting/test_explain.py",
+    "tests/calibration/test_candidates.py", "tests/calibration/test_decide.py", "tests/calibration/test_calibrate.py",
+    "tests/bench/test_configs.py", "tests/bench/test_plan.py", "tests/bench/test_headline.py",
+)
 
 #: The terminal variables a worker process must see as the suite's own process saw them.
 _TERMINAL_VARIABLES = ("COLUMNS", "LINES")
@@ -65,6 +75,8 @@ def pytest_collection_modifyitems(config, items):
     once); every other module is its own group, so its module fixtures are built once.
     """
     for item in items:
+        if item.nodeid.split("::", 1)[0] in _HARDWARE_MODULES:
+            item.add_marker(pytest.mark.hardware)
         if item.get_closest_marker("xdist_group") is None:
             module = item.nodeid.split("::", 1)[0]
             folder = next((f for f in _SHARED_SET_UP if module.startswith(f)), None)

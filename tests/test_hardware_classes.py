@@ -1,7 +1,7 @@
 """What mixprec decides under each hardware class: the probe, presets, bench's configurations, the
 headline and the demo's plan.
 
-The suite's machine is scripted (``tests/machines.py``); these tests are marked ``hardware`` and
+The suite's machine is scripted (``tests/machines.py``); this module is marked ``hardware`` (``tests/conftest.py``) and
 ``make test-hardware`` runs them under every class (``MIXPREC_TEST_HARDWARE=avx2|avx512-bf16|amx|cuda``).
 Each states what its class must give, so a decision that stops following the machine fails here.
 """
@@ -17,8 +17,6 @@ from mixprec.bench.configs import default_configs
 from mixprec.bench.plan import Calibration, config_cost, plan_runs
 from mixprec.cli import app
 from mixprec.policy import presets
-
-pytestmark = pytest.mark.hardware
 
 #: Per class: the storage dtypes fast, balanced and memory resolve to, and memory's compute.
 PRESETS = {

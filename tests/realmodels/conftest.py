@@ -2,20 +2,16 @@
 
 * ``heavy``: combinations left out of the default run (the slowest ones, and those
   that repeat another combination); ``MIXPREC_HEAVY=1`` runs them.
-* ``hw``: the hardware a preset is resolved against, "measured" (this machine's
-  probe) or "bf16-fast" (this machine as a CPU whose probe measured bf16 fast).
+* ``hw``: the hardware a preset is resolved against, "measured" (the CPU of the run's
+  hardware class) or "bf16-fast" (a CPU whose probe measured bf16 fast).
 * A summary of every combination's metrics is printed at the end of the run.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 
 import pytest
-
-from probe_helpers import decided
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -58,56 +54,17 @@ def _one_intra_op_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture(scope="session")
-def _probe_measurement(tmp_path_factory):
-    """This machine's real probe, measured once into a private cache: (Hardware, file name).
-
-    Measured on one thread, as the tests run (the cache key includes the thread count).
-    """
-    import torch
-
-    cache = tmp_path_factory.mktemp("realmodels-probe")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("MIXPREC_CACHE_DIR", str(cache))
-            real = decided(hardware.probe("cpu", use_cache=False, layers=False))
-            path = hardware.cache_path(real)
-    finally:
-        torch.set_num_threads(threads)
-    return real, path.name
+@pytest.fixture
+def measured_hw(machine):
+    """The CPU the run's hardware class describes, as every ``probe()`` in the test reads it
+    (``tests/conftest.py``: a scripted machine, never this one)."""
+    return hardware.probe("cpu")
 
 
 @pytest.fixture
-def measured_hw(_probe_measurement, tmp_path, monkeypatch):
-    """This machine as its probe measured it (every ``probe()`` in the test reads it)."""
-    real, name = _probe_measurement
-    cache = tmp_path / "measured-cache"
-    cache.mkdir()
-    (cache / name).write_text(json.dumps(real.to_dict(), indent=2))
-    monkeypatch.setenv("MIXPREC_CACHE_DIR", str(cache))
-    assert hardware.probe("cpu").dtypes == real.dtypes
-    return real
-
-
-@pytest.fixture
-def bf16_fast_hw(_probe_measurement, tmp_path, monkeypatch):
-    """What ``tests/conftest.py::bf16_cpu`` returns, without re-measuring the probe per test.
-
-    Same construction: the real measurement with its bf16 entry rewritten as fast
-    (2.5x fp32), written to a private cache that every later ``probe()`` reads.
-    """
-    real, name = _probe_measurement
-    fp32 = real.dtypes["fp32"].gflops or 100.0
-    bf16 = dataclasses.replace(real.dtypes["bf16"], supported=True, gflops=round(2.5 * fp32, 2), ratio=2.5, klass="fast")
-    simulated = dataclasses.replace(real, dtypes={**real.dtypes, "bf16": bf16})
-    cache = tmp_path / "bf16-fast-cache"
-    cache.mkdir()
-    (cache / name).write_text(json.dumps(simulated.to_dict(), indent=2))
-    monkeypatch.setenv("MIXPREC_CACHE_DIR", str(cache))
-    assert hardware.probe("cpu").dtypes["bf16"].klass == "fast"
-    return simulated
+def bf16_fast_hw(bf16_cpu):
+    """A CPU whose probe measured bf16 fast, whatever the run's class (``tests/conftest.py::bf16_cpu``)."""
+    return bf16_cpu
 
 
 @pytest.fixture
