@@ -1,0 +1,317 @@
+"""pytest plugin: what each test computes in bf16 and fp16, counted, and a budget for it.
+
+A CPU without native 16-bit arithmetic (AVX2 only) runs bf16 and fp16 matrix products at
+about 1.3 GFLOP/s, 1/60 of its fp32 rate; there, those FLOPs are what the suite costs.
+This plugin counts them per test (``_flops16_site/flops16_count.py``: torch's flop
+formulas, applied only where an operator's inputs are bf16 or fp16), a count that is the
+same on every machine, unlike a time.
+
+Enable it with either (the environment variables do what the options do)::
+
+    --flops16=PATH           MIXPREC_TEST_FLOPS16=PATH          write the JSON report to PATH
+    --flops16-budget=PATH    MIXPREC_TEST_FLOPS16_BUDGET=PATH   fail what exceeds the budget in PATH
+
+The report holds every test's ``bf16`` and ``fp16`` FLOPs (``subprocesses``: the part
+computed in the Python subprocesses it started) and the ``total``. The budget file
+(``tests/flops16_budget.json``) holds ``per_test_flops``, a ceiling (a test above it
+errors at teardown), and ``total_flops`` (a session above it fails).
+
+What is counted: the test's own thread from the start of its set-up to the end of its
+teardown (a session fixture's work goes to the first test that needs it); every thread
+started while counting is on, its work going to the test running at that moment; and
+every Python subprocess started during a test that inherits the environment (the
+plugin puts ``_flops16_site`` on ``PYTHONPATH``: see its ``sitecustomize``), its work
+going to the test that started it. Not counted: subprocesses given an environment of
+their own without ``PYTHONPATH``, processes forked without exec, and ops inside kernels
+that ``torch.compile`` fused (its calls to aten matrix products are counted).
+
+Under pytest-xdist each worker counts its own tests and hands its part to the suite's
+own process (``workeroutput``), which writes the report and applies the total budget.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _flops16_site.flops16_count import DTYPES, Flops16Mode
+
+#: The folder a subprocess finds ``sitecustomize`` in.
+SITE = Path(__file__).parent / "_flops16_site"
+
+#: The environment variables that stand for the options.
+ENV_REPORT, ENV_BUDGET = "MIXPREC_TEST_FLOPS16", "MIXPREC_TEST_FLOPS16_BUDGET"
+#: Where a subprocess started by the running test writes its counts (``<prefix>-<pid>.cnt``).
+ENV_SUBPROCESS = "FLOPS16_COUNT_TO"
+#: The tests' work done with no test running (a thread still busy after its test ended).
+OUTSIDE = "(outside any test)"
+NAMES = tuple(DTYPES.values())
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("flops16", "16-bit FLOPs per test (tests/_flops16.py)")
+    group.addoption("--flops16", metavar="PATH", default=None,
+                    help=f"count each test's bf16/fp16 FLOPs and write them to PATH as JSON (or set {ENV_REPORT})")
+    group.addoption("--flops16-budget", metavar="PATH", default=None,
+                    help=f"count each test's bf16/fp16 FLOPs and fail a test or the session above the budget in PATH "
+                         f"(or set {ENV_BUDGET})")
+
+
+def load_budget(path: str | Path) -> dict[str, int]:
+    """``{"per_test_flops", "total_flops"}`` from the budget file at ``path``.
+
+    Raises:
+        pytest.UsageError: where the file is missing or lacks either number.
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+        return {key: int(data[key]) for key in ("per_test_flops", "total_flops")}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise pytest.UsageError(f"--flops16-budget={path}: not a budget file with per_test_flops and total_flops "
+                                f"({type(exc).__name__}: {exc})") from None
+
+
+def _setting(config: pytest.Config, option: str, env: str) -> str | None:
+    value = config.getoption(option) or os.environ.get(env) or None
+    return None if value is None else str(Path(config.invocation_params.dir, value))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = getattr(config, "workerinput", None)
+    settings = worker.get("flops16") if worker is not None else {
+        "report": _setting(config, "flops16", ENV_REPORT), "budget": _setting(config, "flops16_budget", ENV_BUDGET)}
+    if not settings or not (settings["report"] or settings["budget"]):
+        return
+    budget = load_budget(settings["budget"]) if settings["budget"] else None
+    # pytest-xdist's own process, which runs no test (xdist's rule: it registers its session after this hook)
+    controller = (worker is None and config.getoption("dist", "no") != "no" and bool(config.getoption("tx", None))
+                  and not config.getoption("collectonly"))
+    plugin = _Controller(settings, budget) if controller else _Counter(config, settings, budget)
+    config.pluginmanager.register(plugin, "flops16-counter")
+
+
+def _gflop(flops: float) -> str:
+    return f"{flops / 1e9:,.1f} GFLOP"
+
+
+def _total(counts: dict[str, int]) -> int:
+    return sum(counts.get(name, 0) for name in NAMES)
+
+
+def summarize(tests: dict[str, dict[str, Any]], uncounted: dict[str, int]) -> dict[str, Any]:
+    """The report: every test's counts and the total (FLOPs; ``seconds``: its set-up, call and teardown)."""
+    total = {name: sum(t.get(name, 0) for t in tests.values()) for name in NAMES}
+    return {"unit": "FLOP", "total": {**total, "all": sum(total.values())}, "tests": tests, "uncounted": uncounted}
+
+
+def over_budget(report: dict[str, Any], budget: dict[str, int]) -> str | None:
+    """Why ``report`` exceeds ``budget`` in total, or ``None``."""
+    total = report["total"]["all"]
+    if total <= budget["total_flops"]:
+        return None
+    top = sorted(report["tests"].items(), key=lambda kv: -_total(kv[1]))[:5]
+    largest = "; ".join(f"{nodeid}: {_gflop(_total(c))}" for nodeid, c in top)
+    return (f"the suite computed {_gflop(total)} in bf16/fp16, above the budget of {_gflop(budget['total_flops'])} "
+            f"(total_flops in the budget file); the largest: {largest}")
+
+
+class _Tally:
+    """FLOPs per test, added to from any thread; ``current`` is the test running."""
+
+    def __init__(self) -> None:
+        self.tests: dict[str, dict[str, Any]] = {}
+        self.current = OUTSIDE
+        self._lock = threading.Lock()
+
+    def add(self, name: str, flops: int) -> None:
+        with self._lock:
+            counts = self.tests.setdefault(self.current, dict.fromkeys(NAMES, 0))
+            counts[name] = counts.get(name, 0) + flops
+
+
+def _read_subprocess_counts(paths: list[Path]) -> dict[str, int]:
+    out = dict.fromkeys(NAMES, 0)
+    for path in paths:
+        numbers = path.read_text().split()
+        for name, value in zip(NAMES, numbers[:2]):
+            out[name] += int(value)
+    return out
+
+
+class _Counter:
+    """Counts the tests this process runs (the whole suite, or one pytest-xdist worker's share)."""
+
+    def __init__(self, config: pytest.Config, settings: dict[str, Any], budget: dict[str, int] | None) -> None:
+        self.config, self.settings, self.budget = config, settings, budget
+        self.tally = _Tally()
+        self.modes: list[Flops16Mode] = []
+        self.uncounted: dict[str, int] = {}
+        self.order: dict[str, str] = {}  # subprocess file prefix -> nodeid
+        self.prefixes: dict[str, list[str]] = {}  # nodeid -> its subprocess file prefixes
+        self.seconds: dict[str, float] = {}
+        self.folder = Path(tempfile.mkdtemp(prefix="mixprec-flops16-"))
+        self._saved_env = {name: os.environ.get(name) for name in ("PYTHONPATH", ENV_SUBPROCESS)}
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE), os.environ.get("PYTHONPATH")) if p)
+        self._saved_profile = threading.getprofile()
+        threading.setprofile(self._count_new_thread)
+        self.report: dict[str, Any] | None = None
+        self.failure: str | None = None
+
+    # -- every thread started from now on counts its work to the test running -------------------
+
+    def _count_new_thread(self, frame, event, arg):
+        sys.setprofile(self._saved_profile)
+        mode = Flops16Mode(on_count=self.tally.add)
+        self.modes.append(mode)
+        from torch.utils._python_dispatch import _push_mode
+
+        _push_mode(mode)  # for the thread's life (it never returns here to pop it)
+
+    # -- one test ---------------------------------------------------------------------------------
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem):
+        prefix = self.folder / f"{len(self.order):06d}"
+        self.order[prefix.name] = item.nodeid
+        self.prefixes.setdefault(item.nodeid, []).append(prefix.name)
+        os.environ[ENV_SUBPROCESS] = str(prefix)
+        self.tally.current = item.nodeid
+        mode = Flops16Mode(on_count=self.tally.add)
+        self.modes.append(mode)
+        try:
+            with mode:
+                yield
+        finally:
+            self.tally.current = OUTSIDE
+            os.environ.pop(ENV_SUBPROCESS, None)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        outcome = yield
+        report = outcome.get_result()
+        self.seconds[item.nodeid] = self.seconds.get(item.nodeid, 0.0) + report.duration
+        if call.when != "teardown" or self.budget is None or not report.passed:
+            return
+        counts = self._counts_of(item.nodeid)
+        if _total(counts) > self.budget["per_test_flops"]:
+            report.outcome = "failed"
+            report.longrepr = (
+                f"{item.nodeid} computed {_gflop(_total(counts))} in 16-bit (bf16 {_gflop(counts['bf16'])}, "
+                f"fp16 {_gflop(counts['fp16'])}), above the per-test ceiling of {_gflop(self.budget['per_test_flops'])} "
+                f"(per_test_flops in {self.settings['budget']}): shrink the sizes it computes in bf16/fp16 (a test of "
+                f"a 16-bit code path rarely needs more than a few layers of width 64)")
+
+    def _counts_of(self, nodeid: str) -> dict[str, int]:
+        own = self.tally.tests.get(nodeid, {})
+        sub = _read_subprocess_counts([f for p in self.prefixes.get(nodeid, []) for f in self.folder.glob(f"{p}-*.cnt")])
+        return {name: own.get(name, 0) + sub[name] for name in NAMES}
+
+    # -- the session ------------------------------------------------------------------------------
+
+    def _tests(self) -> dict[str, dict[str, Any]]:
+        tests: dict[str, dict[str, Any]] = {}
+        for nodeid in dict.fromkeys([*self.order.values(), *self.tally.tests]):
+            own = self.tally.tests.get(nodeid, dict.fromkeys(NAMES, 0))
+            tests[nodeid] = {name: own.get(name, 0) for name in NAMES}
+            if nodeid in self.seconds:
+                tests[nodeid]["seconds"] = round(self.seconds[nodeid], 3)
+        for path in sorted(self.folder.glob("*.cnt")):
+            nodeid = self.order[path.name.split("-", 1)[0]]
+            sub = _read_subprocess_counts([path])
+            entry = tests[nodeid].setdefault("subprocesses", dict.fromkeys(NAMES, 0))
+            for name in NAMES:
+                entry[name] += sub[name]
+                tests[nodeid][name] += sub[name]
+        return tests
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        for mode in self.modes:
+            for op, calls in mode.uncounted.items():
+                self.uncounted[op] = self.uncounted.get(op, 0) + calls
+        tests = self._tests()
+        worker = getattr(self.config, "workerinput", None)
+        if worker is not None:
+            self.config.workeroutput["flops16"] = json.dumps({"tests": tests, "uncounted": self.uncounted})
+            return
+        self.report = summarize(tests, self.uncounted)
+        self.failure = _finish(self.report, self.settings, self.budget, session)
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if self.report is not None:
+            _summary(terminalreporter, self.report, self.settings, self.failure)
+
+    def pytest_unconfigure(self) -> None:
+        threading.setprofile(self._saved_profile)
+        for name, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        for path in self.folder.glob("*.cnt"):
+            path.unlink()
+        self.folder.rmdir()
+
+
+class _Controller:
+    """pytest-xdist's own process: merges the workers' parts, writes the report, applies the total budget."""
+
+    def __init__(self, settings: dict[str, Any], budget: dict[str, int] | None) -> None:
+        self.settings, self.budget = settings, budget
+        self.tests: dict[str, dict[str, Any]] = {}
+        self.uncounted: dict[str, int] = {}
+        self.report: dict[str, Any] | None = None
+        self.failure: str | None = None
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node) -> None:
+        node.workerinput["flops16"] = self.settings
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        part = getattr(node, "workeroutput", {}).get("flops16")
+        if part is None:
+            return
+        part = json.loads(part)
+        self.tests.update(part["tests"])
+        for op, calls in part["uncounted"].items():
+            self.uncounted[op] = self.uncounted.get(op, 0) + calls
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.report = summarize(self.tests, self.uncounted)
+        self.failure = _finish(self.report, self.settings, self.budget, session)
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if self.report is not None:
+            _summary(terminalreporter, self.report, self.settings, self.failure)
+
+
+def _finish(report: dict[str, Any], settings: dict[str, Any], budget: dict[str, int] | None,
+            session: pytest.Session) -> str | None:
+    """Write the report where asked; fail the session above the total budget (the reason, or ``None``)."""
+    if settings["report"]:
+        path = Path(settings["report"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    failure = over_budget(report, budget) if budget is not None else None
+    if failure is not None and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    return failure
+
+
+def _summary(terminalreporter, report: dict[str, Any], settings: dict[str, Any], failure: str | None) -> None:
+    total = report["total"]
+    where = f", report in {settings['report']}" if settings["report"] else ""
+    terminalreporter.write_sep("-", "16-bit FLOPs (tests/_flops16.py)")
+    terminalreporter.write_line(f"bf16 {_gflop(total['bf16'])}, fp16 {_gflop(total['fp16'])}, "
+                                f"in {len(report['tests'])} tests{where}")
+    if report["uncounted"]:
+        terminalreporter.write_line(f"not counted (no formula for these arguments): {report['uncounted']}")
+    if failure is not None:
+        terminalreporter.write_line(f"FAILED: {failure}", red=True, bold=True)

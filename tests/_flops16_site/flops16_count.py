@@ -1,0 +1,180 @@
+"""The FLOPs of matrix products, convolutions and attention computed in bf16 or fp16.
+
+A CPU without native 16-bit arithmetic (AVX2 only) emulates these at about 1/60 of its
+fp32 rate, so they are what a test costs there. :class:`Flops16Mode` is a
+``TorchDispatchMode`` that runs every operator unchanged and, for the operators that
+``torch.utils.flop_counter`` has a formula for (plus the CPU kernels it misses, below),
+adds that formula's count under the dtype of the operator's first floating-point input,
+when it is bf16 or fp16. Fake and meta tensors compute nothing and count nothing.
+
+This module imports only torch: ``sitecustomize`` loads it in subprocesses as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils import flop_counter
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["DTYPES", "FORMULAS", "Flops16Mode"]
+
+aten = torch.ops.aten
+
+#: The dtypes counted, by the name the report uses.
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _n(t: Any) -> int:
+    return int(t.numel()) if isinstance(t, torch.Tensor) else 0
+
+
+def _flash_cpu(query, key, value, *args, **kwargs) -> int:
+    """CPU's fused attention (``F.scaled_dot_product_attention`` on a CPU tensor)."""
+    return flop_counter.sdpa_flop_count(query.shape, key.shape, value.shape)
+
+
+def _flash_cpu_backward(grad_out, query, key, value, *args, **kwargs) -> int:
+    return flop_counter.sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+
+
+def _fused_attention(query, key, value, *args, **kwargs) -> int:
+    return flop_counter.sdpa_flop_count(query.shape, key.shape, value.shape)
+
+
+def _mv(mat, vec, **kwargs) -> int:
+    return 2 * _n(mat)
+
+
+def _addmv(bias, mat, vec, **kwargs) -> int:
+    return 2 * _n(mat)
+
+
+def _addmm_activation(bias, mat1, mat2, **kwargs) -> int:
+    return flop_counter.mm_flop(mat1.shape, mat2.shape)
+
+
+def _addbmm(bias, batch1, batch2, **kwargs) -> int:
+    return flop_counter.bmm_flop(batch1.shape, batch2.shape)
+
+
+def _encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu, norm_first, eps,
+                   nw1, nb1, nw2, nb2, ffn_weight_1, ffn_bias_1, ffn_weight_2, ffn_bias_2, *args, **kwargs) -> int:
+    """``nn.TransformerEncoderLayer``'s fast path (eval, no grad): four linears and attention."""
+    tokens = _n(src) // embed_dim
+    linears = 2 * tokens * (_n(qkv_weight) + _n(proj_weight) + _n(ffn_weight_1) + _n(ffn_weight_2))
+    length = src.shape[-2] if src.dim() == 3 else tokens
+    return linears + 4 * tokens * length * embed_dim
+
+
+def _native_mha(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, *args, **kwargs) -> int:
+    """``nn.MultiheadAttention``'s fast path: the q, k, v and output projections and attention."""
+    q_tokens, k_tokens = _n(query) // embed_dim, _n(key) // embed_dim
+    k_length = key.shape[-2] if key.dim() == 3 else k_tokens
+    projections = 2 * embed_dim * embed_dim * (2 * q_tokens + 2 * k_tokens)
+    return projections + 4 * q_tokens * k_length * embed_dim
+
+
+def _rnn_layer(input, w_ih, w_hh, *args, **kwargs) -> int:
+    """One layer of an LSTM/GRU on CPU (oneDNN): both gate products at every step."""
+    steps_times_batch = _n(input) // input.shape[-1]
+    return 2 * steps_times_batch * (_n(w_ih) + _n(w_hh))
+
+
+def _rnn_layer_backward(input, w_ih, w_hh, *args, **kwargs) -> int:
+    return 2 * _rnn_layer(input, w_ih, w_hh)
+
+
+_EXTRA: dict[Any, Callable[..., int]] = {
+    aten._scaled_dot_product_flash_attention_for_cpu: _flash_cpu,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: _flash_cpu_backward,
+    aten._scaled_dot_product_fused_attention_overrideable: _fused_attention,
+    aten.mv: _mv,
+    aten.addmv: _addmv,
+    aten._addmm_activation: _addmm_activation,
+    aten.addbmm: _addbmm,
+    aten._transformer_encoder_layer_fwd: _encoder_layer,
+    aten._native_multi_head_attention: _native_mha,
+    aten.mkldnn_rnn_layer: _rnn_layer,
+    aten.mkldnn_rnn_layer_backward: _rnn_layer_backward,
+}
+
+#: Operator (overload packet, or higher-order operator) -> ``formula(*args, **kwargs, out_val=out) -> FLOPs``:
+#: torch's own registry, then the CPU kernels it has no formula for.
+FORMULAS: dict[Any, Callable[..., int]] = {
+    **flop_counter.flop_registry,
+    **{op: (lambda f: lambda *a, out_val=None, **k: f(*a, **k))(f) for op, f in _EXTRA.items()},
+}
+
+
+def _computing_dtype(args: Any, kwargs: Any) -> str | None:
+    """``"bf16"``/``"fp16"`` where the first floating-point tensor input holds real values of that dtype."""
+    for leaf in tree_flatten((args, kwargs))[0]:
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+            if leaf.is_meta or _is_fake(leaf):
+                return None
+            return DTYPES.get(leaf.dtype)
+    return None
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+class Flops16Mode(TorchDispatchMode):
+    """Count the 16-bit FLOPs of everything run while the mode is on.
+
+    Args:
+        on_count: called with the dtype name and the FLOPs of every operator counted (after
+            :attr:`counts` has them), in the thread that ran it.
+
+    Attributes:
+        counts: dtype name (``"bf16"``, ``"fp16"``) -> FLOPs so far.
+        uncounted: operators whose formula failed on their arguments (name -> calls).
+
+    Example::
+
+        with Flops16Mode() as mode:
+            torch.ones(4, 8, dtype=torch.bfloat16) @ torch.ones(8, 2, dtype=torch.bfloat16)
+        assert mode.counts["bf16"] == 2 * 4 * 8 * 2
+    """
+
+    supports_higher_order_operators = True
+
+    def __init__(self, on_count: Callable[[str, int], None] | None = None) -> None:
+        super().__init__()
+        self.counts = dict.fromkeys(DTYPES.values(), 0)
+        self.uncounted: dict[str, int] = {}
+        self._on_count = on_count
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # torch.compile compiles as it would without the mode (the default would make it run
+        # eagerly), and the compiled code's calls to aten kernels are still counted.
+        return True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        formula = FORMULAS.get(getattr(func, "_overloadpacket", func))
+        if formula is not None:
+            name = _computing_dtype(args, kwargs)
+            if name is not None:
+                self._add(name, formula, func, args, kwargs, out)
+        return out
+
+    def _add(self, name: str, formula: Callable[..., int], func: Any, args: Any, kwargs: Any, out: Any) -> None:
+        try:
+            flops = int(formula(*args, **kwargs, out_val=out))
+        except Exception:  # a formula that does not know these arguments (nested tensors, ...): reported, not guessed
+            key = str(func)
+            self.uncounted[key] = self.uncounted.get(key, 0) + 1
+            return
+        self.counts[name] += flops
+        if self._on_count is not None:
+            self._on_count(name, flops)
