@@ -255,3 +255,29 @@ def test_rules_below_the_floor_and_no_time_for_rounds_keep_the_untouched_model(m
     assert result.figure("rules")["out"].startswith("output SQNR") and result.chosen == "fp32"
     assert "only fp32 qualified: kept without timing" in result.reasons and not result.decided  # others not tried
     assert result.reasons[0].startswith("undecided: ") and "not tried within the time limit (3 s)" in result.reasons[0]
+
+
+@pytest.mark.parametrize("preset", ["fast", "balanced"])
+def test_nothing_to_choose_where_every_candidate_computes_what_fp32_does(model, x, preset):
+    """No native 16-bit type and matmul levels that give fp32's bits (an AVX2-only CPU): the answer
+    comes at once, the model never runs, and it says why."""
+    import dataclasses
+
+    avx2 = dataclasses.replace(machine(bf16=0.016, fp16=0.016, flags=("avx2",)), matmul_exact={"high": True, "medium": True})
+    result = calibrate(model, preset, (x,), hardware=avx2, clock=DtypeClock(model.layers[0], by_dtype(fp32=1.0)), cache=False)
+    assert (result.chosen, result.decided, result.source, model.calls) == ("fp32", True, "rules", 0)
+    assert {r.storage for r in result.policy.rules} == {"fp32"} and result.policy.numerics is None
+    assert result.reasons[0].startswith("nothing to choose on this device: no 16-bit type is native on test cpu")
+    # A matmul level that changes the bits is something to choose: measured.
+    changes = dataclasses.replace(avx2, matmul_exact={"high": False, "medium": False})
+    measured = calibrate(model, preset, (x,), hardware=changes, clock=DtypeClock(model.layers[0], by_dtype(fp32=1.0)),
+                         cache=False, max_rounds=5)
+    assert measured.source == "measured" and model.calls > 0
+
+
+def test_memory_still_checks_its_weights_where_nothing_else_is_native(model, x):
+    import dataclasses
+
+    avx2 = dataclasses.replace(machine(bf16=0.016, fp16=0.016, flags=("avx2",)), matmul_exact={"high": True, "medium": True})
+    result = calibrate(model, "memory", (x,), hardware=avx2, clock=DtypeClock(model.layers[0], by_dtype(fp32=1.0)), cache=False)
+    assert result.source == "measured" and model.calls > 0  # its 16-bit or fp8 weights change the output

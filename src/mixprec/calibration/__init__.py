@@ -13,7 +13,7 @@ model's structure, the inputs' shapes, the device and the versions.
 It sits above :mod:`mixprec.measure` (statistics, metrics) and below the benchmark and the
 tuner, which show and reuse its decisions.
 
-Example:
+Examples:
     >>> with mixprec.apply(model, "fast", calibrate=(input_ids,)) as applied:
     ...     print(applied.calibration.headline())
 """

@@ -40,7 +40,7 @@ from mixprec.device.hardware import Hardware, probe
 from mixprec.measure.stats import paired_ratio
 from mixprec.pipelines._base import Pipeline
 from mixprec.policy import Policy, Rule
-from mixprec.policy.presets import check_name, preset as resolve_preset
+from mixprec.policy.presets import check_name, native16, preset as resolve_preset
 
 __all__ = ["calibrate", "Calibration", "apply", "FLOORS_DB", "TIME_LIMIT_S", "MAX_ROUNDS"]
 
@@ -111,7 +111,7 @@ def calibrate(
         ValueError: no inputs for a model that is not a pipeline, a bad option, or the fp32
             model itself failing on the inputs (its own error, chained).
 
-    Example:
+    Examples:
         >>> result = mixprec.calibrate(model, "fast", (input_ids,))
         >>> print(result.headline())
         >>> with mixprec.apply(model, result.policy):
@@ -149,6 +149,11 @@ def calibrate(
                            ("quality is fp32 at float32 matmul precision 'highest' by definition: nothing to choose, nothing timed",),
                            device=hw.name, floor_db=None)
 
+    same = _nothing_to_choose(name, hw, hints)
+    if same is not None:
+        return Calibration(name, _untouched(name), REFERENCE, "rules", True, (same,), device=hw.name, floor_db=floor,
+                           seconds=round(now() - started, 3))
+
     fields = decisions.key_fields(name, components, inputs, hw, hints=hints, floor_db=floor)
     if cache is True:
         record = decisions.lookup(fields)
@@ -166,6 +171,31 @@ def calibrate(
 
 
 _calibrate = calibrate  # apply's own argument is named calibrate
+
+
+def _untouched(name: str) -> Policy:
+    return Policy((Rule("*", storage="fp32", optional=True, reason=f"{name} calibrated: fp32 was fastest on this model"),),
+                  None, name=name)
+
+
+def _nothing_to_choose(name: str, hw: Hardware, hints: tuple[str, ...]) -> str | None:
+    """Why every candidate of ``name`` computes what fp32 computes on ``hw``, so there is nothing to time;
+    ``None`` where some candidate computes otherwise (a native 16-bit type, a matmul level that changes
+    results, 16-bit or fp8 weights)."""
+    if native16(hw):
+        return None
+    for cand in candidates(name, hw, hints):
+        policy = cand.policy
+        if policy is None:
+            continue
+        if any(r.storage not in (None, "fp32") or r.compute not in (None, "native", "fp32") for r in policy.rules):
+            return None
+        level = policy.numerics.matmul if policy.numerics is not None else "highest"
+        if level != "highest" and not hw.matmul_exact.get(level):
+            return None
+    return (f"nothing to choose on this device: no 16-bit type is native on {hw.name} and every candidate of {name} "
+            "computes what fp32 computes (its float32 matmul levels give fp32's bits, as the probe compared): the model "
+            "stays as it is, nothing was run")
 
 
 #: The memory preset's fp8 candidate (:func:`mixprec.calibration.candidates.candidates`).
@@ -333,8 +363,7 @@ def _measure(target: Any, run: Callable[[Any], Any], inputs: Any, name: str, hw:
         reasons.insert(0, f"undecided: {', '.join(untried)} not tried within the time limit ({time_limit:g} s); "
                           f"{chosen} kept among those that ran (give a longer time_limit)")
     kept = by_label[chosen]
-    policy = kept.policy if kept.policy is not None else Policy(
-        (Rule("*", storage="fp32", optional=True, reason=f"{name} calibrated: fp32 was fastest on this model"),), None, name=name)
+    policy = kept.policy if kept.policy is not None else _untouched(name)
     policy = dataclasses.replace(policy, name=name)
     return Calibration(name, policy, chosen, "measured", decided, tuple(reasons),
                        tuple(figures[c.label] for c in cands), clock.name, rounds, round(now() - started, 3),
@@ -369,7 +398,7 @@ def apply(
     Everything else is :func:`mixprec.casting.apply.apply`: revert restores every tensor
     bit-exactly.
 
-    Example:
+    Examples:
         >>> with mixprec.apply(model, "fast", calibrate=(input_ids,)) as applied:
         ...     print(applied.calibration.headline())
         ...     model(input_ids)

@@ -81,7 +81,7 @@ def compare(samples: Mapping[str, Sequence[float]], incumbent: str, challengers:
     better), a faster challenger the rounds cannot tell from the fastest (its paired interval
     against it reaches 1) wins over it where its quality is higher: as fast, and more exact.
 
-    Example:
+    Examples:
         >>> compare({"rules": [1.0] * 5, "naive-bf16": [0.5] * 5}, "rules", ["naive-bf16"]).winner
         'naive-bf16'
     """

@@ -21,7 +21,8 @@ class Calibration:
         policy: the policy to apply (the kept candidate's).
         chosen: the kept candidate's label (``rules``, ``naive-fp16``, ``fp32``, ...).
         source: ``measured`` (timed now), ``cache`` (remembered from an earlier
-            calibration) or ``rules`` (nothing was timed: ``quality``).
+            calibration) or ``rules`` (nothing was timed: ``quality``, or a device where every
+            candidate computes what fp32 computes: "nothing to choose on this device").
         decided: whether the rounds reached a verdict (at least
             :data:`~mixprec.calibration.decide.MIN_ROUNDS` paired rounds; ``False``: the
             rule-based choice stayed, ``reasons`` say why). Candidates the rounds could not
