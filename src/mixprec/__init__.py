@@ -3,7 +3,7 @@
 Importing mixprec changes nothing: no torch flag moves and no hardware is probed
 until you ask.
 
-Example:
+Examples:
     >>> import mixprec
     >>> mixprec.init(app="MYAPP")          # env, .env, TOML, defaults -> torch flags
     >>> with mixprec.numerics(matmul="high"):

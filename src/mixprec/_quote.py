@@ -42,7 +42,7 @@ def quote(value: Any, *, limit: int = QUOTE_LIMIT) -> str:
         ``'text'`` when short enough; otherwise ``'start…' (N characters)`` with ``N`` the
         length of the whole value.
 
-    Example:
+    Examples:
         >>> quote("medium")
         "'medium'"
         >>> quote("x" * 500, limit=5)

@@ -53,7 +53,7 @@ def normalise(text: str) -> str:
     """``text`` as a word to compare with a valid value: invisible characters removed,
     surrounding whitespace of every kind stripped (a no-break space included), NFKC, case-folded.
 
-    Example:
+    Examples:
         >>> normalise(" FAST\\u00a0")
         'fast'
         >>> normalise("ｈｉ\\u200bgh")
@@ -108,7 +108,7 @@ def skeleton(name: str) -> str:
     letters they resemble, separators (``-``, ``.``, spaces) read as ``_``, repeated ``_`` as one,
     upper case. Two names with the same skeleton differ only in what makes them near misses.
 
-    Example:
+    Examples:
         >>> skeleton("mixprec-float32-matmul-precіsion")
         'MIXPREC_FLOAT32_MATMUL_PRECISION'
     """

@@ -6,7 +6,7 @@ dropdown, per-component weight types, an attention-upcast checkbox, an
 pre-filled from your app's environment variables and config files. Importing
 :mod:`mixprec` never imports Gradio; importing this module does.
 
-Example:
+Examples:
     >>> import gradio as gr
     >>> import mixprec.gradio
     >>> with gr.Blocks() as demo:

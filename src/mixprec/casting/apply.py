@@ -52,7 +52,11 @@ class Applied:
         components: the named components.
         plans: the per-module resolution (see :func:`~mixprec.casting.explain.explain`).
         keep_original: where the original tensors are kept.
-        original_bytes: bytes the kept originals cost (RAM for ``cpu``, disk for ``disk``).
+        weight_bytes_before: bytes of the components' own weights (parameters and buffers) as
+            they were before the policy cast them; :meth:`weight_bytes` is the same count now
+            (the two are equal where the policy cast nothing).
+        original_bytes: bytes the kept originals cost besides the model (RAM for ``cpu``, disk for
+            ``disk``): 0 where nothing was cast, or where the originals were not kept.
         unmatched: the policy's rules that matched no module (warned once, summarised when many).
     """
 
@@ -61,6 +65,7 @@ class Applied:
         self.components = components
         self.plans = plans
         self.keep_original = keep_original
+        self.weight_bytes_before = weight_bytes(components)
         self.original_bytes = 0
         self.unmatched: list[UnmatchedRule] = []
         self._handles: list[Any] = []
@@ -96,6 +101,8 @@ class Applied:
         return self._active
 
     def weight_bytes(self) -> int:
+        """Bytes of the components' own weights now, as stored under the policy (compare
+        :attr:`weight_bytes_before`); the kept originals are not counted (:attr:`original_bytes`)."""
         return weight_bytes(self.components)
 
     def __enter__(self) -> Applied:
@@ -284,7 +291,7 @@ def apply(
         ApplyError: bad target/options, or the target already has a policy applied.
         PolicyError: with ``strict=True``, a rule that matches nothing.
 
-    Example:
+    Examples:
         >>> with mixprec.apply(model, mixprec.preset("fast")) as applied:
         ...     y = model(x)
     """

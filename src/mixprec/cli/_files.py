@@ -88,10 +88,12 @@ def _umask() -> int:
 class Outputs:
     """The files one command writes: each failure is reported, the command goes on.
 
-    Example:
+    Examples:
+        ```python
         outputs = Outputs(err_console)
         outputs.write(html, "--html", lambda p: p.write_text(page), again="mixprec runs show 3 --html out.html")
         outputs.finish()  # exit status 1 if any failed
+        ```
     """
 
     def __init__(self, console: Console):

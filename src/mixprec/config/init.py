@@ -67,7 +67,7 @@ def init(
     Raises:
         mixprec.ConfigError: when any value from any source is invalid; nothing is applied.
 
-    Example:
+    Examples:
         >>> import mixprec
         >>> resolved = mixprec.init(app="MYAPP")
         >>> resolved.numeric.matmul

@@ -427,7 +427,7 @@ def numerics(
     Unset arguments keep their current value. The state is restored in a
     ``finally`` block, so also when the body raises.
 
-    Example:
+    Examples:
         >>> with mixprec.numerics(matmul="high"):
         ...     y = model(x)
     """

@@ -454,7 +454,7 @@ def recorded(device_type: str) -> Hardware | None:
     path = os.environ.get(PROBE_FILE_VAR, "").strip()
     if not path:
         return None
-    where = f"{PROBE_FILE_VAR}={quote(path)}"
+    where = f"{PROBE_FILE_VAR}={quote(path, limit=1000)}"
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:

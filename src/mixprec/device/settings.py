@@ -119,7 +119,7 @@ class NumericSettings:
     read as every source's words are: case-insensitively, with surrounding whitespace of
     any kind and invisible characters ignored (:func:`mixprec._words.normalise`).
 
-    Example:
+    Examples:
         >>> NumericSettings(matmul=" HIGH ").matmul
         'high'
     """

@@ -519,7 +519,7 @@ def guard(
         remember: store fallbacks on disk and re-apply remembered ones now.
         store: where to remember (default: ``fallbacks.json`` in the mixprec cache dir).
 
-    Example:
+    Examples:
         >>> applied = mixprec.apply(pipe, mixprec.preset("memory"))
         >>> g = mixprec.guard(applied, on_nonfinite="fallback")
 

@@ -207,7 +207,7 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
             (a module whose input turns non-finite during the fp32 run is marked
             ``input_nonfinite`` instead, and never suggested).
 
-    Example:
+    Examples:
         >>> prof = mixprec.profile(pipe, pipe.example_inputs(1, 0), mixprec.preset("memory"))
         >>> print(prof.suggestions_toml())
     """

@@ -6,8 +6,8 @@ Three built-in pipelines show mixprec on multi-component models:
 * ``diffusion`` - Stable-Diffusion-shaped text to image (CLIP, UNet, VAE, DDIM);
 * ``minilm`` - the trained all-MiniLM-L6-v2 sentence encoder.
 
-Example::
-
+Examples:
+    ```python
     from mixprec import pipelines
 
     pipe = pipelines.get("tts", size="test", seed=0)
@@ -16,6 +16,7 @@ Example::
 
     # your own pipeline, without registering it: a factory in a module or a file
     pipe = pipelines.get("path/to/my_pipeline.py:build", size="test")
+    ```
 
 Importing this package imports neither transformers nor diffusers; each
 pipeline imports them when it is built.

@@ -300,7 +300,7 @@ def preset(
             Inconsistent combinations warn: an emulated storage dtype, or
             ``keep_fp32`` together with a 16-bit storage.
 
-    Example:
+    Examples:
         >>> policy = mixprec.preset("fast", overrides={"rules": [{"match": "vae", "keep_fp32": True}]})
     """
     if hardware is None:

@@ -265,7 +265,7 @@ class Policy:
             holds only while every module has one storage and compute dtype and nothing is
             upcast; a mixed plan (a keep-fp32 rule, a guard's pin) gets its wrappers.
 
-    Example:
+    Examples:
         >>> Policy(rules=(Rule("*", storage="bf16"), Rule("type:*Norm", keep_fp32=True)))
     """
 

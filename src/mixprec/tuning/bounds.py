@@ -143,7 +143,7 @@ def tightened(bound: Bound, margin_db: float) -> Bound:
     a score in [0, 1] has its shortfall from 1 scaled by ``10**(-margin/10)``
     (``cosine>=0.99``: ``>=0.99206``), so the threshold never passes 1.
 
-    Example:
+    Examples:
         >>> str(tightened(parse_bound("sqnr>=40"), 1.0))
         'sqnr>=41'
     """

@@ -78,7 +78,7 @@ def pick_final(final: dict[int, list[float]], known: Sequence[int] = (), *, marg
         known: the indices in ``final`` that are presets or the fp32 baseline.
         margin: the relative gain a challenger's whole interval must show.
 
-    Example:
+    Examples:
         >>> pick_final({1: [1.0, 1.0, 1.0], 2: [0.9, 1.1, 0.9]}, known=[1])[0]
         1
     """

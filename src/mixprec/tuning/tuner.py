@@ -11,7 +11,7 @@ measured end to end by an *evaluator*: :class:`~mixprec.tuning.evaluators.InProc
 (any module) or :class:`~mixprec.tuning.evaluators.WorkerEvaluator` (a registered pipeline
 in one long-lived worker process).
 
-Example:
+Examples:
     >>> import mixprec
     >>> result = mixprec.tune("tts", "snr>=30", budget=40)
     >>> result.policy.save("tuned.toml")

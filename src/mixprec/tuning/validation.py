@@ -44,7 +44,7 @@ def validation_seed_list(spec: int | Sequence[int], search_seeds: Sequence[int])
 def seed_summary(per_seed: dict[int, dict[str, float]]) -> dict[str, dict[str, float]]:
     """Per quality metric over the seeds: ``worst``, ``median``, ``spread`` (max - min), ``seeds``.
 
-    Example:
+    Examples:
         >>> seed_summary({0: {"sqnr_db": 41.0}, 1: {"sqnr_db": 43.0}, 2: {"sqnr_db": 42.5}})
         {'sqnr_db': {'worst': 41.0, 'median': 42.5, 'spread': 2.0, 'seeds': 3}}
     """

@@ -3,7 +3,7 @@
 Importing :mod:`mixprec` never imports Gradio; only this package does, and it
 raises an ``ImportError`` naming the install command when Gradio is missing.
 
-Example:
+Examples:
     >>> import gradio as gr
     >>> from mixprec.ui import precision_controls
     >>> with gr.Blocks() as demo:

@@ -6,7 +6,7 @@ its cancel flag) lives in ``gr.State``, so two browser sessions never share or
 corrupt each other's state. The Benchmark and Tune tabs live in
 :mod:`mixprec.ui.bench_tab` and :mod:`mixprec.ui.tune_tab`.
 
-Example:
+Examples:
     >>> from mixprec.ui.app import launch
     >>> launch(port=7860, lang="he")  # doctest: +SKIP
 """

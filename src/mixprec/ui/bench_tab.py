@@ -7,7 +7,7 @@ the run after its current step; what was measured is kept and the run is stored 
 ``cancelled``. :func:`run_benchmark` and :func:`cancel_benchmark` are the tab's endpoints
 (see :mod:`mixprec.ui.endpoints`): the start says its run id, which the cancel takes.
 
-Example:
+Examples:
     >>> from mixprec.ui.jobs import Job
     >>> for status, *_ in bench_run("en", "minilm", "test", ["fp32", "fast"], 3, 1, "cpu", "b.sqlite", Job()):
     ...     pass  # doctest: +SKIP

@@ -6,7 +6,7 @@ selectors, an attention-upcast checkbox, an "Initialize service" button and a
 status line, pre-filled from :func:`mixprec.resolve` (so environment variables
 and config files show up as defaults, with their source).
 
-Example:
+Examples:
     >>> import gradio as gr
     >>> with gr.Blocks() as demo:
     ...     controls = precision_controls("ACE_STEP", lang="ja")

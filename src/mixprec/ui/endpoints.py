@@ -11,7 +11,7 @@ of the run it started (empty when it started nothing); its cancel endpoint takes
 id and stops that run from any session. Without an id the cancel endpoint stops the
 run of the caller's own session, which is what the page's Cancel button does.
 
-Example:
+Examples:
     >>> from gradio_client import Client
     >>> client = Client("http://127.0.0.1:7860/")  # doctest: +SKIP
     >>> started = client.submit("en", "minilm", "test", ["fp32", "fast"], 40, 1, "cpu", "",

@@ -3,7 +3,7 @@
 Every check returns a localized inline message instead of raising, so a handler
 can show it and return before anything starts.
 
-Example:
+Examples:
     >>> whole(3.0, low=1, high=10)
     3
     >>> whole("x", low=1, high=10) is None

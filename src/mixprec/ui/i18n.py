@@ -3,7 +3,7 @@
 The strings live in ``locales/<lang>.json``, one flat ``{key: text}`` mapping per
 language; :func:`t` looks a key up and fills ``{placeholders}``.
 
-Example:
+Examples:
     >>> t("tab.run", "ja")
     '実行'
 """
@@ -81,7 +81,7 @@ def bidi(text: str, lang: str) -> str:
     with it ("(from default)" does not lose its parenthesis to the start of the line); other languages
     get ``text`` unchanged. Applying it twice changes nothing more.
 
-    Example:
+    Examples:
         >>> bidi("ב-fp32", "he") == "ב-\u2068fp32\u2069"
         True
     """

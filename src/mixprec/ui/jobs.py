@@ -10,7 +10,7 @@ job by that id from any session, so a script whose calls do not share a session
 cancel the run it started by passing the id the start endpoint returned; without the
 id, nobody reaches a job of another session.
 
-Example:
+Examples:
     >>> job = Job()
     >>> [kind for kind, _ in job.stream(lambda report: report("half way") or 42)]
     ['started', 'progress', 'done']

@@ -10,7 +10,7 @@ Called from Python without the server, the handlers open any path they are given
 The run views list each run with its state (:func:`runs_with_states`): a run that did not finish,
 measured nothing or timed nothing is never listed as if it were a result.
 
-Example:
+Examples:
     >>> with stores_confined_to("/srv/mixprec"):  # doctest: +SKIP
     ...     resolve_store("runs.sqlite")
     '/srv/mixprec/runs.sqlite'

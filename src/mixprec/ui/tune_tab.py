@@ -8,7 +8,7 @@ policy as TOML. A Cancel stops the search before its next measurement; the resul
 holds what was measured. :func:`run_tune` and :func:`cancel_tune` are the tab's endpoints
 (see :mod:`mixprec.ui.endpoints`).
 
-Example:
+Examples:
     >>> from mixprec.ui.jobs import Job
     >>> for status, plot, summary, toml_text in tune_run("en", "minilm", "test", "cosine>=0.99", "latency", 16, "t.sqlite", Job()):
     ...     pass  # doctest: +SKIP
