@@ -11,7 +11,8 @@ from mixprec.cli import app
 runner = CliRunner()
 
 
-def test_calibrate_remembers_and_the_next_run_reuses_it(tmp_path, monkeypatch):
+def test_calibrate_remembers_and_the_next_run_reuses_it(tmp_path, monkeypatch, bf16_cpu):
+    """On a CPU with native bf16 (elsewhere fast has nothing to choose and nothing to remember)."""
     monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
     args = ["calibrate", "--pipeline", "tts", "--size", "test", "--preset", "fast", "--time-limit", "4", "--json"]
     first = runner.invoke(app, args)

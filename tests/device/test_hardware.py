@@ -5,7 +5,7 @@ import torch
 
 from mixprec import hardware
 from mixprec.policy import presets
-from mixprec.device import backends
+from mixprec.device import backends, matmul
 
 # The probe's own measurement: no scripted machine description. Each test scripts the
 # CPU flags and timings it needs, or asserts only what holds on any machine.
@@ -73,7 +73,7 @@ def _scripted_timings(monkeypatch, seconds):
         calls[key] = calls.get(key, 0) + 1
         return seconds(case.a.dtype, case.level, calls[key])
 
-    monkeypatch.setattr(hardware._MatmulCase, "_call", fake_call)
+    monkeypatch.setattr(matmul._MatmulCase, "_call", fake_call)
     return calls
 
 
@@ -180,7 +180,7 @@ def _by_round(monkeypatch, flags, seconds):
     """The probe on a CPU with ``flags`` whose calls take ``seconds(dtype, level, round)``:
     every call of a round reads the same, as the simulated machine is in that round."""
     monkeypatch.setattr(hardware, "_cpu_info", lambda: ("Simulated CPU", tuple(flags)))
-    monkeypatch.setattr(hardware._MatmulCase, "_call", lambda case: seconds(case.a.dtype, case.level, len(case.rounds)))
+    monkeypatch.setattr(matmul._MatmulCase, "_call", lambda case: seconds(case.a.dtype, case.level, len(case.rounds)))
 
 
 def _bf16(times):
@@ -360,7 +360,7 @@ def test_a_cpu_probe_times_one_thread_in_cpu_time_and_restores_the_threads(tmp_p
     _on_cpu(monkeypatch)
     threads = torch.get_num_threads()
     seen = []
-    monkeypatch.setattr(hardware._MatmulCase, "_call", lambda case: seen.append(torch.get_num_threads()) or 0.001)
+    monkeypatch.setattr(matmul._MatmulCase, "_call", lambda case: seen.append(torch.get_num_threads()) or 0.001)
     hw = hardware.probe("cpu", layers=False, use_cache=False)
     assert set(seen) == {1} and torch.get_num_threads() == threads
     assert hw.clock == "cpu-time, 1 thread" and hw.threads == threads
