@@ -114,6 +114,15 @@ def _probe_files(tmp_path_factory, pytestconfig):
     return {name: machines.write(folder / f"{name}.json", descriptions) for name, (_, descriptions) in machines.CLASSES.items()}
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_machine(_probe_files, pytestconfig):
+    """The run's class for the whole session, so fixtures built once per module or session see
+    it too (a module fixture that probes runs before any test's own fixtures)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(hardware.PROBE_FILE_VAR, str(_probe_files[hardware_class(pytestconfig)]))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def machine(request, monkeypatch, _probe_files):
     """The machine this test sees: the run's hardware class, scripted through ``MIXPREC_PROBE_FILE``.

@@ -19,7 +19,10 @@ def _on_cpu(monkeypatch, flags=("avx2", "avx512_bf16")):
 
 @pytest.fixture(scope="module")
 def hw():
-    return hardware.probe("cpu", use_cache=False)
+    """This machine's own probe (the suite's scripted machine set aside)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(hardware.PROBE_FILE_VAR, raising=False)
+        return hardware.probe("cpu", use_cache=False)
 
 
 def test_cpu_probe_describes_the_machine(hw):
@@ -118,6 +121,7 @@ def test_a_probe_on_a_busy_machine_says_undecided_and_caches_nothing(tmp_path, m
     assert hardware.probe("cpu", layers=False).dtypes == hw.dtypes  # this process keeps its answer
     hardware._UNDECIDED_THIS_PROCESS.clear()  # as a new process starts
     monkeypatch.undo()
+    monkeypatch.delenv(hardware.PROBE_FILE_VAR, raising=False)  # still this test's own probe, measured
     monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
     _on_cpu(monkeypatch, flags)  # the same CPU, whatever this machine's own flags are
     # Measured again, now quiet: bf16 at what this CPU's units allow (2.5x; without them, emulated).

@@ -89,7 +89,7 @@ class TestPolicyDocuments:
 
 @pytest.fixture(scope="module")
 def cpu_hardware():
-    """This CPU, probed once (the overrides are checked whatever the probe found)."""
+    """The run's CPU, read once (the overrides are checked whatever the probe found)."""
     from mixprec import hardware
 
     return hardware.probe("cpu", use_cache=False, layers=False)
