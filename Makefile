@@ -38,7 +38,7 @@ demo:
 PYTEST_PARALLEL := -n logical --dist loadgroup
 
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(PYTEST_PARALLEL)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --flops16-budget=tests/flops16_budget.json
 
 # The tests whose outcome follows the machine (marked `hardware`: the probe, presets, calibrate,
 # explain, bench's configurations, the headline, the demo's plan) under each hardware class the

@@ -12,9 +12,11 @@ Enable it with either (the environment variables do what the options do)::
     --flops16-budget=PATH    MIXPREC_TEST_FLOPS16_BUDGET=PATH   fail what exceeds the budget in PATH
 
 The report holds every test's ``bf16`` and ``fp16`` FLOPs (``subprocesses``: the part
-computed in the Python subprocesses it started) and the ``total``. The budget file
-(``tests/flops16_budget.json``) holds ``per_test_flops``, a ceiling (a test above it
-errors at teardown), and ``total_flops`` (a session above it fails).
+computed in the Python subprocesses it started), the ``total``, and the FLOPs per operator.
+The budget file (``tests/flops16_budget.json``, see ``_flops16_site/flops16_budget.py``)
+holds a per-test ceiling (a test above it errors at teardown) and a total (a session above
+it fails); tests carrying one of its ``unbudgeted_markers`` are reported but not budgeted.
+A test marked ``flops16_off(reason)`` runs without the counter (nothing of it is counted).
 
 What is counted: the test's own thread from the start of its set-up to the end of its
 teardown (a session fixture's work goes to the first test that needs it); every thread
@@ -41,18 +43,19 @@ from typing import Any
 
 import pytest
 
-from _flops16_site.flops16_count import DTYPES, Flops16Mode
+from _flops16_site.flops16_budget import NAMES, Budget, gflop, load_budget, over_budget, over_ceiling, summarize
+from _flops16_site.flops16_count import Flops16Mode
 
 #: The folder a subprocess finds ``sitecustomize`` in.
 SITE = Path(__file__).parent / "_flops16_site"
-
 #: The environment variables that stand for the options.
 ENV_REPORT, ENV_BUDGET = "MIXPREC_TEST_FLOPS16", "MIXPREC_TEST_FLOPS16_BUDGET"
 #: Where a subprocess started by the running test writes its counts (``<prefix>-<pid>.cnt``).
 ENV_SUBPROCESS = "FLOPS16_COUNT_TO"
 #: The tests' work done with no test running (a thread still busy after its test ended).
 OUTSIDE = "(outside any test)"
-NAMES = tuple(DTYPES.values())
+#: The marker that runs a test without the counter.
+OFF = "flops16_off"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -64,83 +67,48 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          f"(or set {ENV_BUDGET})")
 
 
-def load_budget(path: str | Path) -> dict[str, int]:
-    """``{"per_test_flops", "total_flops"}`` from the budget file at ``path``.
-
-    Raises:
-        pytest.UsageError: where the file is missing or lacks either number.
-    """
-    try:
-        data = json.loads(Path(path).read_text())
-        return {key: int(data[key]) for key in ("per_test_flops", "total_flops")}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise pytest.UsageError(f"--flops16-budget={path}: not a budget file with per_test_flops and total_flops "
-                                f"({type(exc).__name__}: {exc})") from None
-
-
 def _setting(config: pytest.Config, option: str, env: str) -> str | None:
     value = config.getoption(option) or os.environ.get(env) or None
     return None if value is None else str(Path(config.invocation_params.dir, value))
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{OFF}(reason): run this test without the 16-bit FLOP counter "
+                                       "(tests/_flops16.py), saying why")
     worker = getattr(config, "workerinput", None)
     settings = worker.get("flops16") if worker is not None else {
         "report": _setting(config, "flops16", ENV_REPORT), "budget": _setting(config, "flops16_budget", ENV_BUDGET)}
     if not settings or not (settings["report"] or settings["budget"]):
         return
-    budget = load_budget(settings["budget"]) if settings["budget"] else None
-    # pytest-xdist's own process, which runs no test (xdist's rule: it registers its session after this hook)
+    try:
+        budget = load_budget(settings["budget"]) if settings["budget"] else None
+    except ValueError as exc:
+        raise pytest.UsageError(f"--flops16-budget: {exc}") from None
+    # pytest-xdist's own process runs no test (xdist's rule: it registers its session after this hook)
     controller = (worker is None and config.getoption("dist", "no") != "no" and bool(config.getoption("tx", None))
                   and not config.getoption("collectonly"))
     plugin = _Controller(settings, budget) if controller else _Counter(config, settings, budget)
     config.pluginmanager.register(plugin, "flops16-counter")
 
 
-def _gflop(flops: float) -> str:
-    return f"{flops / 1e9:,.1f} GFLOP"
-
-
-def _total(counts: dict[str, int]) -> int:
-    return sum(counts.get(name, 0) for name in NAMES)
-
-
-def summarize(tests: dict[str, dict[str, Any]], uncounted: dict[str, int]) -> dict[str, Any]:
-    """The report: every test's counts and the total (FLOPs; ``seconds``: its set-up, call and teardown)."""
-    total = {name: sum(t.get(name, 0) for t in tests.values()) for name in NAMES}
-    return {"unit": "FLOP", "total": {**total, "all": sum(total.values())}, "tests": tests, "uncounted": uncounted}
-
-
-def over_budget(report: dict[str, Any], budget: dict[str, int]) -> str | None:
-    """Why ``report`` exceeds ``budget`` in total, or ``None``."""
-    total = report["total"]["all"]
-    if total <= budget["total_flops"]:
-        return None
-    top = sorted(report["tests"].items(), key=lambda kv: -_total(kv[1]))[:5]
-    largest = "; ".join(f"{nodeid}: {_gflop(_total(c))}" for nodeid, c in top)
-    return (f"the suite computed {_gflop(total)} in bf16/fp16, above the budget of {_gflop(budget['total_flops'])} "
-            f"(total_flops in the budget file); the largest: {largest}")
-
-
 class _Tally:
     """FLOPs per test, added to from any thread; ``current`` is the test running."""
 
     def __init__(self) -> None:
-        self.tests: dict[str, dict[str, Any]] = {}
+        self.tests: dict[str, dict[str, int]] = {}
         self.current = OUTSIDE
         self._lock = threading.Lock()
 
     def add(self, name: str, flops: int) -> None:
         with self._lock:
             counts = self.tests.setdefault(self.current, dict.fromkeys(NAMES, 0))
-            counts[name] = counts.get(name, 0) + flops
+            counts[name] += flops
 
 
 def _read_subprocess_counts(paths: list[Path]) -> dict[str, int]:
     out = dict.fromkeys(NAMES, 0)
     for path in paths:
-        numbers = path.read_text().split()
-        for name, value in zip(NAMES, numbers[:2]):
+        for name, value in zip(NAMES, path.read_text().split()[:2]):
             out[name] += int(value)
     return out
 
@@ -148,14 +116,14 @@ def _read_subprocess_counts(paths: list[Path]) -> dict[str, int]:
 class _Counter:
     """Counts the tests this process runs (the whole suite, or one pytest-xdist worker's share)."""
 
-    def __init__(self, config: pytest.Config, settings: dict[str, Any], budget: dict[str, int] | None) -> None:
+    def __init__(self, config: pytest.Config, settings: dict[str, Any], budget: Budget | None) -> None:
         self.config, self.settings, self.budget = config, settings, budget
         self.tally = _Tally()
         self.modes: list[Flops16Mode] = []
-        self.uncounted: dict[str, int] = {}
         self.order: dict[str, str] = {}  # subprocess file prefix -> nodeid
         self.prefixes: dict[str, list[str]] = {}  # nodeid -> its subprocess file prefixes
         self.seconds: dict[str, float] = {}
+        self.flags: dict[str, dict[str, str]] = {}  # nodeid -> {"unbudgeted"/"not_counted": why}
         self.folder = Path(tempfile.mkdtemp(prefix="mixprec-flops16-"))
         self._saved_env = {name: os.environ.get(name) for name in ("PYTHONPATH", ENV_SUBPROCESS)}
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE), os.environ.get("PYTHONPATH")) if p)
@@ -164,9 +132,8 @@ class _Counter:
         self.report: dict[str, Any] | None = None
         self.failure: str | None = None
 
-    # -- every thread started from now on counts its work to the test running -------------------
-
     def _count_new_thread(self, frame, event, arg):
+        """Every thread started from now on: its work counts to the test running when it computes."""
         sys.setprofile(self._saved_profile)
         mode = Flops16Mode(on_count=self.tally.add)
         self.modes.append(mode)
@@ -174,10 +141,21 @@ class _Counter:
 
         _push_mode(mode)  # for the thread's life (it never returns here to pop it)
 
-    # -- one test ---------------------------------------------------------------------------------
+    def _flag(self, item: pytest.Item) -> dict[str, str]:
+        off = item.get_closest_marker(OFF)
+        if off is not None:
+            return {"not_counted": str(off.args[0] if off.args else off.kwargs.get("reason", ""))}
+        for marker, why in (self.budget or {}).get("unbudgeted_markers", {}).items():
+            if item.get_closest_marker(marker) is not None:
+                return {"unbudgeted": f"marked {marker}: {why}"}
+        return {}
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem):
+        flag = self.flags[item.nodeid] = self._flag(item)
+        if "not_counted" in flag:
+            yield
+            return
         prefix = self.folder / f"{len(self.order):06d}"
         self.order[prefix.name] = item.nodeid
         self.prefixes.setdefault(item.nodeid, []).append(prefix.name)
@@ -197,50 +175,47 @@ class _Counter:
         outcome = yield
         report = outcome.get_result()
         self.seconds[item.nodeid] = self.seconds.get(item.nodeid, 0.0) + report.duration
-        if call.when != "teardown" or self.budget is None or not report.passed:
+        if call.when != "teardown" or self.budget is None or not report.passed or self.flags.get(item.nodeid):
             return
-        counts = self._counts_of(item.nodeid)
-        if _total(counts) > self.budget["per_test_flops"]:
+        failure = over_ceiling(item.nodeid, self._counts_of(item.nodeid), self.budget, self.settings["budget"])
+        if failure is not None:
             report.outcome = "failed"
-            report.longrepr = (
-                f"{item.nodeid} computed {_gflop(_total(counts))} in 16-bit (bf16 {_gflop(counts['bf16'])}, "
-                f"fp16 {_gflop(counts['fp16'])}), above the per-test ceiling of {_gflop(self.budget['per_test_flops'])} "
-                f"(per_test_flops in {self.settings['budget']}): shrink the sizes it computes in bf16/fp16 (a test of "
-                f"a 16-bit code path rarely needs more than a few layers of width 64)")
+            report.longrepr = failure
 
     def _counts_of(self, nodeid: str) -> dict[str, int]:
         own = self.tally.tests.get(nodeid, {})
         sub = _read_subprocess_counts([f for p in self.prefixes.get(nodeid, []) for f in self.folder.glob(f"{p}-*.cnt")])
         return {name: own.get(name, 0) + sub[name] for name in NAMES}
 
-    # -- the session ------------------------------------------------------------------------------
-
     def _tests(self) -> dict[str, dict[str, Any]]:
         tests: dict[str, dict[str, Any]] = {}
-        for nodeid in dict.fromkeys([*self.order.values(), *self.tally.tests]):
-            own = self.tally.tests.get(nodeid, dict.fromkeys(NAMES, 0))
-            tests[nodeid] = {name: own.get(name, 0) for name in NAMES}
+        for nodeid in dict.fromkeys([*self.flags, *self.tally.tests]):
+            own = self.tally.tests.get(nodeid, {})
+            tests[nodeid] = {**{name: own.get(name, 0) for name in NAMES}, **self.flags.get(nodeid, {})}
             if nodeid in self.seconds:
                 tests[nodeid]["seconds"] = round(self.seconds[nodeid], 3)
-        for path in sorted(self.folder.glob("*.cnt")):
-            nodeid = self.order[path.name.split("-", 1)[0]]
+        for path in sorted(self.folder.glob("*.cnt")):  # read last: a subprocess may outlive its test
+            test = tests[self.order[path.name.split("-", 1)[0]]]
             sub = _read_subprocess_counts([path])
-            entry = tests[nodeid].setdefault("subprocesses", dict.fromkeys(NAMES, 0))
+            part = test.setdefault("subprocesses", dict.fromkeys(NAMES, 0))
             for name in NAMES:
-                entry[name] += sub[name]
-                tests[nodeid][name] += sub[name]
+                part[name] += sub[name]
+                test[name] += sub[name]
         return tests
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        by_op: dict[str, int] = {}
+        uncounted: dict[str, int] = {}
         for mode in self.modes:
-            for op, calls in mode.uncounted.items():
-                self.uncounted[op] = self.uncounted.get(op, 0) + calls
-        tests = self._tests()
+            for totals, more in ((by_op, mode.by_op), (uncounted, mode.uncounted)):
+                for op, value in more.items():
+                    totals[op] = totals.get(op, 0) + value
+        part = {"tests": self._tests(), "by_op": by_op, "uncounted": uncounted}
         worker = getattr(self.config, "workerinput", None)
         if worker is not None:
-            self.config.workeroutput["flops16"] = json.dumps({"tests": tests, "uncounted": self.uncounted})
+            self.config.workeroutput["flops16"] = json.dumps(part)
             return
-        self.report = summarize(tests, self.uncounted)
+        self.report = summarize(**part)
         self.failure = _finish(self.report, self.settings, self.budget, session)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
@@ -262,10 +237,9 @@ class _Counter:
 class _Controller:
     """pytest-xdist's own process: merges the workers' parts, writes the report, applies the total budget."""
 
-    def __init__(self, settings: dict[str, Any], budget: dict[str, int] | None) -> None:
+    def __init__(self, settings: dict[str, Any], budget: Budget | None) -> None:
         self.settings, self.budget = settings, budget
-        self.tests: dict[str, dict[str, Any]] = {}
-        self.uncounted: dict[str, int] = {}
+        self.part: dict[str, dict[str, Any]] = {"tests": {}, "by_op": {}, "uncounted": {}}
         self.report: dict[str, Any] | None = None
         self.failure: str | None = None
 
@@ -276,15 +250,16 @@ class _Controller:
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:
         part = getattr(node, "workeroutput", {}).get("flops16")
-        if part is None:
+        if part is None:  # a worker that crashed: its tests are run again by another, counted there
             return
         part = json.loads(part)
-        self.tests.update(part["tests"])
-        for op, calls in part["uncounted"].items():
-            self.uncounted[op] = self.uncounted.get(op, 0) + calls
+        self.part["tests"].update(part["tests"])
+        for key in ("by_op", "uncounted"):
+            for op, value in part[key].items():
+                self.part[key][op] = self.part[key].get(op, 0) + value
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        self.report = summarize(self.tests, self.uncounted)
+        self.report = summarize(**self.part)
         self.failure = _finish(self.report, self.settings, self.budget, session)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
@@ -292,14 +267,14 @@ class _Controller:
             _summary(terminalreporter, self.report, self.settings, self.failure)
 
 
-def _finish(report: dict[str, Any], settings: dict[str, Any], budget: dict[str, int] | None,
+def _finish(report: dict[str, Any], settings: dict[str, Any], budget: Budget | None,
             session: pytest.Session) -> str | None:
     """Write the report where asked; fail the session above the total budget (the reason, or ``None``)."""
     if settings["report"]:
         path = Path(settings["report"])
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
-    failure = over_budget(report, budget) if budget is not None else None
+    failure = over_budget(report, budget, settings["budget"]) if budget is not None else None
     if failure is not None and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     return failure
@@ -307,10 +282,11 @@ def _finish(report: dict[str, Any], settings: dict[str, Any], budget: dict[str, 
 
 def _summary(terminalreporter, report: dict[str, Any], settings: dict[str, Any], failure: str | None) -> None:
     total = report["total"]
-    where = f", report in {settings['report']}" if settings["report"] else ""
+    where = f"; report: {settings['report']}" if settings["report"] else ""
+    budget = f"; budget: {settings['budget']}" if settings["budget"] else ""
     terminalreporter.write_sep("-", "16-bit FLOPs (tests/_flops16.py)")
-    terminalreporter.write_line(f"bf16 {_gflop(total['bf16'])}, fp16 {_gflop(total['fp16'])}, "
-                                f"in {len(report['tests'])} tests{where}")
+    terminalreporter.write_line(f"bf16 {gflop(total['bf16'])}, fp16 {gflop(total['fp16'])}, budgeted "
+                                f"{gflop(total['budgeted'])}, in {len(report['tests'])} tests{budget}{where}")
     if report["uncounted"]:
         terminalreporter.write_line(f"not counted (no formula for these arguments): {report['uncounted']}")
     if failure is not None:

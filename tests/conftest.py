@@ -153,11 +153,12 @@ def _isolate_cache(tmp_path_factory, monkeypatch):
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    """An environment without MIXPREC_* or test-app variables."""
+    """An environment without MIXPREC_* or test-app variables (the test cache and the run's scripted machine stay)."""
     import os
 
+    kept = ("MIXPREC_CACHE_DIR", hardware.PROBE_FILE_VAR)
     for name in list(os.environ):
-        if name.startswith(("MIXPREC_", "MYAPP_", "ACE_STEP_")) and name != "MIXPREC_CACHE_DIR":
+        if name.startswith(("MIXPREC_", "MYAPP_", "ACE_STEP_")) and name not in kept:
             monkeypatch.delenv(name)
     return monkeypatch
 

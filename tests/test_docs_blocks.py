@@ -60,6 +60,7 @@ def cache_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("cache")
 
 
+@pytest.mark.real_probe  # a fresh process without MIXPREC_* variables: a probe there measures this machine
 @pytest.mark.parametrize("page", PAGES)
 def test_the_python_blocks_of_each_page_run(page, tmp_path, cache_dir):
     code = [b for b in BLOCKS if b.file == page and b.lang == "python" and not b.not_run]

@@ -136,6 +136,7 @@ class TestReadmeCommands:
         continued = [c for _, _, c in COMMANDS if c.startswith("mixprec gate 3")]
         assert continued and "--baseline 1" in continued[0] and "\\" not in continued[0]
 
+    @pytest.mark.real_probe  # run as a user runs it, without MIXPREC_* variables: a probe measures this machine
     @pytest.mark.parametrize("name, line, command", COMMANDS, ids=[f"{n}:{line}" for n, line, _ in COMMANDS])
     def test_each_command_runs_as_written_or_is_skipped_for_a_reason(self, tmp_path, name, line, command):
         kind, detail = _classify(command)

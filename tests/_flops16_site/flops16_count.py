@@ -12,13 +12,13 @@ This module imports only torch: ``sitecustomize`` loads it in subprocesses as we
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 __all__ = ["DTYPES", "FORMULAS", "Flops16Mode"]
 
@@ -110,20 +110,53 @@ FORMULAS: dict[Any, Callable[..., int]] = {
 }
 
 
-def _computing_dtype(args: Any, kwargs: Any) -> str | None:
-    """``"bf16"``/``"fp16"`` where the first floating-point tensor input holds real values of that dtype."""
-    for leaf in tree_flatten((args, kwargs))[0]:
-        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
-            if leaf.is_meta or _is_fake(leaf):
-                return None
-            return DTYPES.get(leaf.dtype)
+def _first_float(args: Any, kwargs: Any) -> torch.Tensor | None:
+    """The first floating-point tensor among the arguments (and in their lists); aten operators
+    take their tensors there, so no pytree walk is needed on every call."""
+    for arg in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(arg, torch.Tensor):
+            if arg.is_floating_point():
+                return arg
+        elif isinstance(arg, (list, tuple)):
+            for item in arg:
+                if isinstance(item, torch.Tensor) and item.is_floating_point():
+                    return item
     return None
 
 
-def _is_fake(t: torch.Tensor) -> bool:
+def _computing_dtype(args: Any, kwargs: Any) -> str | None:
+    """``"bf16"``/``"fp16"`` where the first floating-point tensor input is a dense tensor of that
+    dtype holding real values (not meta, fake, sparse, nested or oneDNN)."""
+    first = _first_float(args, kwargs)
+    if first is None:
+        return None
+    name = DTYPES.get(first.dtype)
+    if name is None or first.layout != torch.strided or first.is_meta or first.is_nested or isinstance(first, _fake_type()):
+        return None
+    return name
+
+
+#: Operator -> (its formula or None, whether it is a composite to decompose): looked up once per operator.
+_PLANS: dict[Any, tuple[Callable[..., int] | None, bool]] = {}
+
+
+def _plan(func: Any) -> tuple[Callable[..., int] | None, bool]:
+    """``func``'s formula, and for an aten operator without one, whether it has a decomposition
+    (a CompositeImplicitAutograd kernel)."""
+    plan = _PLANS.get(func)
+    if plan is None:
+        formula = FORMULAS.get(getattr(func, "_overloadpacket", func))
+        composite = (formula is None and isinstance(func, torch._ops.OpOverload) and func.namespace == "aten"
+                     and torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), torch._C.DispatchKey.CompositeImplicitAutograd))
+        plan = _PLANS[func] = (formula, composite)
+    return plan
+
+
+@functools.cache
+def _fake_type() -> type:
     from torch._subclasses.fake_tensor import FakeTensor
 
-    return isinstance(t, FakeTensor)
+    return FakeTensor
 
 
 class Flops16Mode(TorchDispatchMode):
@@ -135,6 +168,7 @@ class Flops16Mode(TorchDispatchMode):
 
     Attributes:
         counts: dtype name (``"bf16"``, ``"fp16"``) -> FLOPs so far.
+        by_op: operator (``aten.mm``, ...) -> its FLOPs so far, both dtypes.
         uncounted: operators whose formula failed on their arguments (name -> calls).
 
     Example::
@@ -149,6 +183,7 @@ class Flops16Mode(TorchDispatchMode):
     def __init__(self, on_count: Callable[[str, int], None] | None = None) -> None:
         super().__init__()
         self.counts = dict.fromkeys(DTYPES.values(), 0)
+        self.by_op: dict[str, int] = {}
         self.uncounted: dict[str, int] = {}
         self._on_count = on_count
 
@@ -160,12 +195,21 @@ class Flops16Mode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        formula, composite = _plan(func)
+        if formula is None and not composite:
+            return func(*args, **kwargs)
+        name = _computing_dtype(args, kwargs)
+        if composite and name is not None:
+            # Where autograd does not run (inference mode), composite operators (linear, matmul,
+            # scaled_dot_product_attention, conv2d) reach the mode whole: run their decomposition
+            # under the mode, as FlopCounterMode does, so the products inside are seen.
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
         out = func(*args, **kwargs)
-        formula = FORMULAS.get(getattr(func, "_overloadpacket", func))
-        if formula is not None:
-            name = _computing_dtype(args, kwargs)
-            if name is not None:
-                self._add(name, formula, func, args, kwargs, out)
+        if formula is not None and name is not None:
+            self._add(name, formula, func, args, kwargs, out)
         return out
 
     def _add(self, name: str, formula: Callable[..., int], func: Any, args: Any, kwargs: Any, out: Any) -> None:
@@ -176,5 +220,7 @@ class Flops16Mode(TorchDispatchMode):
             self.uncounted[key] = self.uncounted.get(key, 0) + 1
             return
         self.counts[name] += flops
+        op = str(getattr(func, "_overloadpacket", func))
+        self.by_op[op] = self.by_op.get(op, 0) + flops
         if self._on_count is not None:
             self._on_count(name, flops)

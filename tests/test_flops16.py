@@ -1,0 +1,151 @@
+"""The suite's 16-bit FLOP counter (tests/_flops16.py): exact counts, nothing for other dtypes,
+the work of threads and subprocesses counted, the budget enforced, under pytest-xdist too."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from _flops16_site.flops16_count import Flops16Mode
+
+TESTS = Path(__file__).parent
+BF16, FP16 = torch.bfloat16, torch.float16
+
+
+def _counted(body) -> dict[str, int]:
+    with Flops16Mode() as mode:
+        body()
+    assert mode.uncounted == {}
+    return mode.counts
+
+
+def test_a_bf16_matmul_counts_two_m_n_k():
+    m, k, n = 3, 5, 7
+    assert _counted(lambda: torch.ones(m, k, dtype=BF16) @ torch.ones(k, n, dtype=BF16)) == {"bf16": 2 * m * n * k, "fp16": 0}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_matmul_in_another_dtype_counts_nothing(dtype):
+    assert _counted(lambda: torch.ones(3, 5, dtype=dtype) @ torch.ones(5, 7, dtype=dtype)) == {"bf16": 0, "fp16": 0}
+
+
+def test_inference_mode_linear_batched_matmul_convolution_and_attention_count_by_their_formulas():
+    """In inference mode ``linear`` and attention reach the mode whole and are counted all the same."""
+    x = torch.ones(2, 6, 8, dtype=FP16)
+    heads = torch.ones(2, 3, 6, 8, dtype=BF16)
+    with torch.inference_mode():
+        assert _counted(lambda: F.linear(x, torch.ones(4, 8, dtype=FP16), torch.ones(4, dtype=FP16))) == {
+            "bf16": 0, "fp16": 2 * 12 * 8 * 4}
+        assert _counted(lambda: F.scaled_dot_product_attention(heads, heads, heads)) == {
+            "bf16": 2 * (2 * 2 * 3 * 6 * 6 * 8), "fp16": 0}  # q k^T, then the weights times v
+    assert _counted(lambda: torch.bmm(x, torch.ones(2, 8, 5, dtype=FP16))) == {"bf16": 0, "fp16": 2 * 2 * 6 * 8 * 5}
+    conv = torch.nn.Conv1d(6, 4, kernel_size=3).to(BF16)
+    assert _counted(lambda: conv(x.to(BF16))) == {"bf16": 2 * 2 * 4 * 6 * 3 * 6, "fp16": 0}  # out positions: 8-3+1
+
+
+def test_an_fp32_linear_under_bf16_autocast_counts_as_bf16():
+    x, w = torch.ones(3, 8), torch.ones(4, 8)
+    with torch.autocast("cpu", dtype=BF16):
+        assert _counted(lambda: F.linear(x, w)) == {"bf16": 2 * 3 * 8 * 4, "fp16": 0}
+
+
+def test_meta_tensors_compute_and_count_nothing():
+    assert _counted(lambda: torch.ones(64, 64, dtype=BF16, device="meta") @ torch.ones(64, 64, dtype=BF16, device="meta")) == {
+        "bf16": 0, "fp16": 0}
+
+
+#: A tiny suite for the plugin: 48 FLOPs; none in fp32; 2 * 8192 split between a thread and a
+#: subprocess; 2048 in a test whose marker the budget leaves out; 2048 in a test run without the counter.
+GENERATED = '''
+import multiprocessing, threading, pytest, torch
+
+def bf16_matmul(m, k, n):
+    torch.ones(m, k, dtype=torch.bfloat16) @ torch.ones(k, n, dtype=torch.bfloat16)
+
+def test_small():
+    bf16_matmul(2, 3, 4)
+
+def test_fp32():
+    torch.ones(64, 64) @ torch.ones(64, 64)
+
+def test_large_in_a_thread_and_a_subprocess():
+    thread = threading.Thread(target=bf16_matmul, args=(8, 16, 32))
+    thread.start()
+    thread.join()
+    child = multiprocessing.get_context("spawn").Process(target=bf16_matmul, args=(16, 16, 16))
+    child.start()
+    child.join()
+    assert child.exitcode == 0
+
+@pytest.mark.measures_the_machine
+def test_unbudgeted():
+    bf16_matmul(8, 8, 16)
+
+@pytest.mark.flops16_off("the counter must not see this test")
+def test_off():
+    bf16_matmul(8, 8, 16)
+'''
+CONFTEST = '''
+pytest_plugins = ["_flops16"]
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "measures_the_machine: times this machine")
+'''
+SMALL, LARGE = "test_generated.py::test_small", "test_generated.py::test_large_in_a_thread_and_a_subprocess"
+
+
+def _run_generated(folder: Path, per_test: int, total: int, extra: tuple[str, ...] = (), *,
+                   via_env: bool = False) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run the generated suite with the report and the budget named by options (or, ``via_env``,
+    by the environment variables); its exit status and report."""
+    folder.mkdir()
+    (folder / "test_generated.py").write_text(GENERATED)
+    (folder / "conftest.py").write_text(CONFTEST)
+    (folder / "budget.json").write_text(json.dumps({"per_test_flops": per_test, "total_flops": total,
+                                                    "unbudgeted_markers": {"measures_the_machine": "its count follows the machine"}}))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p))
+    for name in ("MIXPREC_TEST_FLOPS16", "MIXPREC_TEST_FLOPS16_BUDGET", "PYTEST_ADDOPTS"):
+        env.pop(name, None)
+    options = ["--flops16=report.json", "--flops16-budget=budget.json"]
+    if via_env:
+        env.update(MIXPREC_TEST_FLOPS16="report.json", MIXPREC_TEST_FLOPS16_BUDGET="budget.json")
+        options = []
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *options, *extra], cwd=folder,
+                         env=env, capture_output=True, text=True, timeout=300)
+    return out, json.loads((folder / "report.json").read_text())
+
+
+def test_the_plugin_counts_each_test_and_fails_one_above_the_ceiling_and_a_session_above_the_total(tmp_path):
+    out, report = _run_generated(tmp_path / "serial", per_test=1000, total=100)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert report["tests"][SMALL] == {"bf16": 48, "fp16": 0, "seconds": report["tests"][SMALL]["seconds"]}
+    assert report["tests"]["test_generated.py::test_fp32"]["bf16"] == 0
+    large = report["tests"][LARGE]
+    assert (large["bf16"], large["fp16"], large["subprocesses"]) == (16384, 0, {"bf16": 8192, "fp16": 0})
+    assert report["tests"]["test_generated.py::test_unbudgeted"]["bf16"] == 2048
+    assert report["tests"]["test_generated.py::test_unbudgeted"]["unbudgeted"].startswith("marked measures_the_machine")
+    off = report["tests"]["test_generated.py::test_off"]
+    assert (off["bf16"], off["not_counted"]) == (0, "the counter must not see this test")
+    assert report["total"] == {"bf16": 48 + 16384 + 2048, "fp16": 0, "all": 48 + 16384 + 2048, "budgeted": 48 + 16384}
+    assert report["by_op"] == {"aten.mm": 48 + 16384 - 8192 + 2048}  # this process's own (the subprocess's is in the tests)
+    # the large test passed, then errored at teardown; the unbudgeted one (above the ceiling too) did not
+    assert "5 passed, 1 error" in out.stdout
+    assert "ERROR at teardown of test_large_in_a_thread_and_a_subprocess" in out.stdout
+    assert "above the per-test ceiling" in out.stdout and "above the budget" in out.stdout
+
+
+def test_under_xdist_the_workers_parts_make_the_same_report_and_the_total_alone_fails_the_session(tmp_path):
+    """Enabled by the environment variables this time: the workers get the settings from the suite's process."""
+    pytest.importorskip("xdist")
+    out, report = _run_generated(tmp_path / "xdist", per_test=10**6, total=10_000, extra=("-n", "2"), via_env=True)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "5 passed" in out.stdout and "above the budget" in out.stdout
+    assert report["total"]["budgeted"] == 48 + 16384
+    assert report["tests"][LARGE]["subprocesses"] == {"bf16": 8192, "fp16": 0}
