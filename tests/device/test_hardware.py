@@ -403,6 +403,7 @@ class TestARecordedMachine:
         monkeypatch.setenv("COLUMNS", "250")
         shown = CliRunner().invoke(app, ["env", "--device", "cpu"])
         assert f"recorded in {recording} through MIXPREC_PROBE_FILE, not measured here" in shown.output
+        assert "unknown setting" not in shown.output  # the variable is mixprec's, not a setting
 
     @pytest.mark.parametrize(("content", "said"), [
         (None, "cannot read it"),

@@ -448,7 +448,7 @@ _BARE_NAME_MIN = 9
 
 
 #: Environment variables mixprec reads elsewhere (not settings).
-_RESERVED_ENV = frozenset({"MIXPREC_CACHE_DIR", "MIXPREC_LOG_LEVEL", "MIXPREC_DB", "MIXPREC_UPDATE_SCREENSHOTS"})
+_RESERVED_ENV = frozenset({"MIXPREC_CACHE_DIR", "MIXPREC_LOG_LEVEL", "MIXPREC_DB", "MIXPREC_UPDATE_SCREENSHOTS", "MIXPREC_PROBE_FILE"})
 
 
 def resolve(
