@@ -27,7 +27,7 @@ import torch
 
 import mixprec
 from mixprec import pipelines
-from mixprec.calibration.trials import detached, output_quality
+from mixprec.calibration.trials import detached, device_of, output_quality
 from mixprec.casting.hooks import add_method_hook
 from mixprec.device.clock import clock_for
 from mixprec.policy import Policy, Rule
@@ -36,8 +36,7 @@ from mixprec.policy.tree import called_children, entry_methods
 
 def _entry_times(pipe: Any, run: Any) -> dict[str, list[float]]:
     """Per component: the device-clock seconds of each outermost entry call during ``run()``."""
-    device = next(iter(pipe.components.values())).parameters().__next__().device
-    clock = clock_for(device)
+    clock = clock_for(device_of(pipe.components))
     seconds: dict[str, list[float]] = {name: [] for name in pipe.components}
     depth: dict[str, int] = {name: 0 for name in pipe.components}
     handles = []
@@ -78,7 +77,7 @@ def _timed(run: Any, device: torch.device) -> float:
 
 def _pipeline_rows(name: str, size: str, device: str, rounds: int, dtype: str) -> list[str]:
     pipe = pipelines.get(name, size=size, seed=0, device=device)
-    dev = next(iter(pipe.components.values())).parameters().__next__().device
+    dev = device_of(pipe.components)
     inputs = pipe.example_inputs(1, 0)
     with torch.inference_mode():
         reference = pipe.run(inputs)

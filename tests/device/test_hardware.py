@@ -76,7 +76,7 @@ def _scripted_timings(monkeypatch, seconds):
         calls[key] = calls.get(key, 0) + 1
         return seconds(case.a.dtype, case.level, calls[key])
 
-    monkeypatch.setattr(matmul._MatmulCase, "_call", fake_call)
+    monkeypatch.setattr(matmul.MatmulCase, "_call", fake_call)
     return calls
 
 
@@ -184,7 +184,7 @@ def _by_round(monkeypatch, flags, seconds):
     """The probe on a CPU with ``flags`` whose calls take ``seconds(dtype, level, round)``:
     every call of a round reads the same, as the simulated machine is in that round."""
     monkeypatch.setattr(hardware, "_cpu_info", lambda: ("Simulated CPU", tuple(flags)))
-    monkeypatch.setattr(matmul._MatmulCase, "_call", lambda case: seconds(case.a.dtype, case.level, len(case.rounds)))
+    monkeypatch.setattr(matmul.MatmulCase, "_call", lambda case: seconds(case.a.dtype, case.level, len(case.rounds)))
 
 
 def _bf16(times):
@@ -364,7 +364,7 @@ def test_a_cpu_probe_times_one_thread_in_cpu_time_and_restores_the_threads(tmp_p
     _on_cpu(monkeypatch)
     threads = torch.get_num_threads()
     seen = []
-    monkeypatch.setattr(matmul._MatmulCase, "_call", lambda case: seen.append(torch.get_num_threads()) or 0.001)
+    monkeypatch.setattr(matmul.MatmulCase, "_call", lambda case: seen.append(torch.get_num_threads()) or 0.001)
     hw = hardware.probe("cpu", layers=False, use_cache=False)
     assert set(seen) == {1} and torch.get_num_threads() == threads
     assert hw.clock == "cpu-time, 1 thread" and hw.threads == threads
@@ -376,7 +376,7 @@ class TestARecordedMachine:
     def test_the_recorded_description_is_used_and_nothing_is_measured(self, tmp_path, monkeypatch):
         import machines
 
-        monkeypatch.setattr(hardware, "_measure", lambda *a, **k: pytest.fail("measured despite a recorded machine"))
+        monkeypatch.setattr(hardware, "measure", lambda *a, **k: pytest.fail("measured despite a recorded machine"))
         path = machines.write(tmp_path / "m.json", machines.CLASSES["cuda"][1])
         monkeypatch.setenv(hardware.PROBE_FILE_VAR, str(path))
         hw = hardware.probe("cpu")

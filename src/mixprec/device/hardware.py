@@ -39,7 +39,7 @@ from mixprec._atomic import write_text
 from mixprec._quote import quote
 from mixprec.device.clock import clock_for, one_thread
 from mixprec.device.stated import stated
-from mixprec.device.matmul import EMULATED_RATIO, FAST_RATIO, ROUNDS, _exact_levels, _measure, _verdict, classify
+from mixprec.device.matmul import EMULATED_RATIO, FAST_RATIO, ROUNDS, classify, exact_levels, measure, verdict
 from mixprec.device.trust import ceiling, holds, settled
 
 __all__ = ["DtypeSpeed", "Hardware", "probe", "resolve_device", "cache_dir", "available_memory", "DTYPES", "classify", "contradiction", "forget", "cache_path",
@@ -409,8 +409,8 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
     n = 2048 if dev.type == "cuda" else 512
     start = time.perf_counter()
     with one_thread(dev):
-        rates, levels = _measure(dev, n, budget_s)
-        exact = _exact_levels(dev, n)
+        rates, levels = measure(dev, n, budget_s)
+        exact = exact_levels(dev, n)
     seconds = time.perf_counter() - start
 
     fp32 = rates["fp32"]["rate"] or None
@@ -431,7 +431,7 @@ def probe(device: str | torch.device | None = None, *, use_cache: bool = True, b
         note = None
         doubt = settled(ratio, per_round, ceiling(dname, dev.type, flags, capability)) \
             if dname != "fp32" and supported else None
-        if dname != "fp32" and supported and per_round and _verdict(per_round) is None:
+        if dname != "fp32" and supported and per_round and verdict(per_round) is None:
             klass, undecided, note = UNDECIDED, True, "its timing rounds disagreed on the class"
         elif doubt is not None:
             klass, undecided, note = UNSTABLE, True, doubt

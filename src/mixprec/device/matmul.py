@@ -1,7 +1,7 @@
 """The probe's measurement: square matmuls in each dtype and float32 matmul level, timed in
 interleaved rounds on the device's clock, and which reduced levels give fp32's bits.
 
-:func:`mixprec.device.hardware.probe` turns what :func:`_measure` returns into classes.
+:func:`mixprec.device.hardware.probe` turns what :func:`measure` returns into classes.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ import torch
 from mixprec.device import backends
 from mixprec.device.clock import clock_for
 from mixprec.device.trust import tight
+
+__all__ = ["MatmulCase", "measure", "verdict", "exact_levels", "classify", "FAST_RATIO", "EMULATED_RATIO", "ROUNDS",
+           "MAX_ROUNDS"]
 
 #: Speed relative to fp32 at or above which a precision counts as fast.
 FAST_RATIO = 1.2
@@ -31,7 +34,7 @@ def classify(ratio: float | None, supported: bool) -> str:
     return "no_speedup"
 
 
-class _MatmulCase:
+class MatmulCase:
     """One timed configuration: a dtype and the float32 matmul level in force.
 
     ``rounds`` holds the fastest call of each round: rounds are interleaved across the
@@ -80,7 +83,7 @@ ROUNDS, MAX_ROUNDS = 3, 7
 _MARGIN = 1.25
 
 
-def _verdict(ratios: list[float]) -> str | None:
+def verdict(ratios: list[float]) -> str | None:
     """The class of the rounds' median ratio, or None where more than one round in five
     contradicts it beyond the margin around the class boundaries (noise, not evidence)."""
     if not ratios:
@@ -92,7 +95,7 @@ def _verdict(ratios: list[float]) -> str | None:
     return klass if against <= len(ratios) // 5 else None
 
 
-def _measure(dev: torch.device, n: int, budget_s: float, rounds: int = ROUNDS) -> tuple[dict[str, Any], dict[str, float]]:
+def measure(dev: torch.device, n: int, budget_s: float, rounds: int = ROUNDS) -> tuple[dict[str, Any], dict[str, float]]:
     """Time every case in interleaved rounds; returns per case its best rate and its
     per-round ratios to fp32, and the fp32 rate per matmul level.
 
@@ -103,10 +106,10 @@ def _measure(dev: torch.device, n: int, budget_s: float, rounds: int = ROUNDS) -
     """
     specs = {"highest": (torch.float32, "highest"), "high": (torch.float32, "high"), "medium": (torch.float32, "medium"),
              "bf16": (torch.bfloat16, "highest"), "fp16": (torch.float16, "highest")}
-    cases: dict[str, _MatmulCase | None] = {}
+    cases: dict[str, MatmulCase | None] = {}
     for key, (dtype, level) in specs.items():
         try:
-            cases[key] = _MatmulCase(n, dtype, level, dev)
+            cases[key] = MatmulCase(n, dtype, level, dev)
         except (RuntimeError, TypeError):
             cases[key] = None  # no kernel for this dtype on this device
 
@@ -128,7 +131,7 @@ def _measure(dev: torch.device, n: int, budget_s: float, rounds: int = ROUNDS) -
         round_index += 1
         # Rounds are added while a class is in doubt or a figure's rounds scatter (re-measured, not kept).
         unsettled = [k for k in ("high", "bf16", "fp16") if cases.get(k) is not None
-                     and (_verdict(ratios(k)) is None or not tight(ratios(k)))]
+                     and (verdict(ratios(k)) is None or not tight(ratios(k)))]
         if round_index >= MAX_ROUNDS or (round_index >= rounds and not unsettled):
             break
     rate = {k: (c.gflops if c is not None else None) for k, c in cases.items()}
@@ -138,7 +141,7 @@ def _measure(dev: torch.device, n: int, budget_s: float, rounds: int = ROUNDS) -
     return result, levels
 
 
-def _exact_levels(dev: torch.device, n: int) -> dict[str, bool]:
+def exact_levels(dev: torch.device, n: int) -> dict[str, bool]:
     """Per reduced float32 matmul level: whether its product has the same bits as ``highest``'s."""
     gen = torch.Generator(device="cpu").manual_seed(1)
     a, b = (torch.randn(n, n, generator=gen).to(dev) for _ in range(2))
