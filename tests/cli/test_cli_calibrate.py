@@ -25,7 +25,10 @@ def test_calibrate_remembers_and_the_next_run_reuses_it(tmp_path, monkeypatch, b
         again = json.loads(runner.invoke(app, args).output)["calibrations"]["fast"]
         assert again["source"] == "cache" and again["chosen"] == data["chosen"]
         listed = runner.invoke(app, ["calibrate", "--list", "--json"])
-        assert [r["preset"] for r in json.loads(listed.output)] == ["fast"]
+        remembered = json.loads(listed.output)
+        assert {r["preset"] for r in remembered} == {"fast"}
+        assert {r.get("component") for r in remembered} >= {None}  # the whole model's, and its components'
+        assert "component" in runner.invoke(app, ["calibrate", "--list"]).output
     cleared = runner.invoke(app, ["calibrate", "--clear"])
     assert cleared.exit_code == 0 and cleared.output.startswith("forgot ")
     assert json.loads(runner.invoke(app, ["calibrate", "--list", "--json"]).output) == []

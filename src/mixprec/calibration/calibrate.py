@@ -29,6 +29,7 @@ import torch
 from mixprec._quote import quote
 from mixprec.calibration import cache as decisions
 from mixprec.calibration.candidates import REFERENCE, Candidate, candidates
+from mixprec.calibration.components import measure_components
 from mixprec.calibration.decide import MARGIN, MIN_ROUNDS, compare
 from mixprec.calibration.result import Calibration
 from mixprec.calibration.trials import ROUND_TARGET_S, Trials, default_run, detached, device_of, output_quality, short
@@ -160,7 +161,11 @@ def calibrate(
         if record is not None:
             return _remembered(record)
 
-    result = _measure(target, run, inputs, name, hw, hints, floor, clock, time_limit, max_rounds, now, started, pipeline)
+    if len(components) > 1:
+        result = measure_components(target, run, inputs, name, hw, hints, floor, clock, time_limit, max_rounds, now,
+                                    started, pipeline, cache)
+    else:
+        result = _measure(target, run, inputs, name, hw, hints, floor, clock, time_limit, max_rounds, now, started, pipeline)
     if cache and result.decided:
         path = decisions.store(fields, result.to_dict())
         result = dataclasses.replace(result, cache_path=str(path) if path else None)

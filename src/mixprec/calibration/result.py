@@ -39,6 +39,13 @@ class Calibration:
         device: the device's name.
         floor_db: the quality floor applied.
         cache_path: where the decision is remembered, if it is.
+        components: for a model of several components, calibrated per component
+            (:mod:`~mixprec.calibration.components`): per component ``component``,
+            ``calls``, ``seconds`` (fp32, device clock), ``share`` of the run, ``unit``
+            (``calls``, or ``layers (predicted)``), ``kept``, ``vs_fp32``, ``sqnr_db`` (its
+            own error), ``decided``, ``source``, ``note``, ``verdict`` and its ``options``.
+            The ``figures`` of such a calibration are predicted from the components'
+            (``predicted``), the ``per-component`` one checked end to end.
     """
 
     preset: str
@@ -55,6 +62,7 @@ class Calibration:
     device: str = ""
     floor_db: float | None = None
     cache_path: str | None = None
+    components: tuple[dict[str, Any], ...] = ()
 
     def figure(self, label: str) -> dict[str, Any] | None:
         return next((f for f in self.figures if f["label"] == label), None)
@@ -64,7 +72,11 @@ class Calibration:
         fig = self.figure(self.chosen) or {}
         speed = fig.get("vs_fp32")
         text = f"{self.preset}: {self.chosen}"
-        if speed:
+        if self.chosen == "per-component" and self.components:
+            text = f"{self.preset}: per component (" + ", ".join(f"{c['component']} {c['kept']}" for c in self.components) + ")"
+        if speed and fig.get("predicted"):
+            text += f" {speed['value']:.2f}x fp32 predicted from the components"
+        elif speed:
             text += f" {speed['value']:.2f}x fp32 ({speed['low']:.2f}-{speed['high']:.2f})"
         if self.source == "cache":
             text += f", remembered from {self.when} ({self.clock}, {self.rounds} rounds)"
@@ -84,6 +96,8 @@ class Calibration:
         data["reasons"] = list(self.reasons)
         data["figures"] = [strict(dict(f)) for f in self.figures]
         data["floor_db"] = strict(self.floor_db)
+        data["components"] = [strict({k: ([strict(dict(o)) for o in v] if k == "options" else v) for k, v in c.items()})
+                              for c in self.components]
         return data
 
     @classmethod
@@ -94,4 +108,7 @@ class Calibration:
         kept["reasons"] = tuple(data.get("reasons", ()))
         kept["figures"] = tuple({k: (number(v) if k == "sqnr_db" else v) for k, v in f.items()} for f in data.get("figures", ()))
         kept["floor_db"] = number(data.get("floor_db"))
+        kept["components"] = tuple(
+            {k: ([{ok: (number(ov) if ok == "sqnr_db" else ov) for ok, ov in o.items()} for o in v] if k == "options"
+                 else number(v) if k == "sqnr_db" else v) for k, v in c.items()} for c in data.get("components", ()))
         return cls(**kept)

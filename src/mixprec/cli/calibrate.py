@@ -52,6 +52,21 @@ def calibration_rows(result: Any) -> list[list[Any]]:
     return rows
 
 
+COMPONENT_COLUMNS = ["component", "calls", "fp32 time", "share", "timed on", "kept", "vs fp32", "own SQNR", "note"]
+
+
+def component_rows(result: Any) -> list[list[Any]]:
+    """One row per component of a calibration made per component (none for a one-component model)."""
+    rows = []
+    for comp in result.components:
+        speed, sqnr = comp.get("vs_fp32"), comp.get("sqnr_db")
+        rows.append([comp["component"], comp["calls"], f"{comp['seconds']:.3f} s", f"{comp['share']:.0%}", comp["unit"],
+                     comp["kept"], f"{speed['value']:.2f}x ({speed['low']:.2f}-{speed['high']:.2f})" if speed else None,
+                     None if sqnr is None else ("exact" if sqnr == math.inf else f"{sqnr:.1f} dB"),
+                     comp.get("verdict") or comp.get("note")])
+    return rows
+
+
 def calibration_lines(result: Any) -> list[str]:
     """The headline and the reasons that are not a candidate's figure line (the table holds those)."""
     labels = tuple(f"{fig['label']}:" for fig in result.figures)
@@ -61,6 +76,8 @@ def calibration_lines(result: Any) -> list[str]:
 def _show(result: Any, title: str) -> None:
     lines = calibration_lines(result)
     say(console, lines[0], soft_wrap=False)
+    if result.components:
+        console.print(table(f"{title}: per component", COMPONENT_COLUMNS, component_rows(result)))
     console.print(table(title, CALIBRATION_COLUMNS, calibration_rows(result), drop=("out / also", "weights")))
     for line in lines[1:]:
         say(console, "  - ", line, soft_wrap=False)
@@ -107,8 +124,8 @@ def calibrate_cmd(
             console.print_json(json.dumps(found, default=str))
             return
         console.print(table(f"Remembered calibrations ({calibration.cache.folder()})",
-                            ["preset", "kept", "device", "when", "clock", "rounds", "inputs", "torch"],
-                            [[r.get("preset"), r.get("chosen"), r.get("device"), r.get("when"), r.get("clock"), r.get("rounds"),
+                            ["preset", "component", "kept", "device", "when", "clock", "rounds", "inputs", "torch"],
+                            [[r.get("preset"), r.get("component") or "(whole model)", r.get("chosen"), r.get("device"), r.get("when"), r.get("clock"), r.get("rounds"),
                               (r.get("key") or {}).get("inputs"), (r.get("key") or {}).get("torch")] for r in found]))
         return
     if pipeline is None:
