@@ -216,7 +216,7 @@ def _subset(components: dict[str, nn.Module], names: list[str]) -> dict[str, nn.
     return {c: components[c] for c in names}
 
 
-def _choose_units(part: Part, options: int, rounds_budget: float) -> None:
+def _choose_units(part: Part, options: int, rounds_budget: float, wall_per_clock: float) -> None:
     """Time the component's own calls, or (one call too long to repeat) the modules it calls directly."""
     record = part.record
     whole = record.whole()
@@ -226,7 +226,7 @@ def _choose_units(part: Part, options: int, rounds_budget: float) -> None:
     one_call = statistics.mean(s.seconds for s in whole.samples)
     children = record.child_units()
     per_round_children = sum(statistics.mean(s.seconds for s in u.samples) for u in children)
-    too_long = one_call * options * MIN_ROUNDS > LONG_CALL_SHARE * max(rounds_budget, 0.0)
+    too_long = one_call * wall_per_clock * options * MIN_ROUNDS > LONG_CALL_SHARE * max(rounds_budget, 0.0)
     if too_long and children and per_round_children < 0.7 * one_call:
         part.units, part.layers = children, True
         part.residual_s = max(0.0, record.seconds - sum(u.seconds for u in children))
@@ -296,6 +296,8 @@ def measure_components(target: Any, run: Callable[[Any], Any], inputs: Any, name
         raise ValueError(f"the fp32 model itself failed on the example inputs ({short(exc)}): calibrate needs inputs "
                          "the model runs on") from exc
     reference_wall = now() - begin
+    # The device clock's seconds as wall seconds (CPU time counts every thread; a GPU's events its kernels).
+    wall_per_clock = reference_wall / reference_s if reference_s > 0 else 1.0
     forced = target.teacher_forced(inputs, reference) if pipeline else inputs
     ref = detached(reference)
     del reference
@@ -343,7 +345,7 @@ def measure_components(target: Any, run: Callable[[Any], Any], inputs: Any, name
     timed = [p for p in parts.values() if p.timed]
     rounds_budget = time_limit - (now() - started) - check_reserve
     for part in timed:
-        _choose_units(part, len(part.options), rounds_budget)
+        _choose_units(part, len(part.options), rounds_budget, wall_per_clock)
 
     # First calls: warm-up and own error, one candidate applied at a time (fp32's are the recording's).
     for part in timed:
@@ -357,7 +359,7 @@ def measure_components(target: Any, run: Callable[[Any], Any], inputs: Any, name
         here = [p for p in timed if label in p.options and label != REFERENCE]
         if not here:
             continue
-        cost = sum(u.samples[0].seconds for p in here for u in p.units)
+        cost = wall_per_clock * sum(u.samples[0].seconds for p in here for u in p.units)
         if label != "rules" and now() - started + cost + check_reserve > time_limit:
             for p in here:
                 p.options[label].out = f"not tried: the time limit ({time_limit:g} s) came first"
@@ -416,7 +418,7 @@ def measure_components(target: Any, run: Callable[[Any], Any], inputs: Any, name
     timed = [p for p in timed if p.timed]
     pool = {p.name: [o.label for o in p.live() if _eligible(o, name) or o.label == REFERENCE] for p in timed}
     rounds, stop_reason, last_round = 0, None, 0.0
-    last_round = sum(p.options[label].cost_s for p in timed for label in pool[p.name])
+    last_round = wall_per_clock * sum(p.options[label].cost_s for p in timed for label in pool[p.name])
     verdicts: dict[str, Any] = {}
     while True:
         active = [p for p in timed if len(pool[p.name]) > 1 and not (p.name in verdicts and verdicts[p.name].settled)]
