@@ -42,6 +42,9 @@ def test_calibrate_text_and_explain_show_the_figures(tmp_path, monkeypatch, bf16
     assert out.exit_code == 0, out.output
     assert "calibrated: memory: " in out.output and "tts: memory's candidates" in out.output
     assert "naive-bf16" in out.output and "against the incumbent" in out.output
+    # tts has several components: each is shown with its share, what it kept and its own error.
+    assert "tts: memory calibrated per component" in out.output and "own SQNR" in out.output
+    assert all(name in out.output for name in ("t3", "s3gen", "vocoder"))
 
 
 def test_bad_flags_are_refused_before_any_work(tmp_path, monkeypatch):

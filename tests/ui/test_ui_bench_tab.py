@@ -209,3 +209,16 @@ def test_a_calibrated_preset_says_what_its_calibration_kept(lang):
     assert t("bench.note_calibrated", lang) in text and f"fast+calibrated: {kept}" in text
     plain = {**run, "configs": [configs[0], dict(_cfg("fast", [0.5] * 5), policy={"name": "fast", "rules": []})]}
     assert t("bench.note_calibrated", lang) not in results_table(plain, lang)
+
+
+def test_a_preset_calibrated_per_component_lists_its_components_under_it():
+    kept = ("fast, calibrated: per component (t3 naive-bf16, vocoder rules) 2.26x fp32 predicted from the components; "
+            "t3: 39% of the run, naive-bf16, 2.49x fp32, own SQNR 38.8 dB; "
+            "vocoder: 22% of the run, rules, 1.41x fp32 (predicted), own SQNR 39.2 dB")
+    configs = [_cfg("fp32", [1.0, 1.1, 0.9, 1.0, 1.05]), dict(_cfg("fast+calibrated", [0.5, 0.55, 0.45, 0.5, 0.52]),
+                                                              policy={"name": kept, "rules": []})]
+    text = results_table({"id": 1, "pipeline": "tts", "size": "test", "status": "complete", "configs": configs,
+                          "notes": []}, "en")
+    assert "- fast+calibrated: fast, calibrated: per component (t3 naive-bf16, vocoder rules)" in text
+    assert "\n    - t3: 39% of the run, naive-bf16, 2.49x fp32, own SQNR 38.8 dB" in text
+    assert "\n    - vocoder: 22% of the run, rules, 1.41x fp32 (predicted), own SQNR 39.2 dB" in text

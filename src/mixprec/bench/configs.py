@@ -238,7 +238,8 @@ def _configure(spec: ConfigSpec, pipe: Any, hardware: Hardware | None,
         from mixprec.calibration import calibrate
 
         result = calibrate(pipe, spec.arg, inputs, hardware=hardware)
-        policy = dataclasses.replace(result.policy, name=f"{spec.arg}, calibrated: {result.headline().split(': ', 1)[1]}")
+        per = "".join(f"; {line}" for line in result.component_lines())  # shown per component by the report and the UI
+        policy = dataclasses.replace(result.policy, name=f"{spec.arg}, calibrated: {result.headline().split(': ', 1)[1]}{per}")
         info["calibration"] = result.to_dict()
     elif spec.kind == "preset":
         policy = preset(spec.arg, hardware=hardware, hints=tuple(getattr(pipe, "sensitive", ())))

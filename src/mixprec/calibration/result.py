@@ -89,6 +89,18 @@ class Calibration:
         return text + ("; undecided: the rule-based choice stays" if self.chosen == "rules"
                        else f"; undecided: the rules were out, so {self.chosen} stays")
 
+    def component_lines(self) -> list[str]:
+        """One line per component of a calibration made per component: its share of the run, the
+        candidate kept, its speed against fp32 (predicted where timed through its layers) and its own error."""
+        lines = []
+        for c in self.components:
+            speed, sqnr = c.get("vs_fp32"), c.get("sqnr_db")
+            lines.append(f"{c['component']}: {c['share']:.0%} of the run, {c['kept']}"
+                         + (f", {speed['value']:.2f}x fp32" + (" (predicted)" if c.get("unit") != "calls" else "") if speed else "")
+                         + ("" if sqnr is None else ", exact" if sqnr == float("inf") else f", own SQNR {sqnr:.1f} dB")
+                         + ("" if c.get("decided") else ", undecided"))
+        return lines
+
     def to_dict(self) -> dict[str, Any]:
         """Standard JSON data: an exact SQNR (``inf``) is written ``"inf"``, as mixprec's exports write it."""
         data = dataclasses.asdict(self)

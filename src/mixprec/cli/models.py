@@ -129,10 +129,14 @@ def explain(
     for hint in advice:
         say(console, "advice: ", hint, soft_wrap=False)
     if calibration is not None:
-        from mixprec.cli.calibrate import CALIBRATION_COLUMNS, calibration_lines, calibration_rows
+        from mixprec.cli.calibrate import (CALIBRATION_COLUMNS, COMPONENT_COLUMNS, calibration_lines, calibration_rows,
+                                           component_rows)
 
         lines = calibration_lines(calibration)
         say(console, "calibrated: ", lines[0], soft_wrap=False)
+        if calibration.components:
+            console.print(table(f"{pipeline}: {preset} calibrated per component", COMPONENT_COLUMNS,
+                                component_rows(calibration)))
         console.print(table(f"{pipeline}: {preset}'s candidates", CALIBRATION_COLUMNS, calibration_rows(calibration),
                             drop=("out / also", "weights")))
         for reason in lines[1:]:

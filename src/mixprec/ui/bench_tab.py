@@ -16,6 +16,7 @@ Examples:
 from __future__ import annotations
 
 import html
+import re
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -80,11 +81,24 @@ def results_table(run: dict[str, Any], lang: str) -> str:
     calibrated = [f"{c['name']}: {(c.get('policy') or {}).get('name')}" for c in run.get("configs") or ()
                   if str(c.get("name", "")).endswith(CALIBRATED_SUFFIX) and (c.get("policy") or {}).get("name")]
     if calibrated:
-        notes.append(t("bench.note_calibrated", lang) + "".join(f"\n\n- {bidi(html.escape(line), lang)}" for line in calibrated))
+        notes.append(t("bench.note_calibrated", lang) + "".join(_calibrated_lines(line, lang) for line in calibrated))
     # What makes the figures less than certain is said beside them, as the CLI and the report do.
     doubts = [n for n in run.get("notes") or () if any(w in n for w in _DOUBTS)]
     return (table + "".join(f"\n\n{n}" for n in notes)
             + "".join(f"\n\n> {bidi(html.escape(_short(n)), lang)}" for n in doubts))
+
+
+#: A per-component line of a calibrated preset's name (:meth:`mixprec.calibration.Calibration.component_lines`).
+_COMPONENT_LINE = re.compile(r"^[^;:]+: \d+% of the run, ")
+
+
+def _calibrated_lines(line: str, lang: str) -> str:
+    """A calibrated configuration's line, its components (where it was calibrated per component) listed under it."""
+    parts = line.split("; ")
+    head = [p for p in parts if not _COMPONENT_LINE.match(p)]
+    components = [p for p in parts if _COMPONENT_LINE.match(p)]
+    return (f"\n\n- {bidi(html.escape('; '.join(head)), lang)}"
+            + "".join(f"\n    - {bidi(html.escape(c), lang)}" for c in components))
 
 
 def _speedup(cell: str, lang: str, *, mark: bool = True) -> str:
