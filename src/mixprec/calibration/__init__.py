@@ -7,7 +7,10 @@ resolution, the other 16-bit type, fp32 at the preset's matmul level, the preset
 its extras and the one-line casts it must not lose to), in paired rounds of CPU time
 (CUDA events on a GPU), checks each against fp32's output on the same inputs, and keeps
 the fastest that meets the preset's quality floor (:mod:`~mixprec.calibration.decide`).
-The decision is remembered on disk (:mod:`~mixprec.calibration.cache`), keyed by the
+A model of several components is calibrated per component
+(:mod:`~mixprec.calibration.components`, recorded by :mod:`~mixprec.calibration.record`):
+each component timed alone on its own recorded calls, the choices composed and checked end
+to end. The decision is remembered on disk (:mod:`~mixprec.calibration.cache`), keyed by the
 model's structure, the inputs' shapes, the device and the versions.
 
 It sits above :mod:`mixprec.measure` (statistics, metrics) and below the benchmark and the

@@ -77,6 +77,12 @@ def calibrate(
 ) -> Calibration:
     """Time a preset's candidates on the model itself and keep the fastest that meets its quality floor.
 
+    A model of several components (a pipeline, a mapping of named modules) is calibrated per
+    component (:mod:`~mixprec.calibration.components`): one fp32 run is recorded, each
+    component is timed alone on its recorded calls under each candidate, the fastest
+    qualifying choices are composed and the composition is checked end to end. A model of
+    one component has its candidates timed whole.
+
     Args:
         target: an ``nn.Module``, a mapping of named modules, or a pipeline (mixprec's
             reference pipelines and wrapped apps: their ``example_inputs`` and ``run``
