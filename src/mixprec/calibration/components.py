@@ -43,26 +43,23 @@ import dataclasses
 import datetime
 import math
 import statistics
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-from torch import nn
 
-from mixprec.calibration import cache as decisions
-from mixprec.calibration.candidates import REFERENCE, Candidate, candidates
-from mixprec.calibration.decide import MARGIN, MIN_ROUNDS, compare
-from mixprec.calibration.record import ComponentRecord, Recorder, Unit, replay, seconds_text
+from mixprec.calibration.candidates import REFERENCE, candidates
+from mixprec.calibration.decide import MARGIN, MIN_ROUNDS, Verdicts, compare
+from mixprec.calibration.options import (Option, Part, computes_fp32, eligible, freeze, options, part_row, recall,
+                                         remember)
+from mixprec.calibration.record import Recorder, Unit, replay, seconds_text
 from mixprec.calibration.result import Calibration
 from mixprec.calibration.trials import _applied, detached, output_quality, short
-from mixprec.casting.targets import DTYPES, components_of, weight_bytes
+from mixprec.casting.targets import components_of
 from mixprec.device.clock import Clock
 from mixprec.device.hardware import Hardware
-from mixprec.device.settings import NumericSettings
 from mixprec.diagnose.capture import shared_model_memo
-from mixprec.measure.stats import Ratio, paired_ratio
+from mixprec.measure.stats import Ratio
 from mixprec.policy import Policy, Rule
-from mixprec.policy.select import ModulePlan, resolve_modules
 
 __all__ = ["measure_components", "freeze", "PER_COMPONENT", "NEGLIGIBLE"]
 
@@ -75,130 +72,56 @@ CLEARLY_SLOWER = 0.25
 #: A component is timed through the modules it calls directly where its options' calls over the
 #: rounds a verdict needs would take more than this share of the time left for rounds.
 LONG_CALL_SHARE = 0.5
-_FIELDS = ("storage", "compute", "keep_fp32", "upcast_attention", "output_dtype")
 
 
-@dataclass
-class Option:
-    """A candidate as it acts on one component."""
-
-    label: str
-    cand: Candidate | None
-    plans: dict[int, ModulePlan]
-    level: str
-    also: list[str] = field(default_factory=list)
-    sqnr_db: float | None = None
-    out: str | None = None
-    #: Why it left the rounds early (clearly slower): still qualified, not timed further.
-    left: str | None = None
-    first_s: float = 0.0
-    #: Seconds of one round's calls (one recorded call per unit), from the first calls.
-    cost_s: float = 0.0
-    #: Per round: the component's estimated seconds.
-    rounds: list[float] = field(default_factory=list)
-    remembered: tuple[Rule, ...] | None = None
-
-    @property
-    def policy(self) -> Policy | None:
-        return self.cand.policy if self.cand is not None else None
-
-    def dtype(self, module: nn.Module) -> torch.dtype:
-        plan = self.plans.get(id(module))
-        return DTYPES[plan.compute_dtype] if plan is not None else torch.float32
+def measure_components(target: Any, run: Callable[[Any], Any], inputs: Any, name: str, hw: Hardware,
+                       hints: tuple[str, ...], floor: float, clock: Clock, time_limit: float, max_rounds: int,
+                       now: Callable[[], float], started: float, pipeline: bool, cache: bool | str) -> Calibration:
+    """Calibrate ``name`` on ``target``'s components (see the module docstring)."""
+    job = _PerComponent(target, run, name, hw, hints, floor, clock, time_limit, max_rounds, now, started, cache)
+    job.record(inputs, pipeline)
+    job.recall()
+    job.first_calls()
+    job.incumbents()
+    job.rounds()
+    job.choose()
+    job.compose()
+    job.check()
+    return job.result()
 
 
-@dataclass
-class Part:
-    """One component in the calibration."""
+class _PerComponent:
+    """One calibration made per component, its steps as methods, in the order :func:`measure_components` runs them."""
 
-    name: str
-    root: nn.Module
-    record: ComponentRecord
-    options: dict[str, Option]
-    units: list[Unit] = field(default_factory=list)
-    residual_s: float = 0.0
-    layers: bool = False
-    timed: bool = True
-    note: str | None = None
-    kept: str | None = None
-    decided: bool = False
-    source: str = "measured"
-    verdict_text: str | None = None
-    fields: dict[str, Any] | None = None
+    def __init__(self, target: Any, run: Callable[[Any], Any], name: str, hw: Hardware, hints: tuple[str, ...],
+                 floor: float, clock: Clock, time_limit: float, max_rounds: int, now: Callable[[], float],
+                 started: float, cache: bool | str):
+        self.target, self.run, self.name, self.hw, self.hints, self.floor = target, run, name, hw, hints, floor
+        self.clock, self.time_limit, self.max_rounds, self.now, self.started = clock, time_limit, max_rounds, now, started
+        self.cache = cache
+        self.components = components_of(target)[0]
+        self.cands = candidates(name, hw, hints)
+        self.by_label = {c.label: c for c in self.cands}
+        self.memo = shared_model_memo(self.components)
+        self.reasons: list[str] = []
+        self.verdicts: dict[str, Verdicts] = {}
+        self.incumbent: dict[str, str] = {}
+        self.pool: dict[str, list[str]] = {}
+        self.n_rounds, self.stop_reason = 0, ""
+        self.backed: list[str] = []
+        self.check_sqnr: float | None = None
+        self.check_s: float | None = None
+        self.check_skipped = False
 
-    def live(self) -> list[Option]:
-        return [o for o in self.options.values() if o.out is None]
+    # ----------------------------------------------------------------------- helpers
 
+    def elapsed(self) -> float:
+        return self.now() - self.started
 
-def _plan_key(plan: ModulePlan) -> tuple:
-    return tuple(getattr(plan, f) for f in _FIELDS)
+    def timed(self) -> list[Part]:
+        return [p for p in self.parts.values() if p.timed]
 
-
-def _fp32_plan(name: str, module: nn.Module) -> ModulePlan:
-    return ModulePlan(name, module)
-
-
-def _component_plans(components: dict[str, nn.Module], policy: Policy | None) -> dict[str, dict[int, ModulePlan]]:
-    out: dict[str, dict[int, ModulePlan]] = {c: {} for c in components}
-    owner = {id(m): c for c, root in components.items() for m in root.modules()}
-    if policy is None:
-        for c, root in components.items():
-            for name, module in root.named_modules():
-                out[c][id(module)] = _fp32_plan(f"{c}.{name}" if name else c, module)
-        return out
-    plans, _ = resolve_modules(components, policy)
-    for plan in plans:
-        c = owner.get(id(plan.module))
-        if c is not None:
-            out[c].setdefault(id(plan.module), plan)
-    return out
-
-
-def _computes_fp32(plans: dict[int, ModulePlan]) -> bool:
-    return any(p.compute_dtype == "fp32" for p in plans.values())
-
-
-def _options(components: dict[str, nn.Module], cands: list[Candidate]) -> dict[str, dict[str, Option]]:
-    """Per component, the distinct options (see the module docstring, step 2)."""
-    per: dict[str, dict[str, Option]] = {c: {} for c in components}
-    keys: dict[str, dict[tuple, str]] = {c: {} for c in components}
-    for cand in cands:
-        level = cand.policy.numerics.matmul if cand.policy is not None and cand.policy.numerics is not None else "highest"
-        by_component = _component_plans(components, cand.policy)
-        for c, root in components.items():
-            plans = by_component[c]
-            ordered = tuple(_plan_key(plans[id(m)]) if id(m) in plans else None for m in root.modules())
-            wrappers = cand.policy.wrappers if cand.policy is not None else "none"
-            key = (ordered, wrappers, level if _computes_fp32(plans) else "any")
-            if key in keys[c]:
-                per[c][keys[c][key]].also.append(cand.label)
-            else:
-                keys[c][key] = cand.label
-                per[c][cand.label] = Option(cand.label, cand, plans, level)
-    return per
-
-
-def _stores_low(option: Option) -> bool:
-    return any(p.storage != "fp32" and not p.keep_fp32 for p in option.plans.values())
-
-
-def _eligible(option: Option, preset: str) -> bool:
-    if preset == "memory":
-        return _stores_low(option)
-    return option.cand is None or option.cand.eligible or option.remembered is not None
-
-
-# --------------------------------------------------------------------------- timing
-
-
-class _Runs:
-    """Replays a part's units under an applied option."""
-
-    def __init__(self, components: dict[str, nn.Module], clock: Clock):
-        self.memo = shared_model_memo(components)
-        self.clock = clock
-
-    def unit(self, unit: Unit, option: Option, index: int) -> tuple[Any, float]:
+    def replay(self, unit: Unit, option: Option, index: int) -> tuple[Any, float]:
         sample = unit.samples[index % len(unit.samples)]
         return replay(sample, self.memo, option.dtype(unit.module), unit.min_ndim, self.clock)
 
@@ -207,490 +130,406 @@ class _Runs:
         total = part.residual_s
         for unit in part.units:
             sample = unit.samples[index % len(unit.samples)]
-            _, seconds = self.unit(unit, option, index)
+            _, seconds = self.replay(unit, option, index)
             total += seconds * unit.seconds / max(sample.seconds, 1e-9)
         return total
 
+    def applied(self, parts: list[Part], policy: Policy | None) -> Any:
+        """``policy`` applied to these components only (the others stay as they are)."""
+        return _applied({p.name: self.components[p.name] for p in parts}, policy)
 
-def _subset(components: dict[str, nn.Module], names: list[str]) -> dict[str, nn.Module]:
-    return {c: components[c] for c in names}
+    def option_for(self, part: Part, label: str) -> Option | None:
+        if label in part.options:
+            return part.options[label]
+        return next((o for o in part.options.values() if label in o.also), None)
 
-
-def _choose_units(part: Part, options: int, rounds_budget: float, wall_per_clock: float) -> None:
-    """Time the component's own calls, or (one call too long to repeat) the modules it calls directly."""
-    record = part.record
-    whole = record.whole()
-    part.units, part.layers, part.residual_s = [whole], False, 0.0
-    if not whole.samples:
-        return
-    one_call = statistics.mean(s.seconds for s in whole.samples)
-    children = record.child_units()
-    per_round_children = sum(statistics.mean(s.seconds for s in u.samples) for u in children)
-    too_long = one_call * wall_per_clock * options * MIN_ROUNDS > LONG_CALL_SHARE * max(rounds_budget, 0.0)
-    if too_long and children and per_round_children < 0.7 * one_call:
-        part.units, part.layers = children, True
-        part.residual_s = max(0.0, record.seconds - sum(u.seconds for u in children))
-
-
-# --------------------------------------------------------------------------- composition
-
-
-def freeze(components: dict[str, nn.Module], chosen: dict[str, dict[int, ModulePlan]], level: str, preset: str,
-           labels: dict[str, str]) -> Policy:
-    """One policy giving each component the plans of its chosen option: a rule per component, and
-    exact-name rules where a module's plan differs from its parent's."""
-    rules: list[Rule] = []
-    for c, root in components.items():
-        plans = chosen[c]
-        parents: dict[int, tuple] = {}
-        for name, module in root.named_modules():
-            plan = plans.get(id(module))
-            if plan is None:
-                continue
-            key = _plan_key(plan)
-            parent = root if not name else root.get_submodule(name.rpartition(".")[0]) if "." in name else root
-            if name and parents.get(id(parent)) == key:
-                parents[id(module)] = key
-                continue
-            parents[id(module)] = key
-            qual = f"{c}.{name}" if name else c
-            rules.append(Rule(qual, storage=plan.storage, compute=plan.compute,
-                              keep_fp32=True if plan.keep_fp32 else None,
-                              upcast_attention=plan.upcast_attention, output_dtype=plan.output_dtype, optional=True,
-                              reason=f"{preset} calibrated per component: {c} keeps {labels[c]}"))
-    numerics = NumericSettings(matmul=level) if level != "highest" else None
-    return Policy(tuple(rules), numerics, name=preset)
-
-
-def _relative(rules: tuple[Rule, ...], c: str) -> list[dict[str, Any]]:
-    out = []
-    for rule in rules:
-        if rule.match == c or rule.match.startswith(c + "."):
-            data = {f: getattr(rule, f) for f in _FIELDS if getattr(rule, f) is not None}
-            out.append(dict(data, match=rule.match[len(c):].lstrip(".")))
-    return out
-
-
-def _absolute(data: list[dict[str, Any]], c: str, preset: str) -> tuple[Rule, ...]:
-    return tuple(Rule(f"{c}.{d['match']}" if d["match"] else c, optional=True,
-                      reason=f"{preset} calibrated per component: {c} as remembered",
-                      **{f: d[f] for f in _FIELDS if f in d}) for d in data)
-
-
-# --------------------------------------------------------------------------- the calibration
-
-
-def measure_components(target: Any, run: Callable[[Any], Any], inputs: Any, name: str, hw: Hardware,
-                       hints: tuple[str, ...], floor: float, clock: Clock, time_limit: float, max_rounds: int,
-                       now: Callable[[], float], started: float, pipeline: bool, cache: bool | str) -> Calibration:
-    """Calibrate ``name`` on ``target``'s components (see the module docstring)."""
-    components, _ = components_of(target)
-    cands = candidates(name, hw, hints)
-    by_label = {c.label: c for c in cands}
-    recorder = Recorder(components, clock)
-    begin = now()
-    try:
-        with recorder, torch.inference_mode():
-            reference, reference_s = clock.time(lambda: run(inputs))
-    except Exception as exc:
-        raise ValueError(f"the fp32 model itself failed on the example inputs ({short(exc)}): calibrate needs inputs "
-                         "the model runs on") from exc
-    reference_wall = now() - begin
-    # The device clock's seconds as wall seconds (CPU time counts every thread; a GPU's events its kernels).
-    wall_per_clock = reference_wall / reference_s if reference_s > 0 else 1.0
-    forced = target.teacher_forced(inputs, reference) if pipeline else inputs
-    ref = detached(reference)
-    del reference
-    reasons: list[str] = []
-
-    options = _options(components, cands)
-    total_s = sum(r.seconds for r in recorder.records.values()) or 1e-9
-    parts = {c: Part(c, components[c], recorder.records[c], options[c]) for c in components}
-    for part in parts.values():
-        share = part.record.seconds / total_s
-        if not part.record.samples:
-            part.timed, part.note = False, ("not called in the run" if part.record.calls == 0 else
-                                            "its calls' arguments could not be copied: not timed")
-        elif share < NEGLIGIBLE:
-            part.timed, part.note = False, f"{share:.1%} of the run: not timed"
-        if len(part.options) == 1:
-            only = next(iter(part.options))
-            part.timed, part.kept, part.decided = False, only, True
-            part.note = f"every candidate plans it alike ({only})"
-
-    # Remembered components are kept as they were decided, untimed.
-    if cache:
-        for part in parts.values():
-            if not part.record.samples:
-                continue
-            sample = part.record.samples[0]
-            prefix = part.name + "."
-            own_hints = tuple(h[len(prefix):] for h in hints if h.startswith(prefix))
-            part.fields = decisions.key_fields(name, {"": part.root}, (sample.call.args, sample.call.kwargs), hw,
-                                               hints=own_hints, floor_db=floor)
-            part.fields["scope"] = "component"
-            found = decisions.lookup(part.fields) if cache is True else None
-            if found is not None and found.get("rules") is not None:
-                rules = _absolute(found["rules"], part.name, name)
-                plans = _component_plans({part.name: part.root}, Policy(rules, name=name))[part.name]
-                label = f"remembered {found.get('kept', '?')}"
-                part.options = {label: Option(label, None, plans, found.get("level", "highest"), sqnr_db=found.get("sqnr_db"),
-                                              remembered=rules)}
-                part.kept, part.decided, part.timed, part.source = label, True, False, "cache"
-                part.verdict_text = found.get("verdict")
-                part.note = f"remembered from {found.get('when', '?')}: not timed"
-
-    runs = _Runs(components, clock)
-    check_reserve = reference_wall  # the end-to-end check runs the whole model once
-    timed = [p for p in parts.values() if p.timed]
-    rounds_budget = time_limit - (now() - started) - check_reserve
-    for part in timed:
-        _choose_units(part, len(part.options), rounds_budget, wall_per_clock)
-
-    # First calls: warm-up and own error, one candidate applied at a time (fp32's are the recording's).
-    for part in timed:
-        if REFERENCE in part.options:
-            part.options[REFERENCE].sqnr_db = math.inf
-            part.options[REFERENCE].first_s = sum(u.samples[0].seconds * u.seconds / max(u.samples[0].seconds, 1e-9)
-                                                  for u in part.units) + part.residual_s
-            part.options[REFERENCE].cost_s = sum(u.samples[0].seconds for u in part.units)
-    for cand in cands:
-        label = cand.label
-        here = [p for p in timed if label in p.options and label != REFERENCE]
-        if not here:
-            continue
-        cost = wall_per_clock * sum(u.samples[0].seconds for p in here for u in p.units)
-        if label != "rules" and now() - started + cost + check_reserve > time_limit:
-            for p in here:
-                p.options[label].out = f"not tried: the time limit ({time_limit:g} s) came first"
-            continue
-        try:
-            with _applied(_subset(components, [p.name for p in here]), cand.policy):
-                with torch.inference_mode():
-                    for part in here:
-                        option = part.options[label]
-                        worst, bad, took, raw = math.inf, 0, part.residual_s, 0.0
-                        try:
-                            for unit in part.units:  # the first recorded call of each unit
-                                out, seconds = runs.unit(unit, option, 0)
-                                took += seconds * unit.seconds / max(unit.samples[0].seconds, 1e-9)
-                                raw += seconds
-                                sqnr, nonfinite = output_quality(detached(out), unit.samples[0].output)
-                                worst, bad = min(worst, sqnr), bad + nonfinite
-                        except Exception as exc:  # noqa: BLE001 - the option is out for this component, said with its error
-                            option.out = f"failed: {short(exc)}"
-                            continue
-                        option.sqnr_db, option.first_s, option.cost_s = worst, took, raw
-                        if bad:
-                            option.out = f"{bad} non-finite values in {part.name}'s output"
-                        elif not worst >= floor:
-                            option.out = f"{part.name}'s own SQNR {worst:.1f} dB against fp32, below {name}'s floor of {floor:g} dB"
-        except Exception as exc:  # noqa: BLE001 - the candidate did not apply: out everywhere
-            for p in here:
-                p.options[label].out = f"failed: {short(exc)}"
-    # The end-to-end check runs the fastest whole candidate's speed, as the first calls predict it.
-    if timed:
-        fastest = min((sum(o.first_s for p in timed for o in [p.options.get(c.label)] if o is not None and o.out is None)
-                       / max(sum(p.record.seconds for p in timed), 1e-9) for c in cands), default=1.0)
-        check_reserve = reference_wall * min(1.0, max(0.3, fastest))
-
-    # Incumbents: the rules where they qualified, else fp32.
-    incumbents: dict[str, str] = {}
-    for part in timed:
-        eligible = [o.label for o in part.live() if _eligible(o, name)]
-        fp8 = next((o.label for o in part.live() if o.label == "rules-fp8"), None)
-        if name == "memory" and fp8 is not None:  # memory's objective is weight bytes: its fp8 level wins where it holds
-            part.kept, part.decided, part.timed = fp8, True, False
-            part.note = "memory's fp8 level met the floor on it: kept without timing (memory's objective is weight bytes)"
-            continue
-        rules = next((o.label for o in part.options.values() if "rules" in (o.label, *o.also)), None)
-        incumbent = rules if rules in eligible else (REFERENCE if REFERENCE in eligible else (eligible[0] if eligible else None))
-        if incumbent is None:
-            part.timed, part.note = False, "no option met the floor without an error: fp32 stays"
-            part.kept = REFERENCE if REFERENCE in part.options else None
-            continue
-        incumbents[part.name] = incumbent
-        if len(eligible) == 1:
-            part.kept, part.decided, part.timed = incumbent, True, False
-            part.note = f"only {incumbent} qualified: kept without timing"
-
-    # Rounds.
-    timed = [p for p in timed if p.timed]
-    pool = {p.name: [o.label for o in p.live() if _eligible(o, name) or o.label == REFERENCE] for p in timed}
-    rounds, stop_reason, last_round = 0, None, 0.0
-    last_round = wall_per_clock * sum(p.options[label].cost_s for p in timed for label in pool[p.name])
-    verdicts: dict[str, Any] = {}
-    while True:
-        active = [p for p in timed if len(pool[p.name]) > 1 and not (p.name in verdicts and verdicts[p.name].settled)]
-        if not active:
-            break
-        if rounds >= max_rounds:
-            stop_reason = f"the most rounds ({max_rounds})"
-            break
-        if now() - started + last_round + check_reserve > time_limit:
-            stop_reason = f"the time limit ({time_limit:g} s)"
-            break
-        begin = now()
-        labels = [c.label for c in cands if any(c.label in pool[p.name] for p in active)]
-        for label in (labels if rounds % 2 == 0 else labels[::-1]):
-            here = [p for p in active if label in pool[p.name]]
-            with _applied(_subset(components, [p.name for p in here]), by_label[label].policy), torch.inference_mode():
-                for part in here:
-                    part.options[label].rounds.append(runs.estimate(part, part.options[label], rounds))
-        rounds += 1
-        last_round = now() - begin
-        for part in active:
-            live = pool[part.name]
-            samples = {label: part.options[label].rounds for label in live}
-            n = min(len(v) for v in samples.values())
-            if n >= 2:  # clearly slower than the leader in every round: out of the rounds
-                leader = min(live, key=lambda label: statistics.median(samples[label]))
-                for label in list(live):
-                    if label in (leader, incumbents[part.name]):
-                        continue
-                    if all(a / b < 1 / (1 + CLEARLY_SLOWER) for a, b in zip(samples[leader][:n], samples[label][:n])):
-                        live.remove(label)
-                        part.options[label].left = (f"slower than {leader} in every one of {n} paired rounds "
-                                                   f"(by more than {CLEARLY_SLOWER:.0%}): left the rounds")
-            if n >= MIN_ROUNDS:
-                incumbent = incumbents[part.name]
-                challengers = sorted((label for label in live if label != incumbent and
-                                      _eligible(part.options[label], name)),
-                                     key=lambda label: by_label[label].simplicity)
-                verdicts[part.name] = compare({label: part.options[label].rounds[:n] for label in live}, incumbent,
-                                              challengers, quality={label: part.options[label].sqnr_db for label in live})
-    for part in timed:
-        if len(pool[part.name]) == 1 and part.name not in verdicts:
-            part.kept, part.decided = pool[part.name][0], True
-            part.note = part.note or f"the other options left the rounds: {part.kept} kept"
-
-    # Each component's choice.
-    for part in parts.values():
-        if part.kept is not None:
-            continue
-        if part.name in verdicts:
-            v = verdicts[part.name]
-            part.kept, part.decided = v.winner, True
-            ratio = v.ratios.get(v.winner)
-            part.verdict_text = (f"{ratio.text()} the speed of {v.incumbent}" if ratio is not None and v.winner != v.incumbent
-                                 else "no option was supported faster")
-            if not v.settled:
-                part.verdict_text += f"; not separated from {', '.join(v.contenders)} ({stop_reason})"
-        elif part.name in incumbents:
-            part.kept = incumbents[part.name]
-            if part.timed:
-                part.note = (f"undecided: {rounds} timed rounds before {stop_reason}, {MIN_ROUNDS} needed: "
-                             f"{part.kept} stays")
-    largest = max(parts.values(), key=lambda p: p.record.seconds)
-    for part in parts.values():
-        if part.kept is None:  # not timed: follow the largest component where that qualifies here
-            follow = largest.kept
-            option = part.options.get(follow) if follow else None
-            if option is None and follow:
-                option = next((o for o in part.options.values() if follow in o.also), None)
-            if option is not None and option.out is None and _eligible(option, name) and (
-                    option.sqnr_db is None or option.sqnr_db >= floor):
-                part.kept = option.label
-                part.note = (part.note or "not timed") + f"; follows {largest.name} ({follow})"
-            else:
-                rules = next((o.label for o in part.options.values() if "rules" in (o.label, *o.also)), REFERENCE)
-                part.kept = rules
-                part.note = (part.note or "not timed") + f"; keeps {rules}"
-            part.decided = True
-
-    # Compose, prefer a whole-model candidate predicted as fast, check end to end.
-    fp32_s = {p.name: p.record.seconds for p in parts.values()}
-
-    def ratio_of(part: Part, label: str) -> float:
-        opt = part.options.get(label)
-        base = part.options.get(REFERENCE)
+    def ratio_of(self, part: Part, label: str) -> float:
+        """The median paired speed of ``label`` over fp32 on ``part`` (1 where not both were timed)."""
+        opt, base = part.options.get(label), part.options.get(REFERENCE)
         if opt is None or base is None or not opt.rounds or not base.rounds:
             return 1.0
         n = min(len(opt.rounds), len(base.rounds))
         return statistics.median(a / b for a, b in zip(base.rounds[:n], opt.rounds[:n]))
 
-    def option_for(part: Part, label: str) -> Option | None:
-        if label in part.options:
-            return part.options[label]
-        return next((o for o in part.options.values() if label in o.also), None)
+    def predicted(self, choice: dict[str, str]) -> float:
+        """The run's seconds on the device clock with each component in its chosen option."""
+        return sum(p.record.seconds / self.ratio_of(p, choice[c]) for c, p in self.parts.items())
 
-    def predicted(choice: dict[str, str]) -> float:
-        return sum(fp32_s[c] / ratio_of(parts[c], choice[c]) for c in parts)
+    # ----------------------------------------------------------------------- 1. record
 
-    choice = {c: p.kept for c, p in parts.items()}
-    whole: dict[str, float] = {}
-    for cand in cands:
-        picks = {c: option_for(p, cand.label) for c, p in parts.items()}
-        if all(o is not None and o.out is None and (o.sqnr_db is None or o.sqnr_db >= floor) and _eligible(o, name)
-               for o in picks.values()):
-            whole[cand.label] = predicted({c: o.label for c, o in picks.items()})
-    composed_s = predicted(choice)
-
-    def policy_for(choice: dict[str, str]) -> tuple[Policy, str]:
-        labels = {c: choice[c] for c in parts}
-        firsts = [cand.label for cand in cands if all(option_for(parts[c], cand.label) is parts[c].options[labels[c]]
-                                                     for c in parts)]
-        if firsts:
-            cand = by_label[firsts[0]]
-            policy = cand.policy if cand.policy is not None else Policy(
-                (Rule("*", storage="fp32", optional=True, reason=f"{name} calibrated: fp32 was fastest on this model"),),
-                None, name=name)
-            return dataclasses.replace(policy, name=name), firsts[0]
-        weights: dict[str, float] = {}
-        for c in parts:
-            option = parts[c].options[labels[c]]
-            if _computes_fp32(option.plans):
-                weights[option.level] = weights.get(option.level, 0.0) + fp32_s[c]
-        level = max(weights, key=weights.get) if weights else "highest"
-        return freeze(components, {c: parts[c].options[labels[c]].plans for c in parts}, level, name, labels), PER_COMPONENT
-
-    policy, chosen = policy_for(choice)
-    if whole and name != "memory":  # memory's objective is weight bytes: its per-component fp8 choices stand
-        # Of the whole-model candidates predicted as fast, the simplest (the untouched model first).
-        near = [label for label in whole if whole[label] <= composed_s * (1 + MARGIN)]
-        best = max(near, key=lambda label: (by_label[label].simplicity, -whole[label])) if near else None
-        if chosen == PER_COMPONENT and best is not None:
-            base = sum(fp32_s.values())
-            reasons.append(f"{best} on every component is predicted as fast as the per-component choice "
-                           f"({base / whole[best]:.2f}x against {base / composed_s:.2f}x fp32): kept, as the simpler policy")
-            choice = {c: option_for(parts[c], best).label for c in parts}
-            policy, chosen = policy_for(choice)
-
-    check_sqnr: float | None = None
-    check_s: float | None = None
-    check_skipped = False
-    backed: list[str] = []
-    while True:
-        if chosen == REFERENCE:
-            check_sqnr = math.inf
-            break
-        expected = reference_wall * min(1.0, predicted(choice) / max(sum(fp32_s.values()), 1e-9)) * 1.1
-        if now() - started + expected > time_limit:  # the 10% over the limit is the estimate's slack
-            if backed:  # a composition missed the floor: fp32 is the one choice known to meet it
-                reasons.append(f"not checked end to end again: the time limit ({time_limit:g} s) came first; fp32 stays, "
-                               "the one choice known to meet the floor")
-                choice = {c: REFERENCE if REFERENCE in parts[c].options else choice[c] for c in parts}
-                policy, chosen = policy_for(choice)
-                check_sqnr, check_skipped = None, True
-            else:
-                reasons.append(f"not checked end to end: the time limit ({time_limit:g} s) came first; the rule-based "
-                               "choice stays")
-                policy, chosen = dataclasses.replace(by_label["rules"].policy, name=name), "rules"
-                check_sqnr, check_skipped = None, True
-            break
+    def record(self, inputs: Any, pipeline: bool) -> None:
+        recorder = Recorder(self.components, self.clock)
+        begin = self.now()
         try:
-            with _applied(target, policy), torch.inference_mode():
-                out, check_s = clock.time(lambda: run(forced))
-                check_sqnr, bad = output_quality(detached(out), ref)
-        except Exception as exc:  # noqa: BLE001 - the composition fails: back to the rules, said with its error
-            reasons.append(f"the composed policy failed end to end ({short(exc)}): the rule-based choice stays")
-            policy, chosen, check_sqnr = dataclasses.replace(by_label["rules"].policy, name=name), "rules", None
-            break
-        if not bad and check_sqnr >= floor:
-            break
-        movable = [p for p in parts.values() if choice[p.name] != REFERENCE and REFERENCE in p.options]
-        if not movable:
-            break
-        # The largest own error first; a component not timed (its own error unknown) after those measured.
-        worst = min(movable, key=lambda p: (p.options[choice[p.name]].sqnr_db is None,
-                                            p.options[choice[p.name]].sqnr_db or 0.0, -p.record.seconds))
-        backed.append(f"{worst.name} ({choice[worst.name]})")
-        reasons.append(f"end to end {check_sqnr:.1f} dB{f' with {bad} non-finite values' if bad else ''}, below "
-                       f"{name}'s floor of {floor:g} dB: {worst.name}, the largest own error, goes back to fp32")
-        choice[worst.name] = REFERENCE
-        worst.kept = REFERENCE
-        policy, chosen = policy_for(choice)
+            with recorder, torch.inference_mode():
+                reference, self.reference_s = self.clock.time(lambda: self.run(inputs))
+        except Exception as exc:
+            raise ValueError(f"the fp32 model itself failed on the example inputs ({short(exc)}): calibrate needs "
+                             "inputs the model runs on") from exc
+        self.reference_wall = self.now() - begin
+        # The device clock's seconds as wall seconds (CPU time counts every thread; CUDA events the kernels).
+        self.wall_per_clock = self.reference_wall / self.reference_s if self.reference_s > 0 else 1.0
+        self.forced = self.target.teacher_forced(inputs, reference) if pipeline else inputs
+        self.ref = detached(reference)
+        per = options(self.components, self.cands)
+        self.parts = {c: Part(c, self.components[c], recorder.records[c], per[c]) for c in self.components}
+        self.total_s = sum(p.record.seconds for p in self.parts.values()) or 1e-9
+        for part in self.parts.values():
+            share = part.record.seconds / self.total_s
+            if not part.record.samples:
+                part.timed, part.note = False, ("not called in the run" if part.record.calls == 0 else
+                                                "its calls' arguments could not be copied: not timed")
+            elif share < NEGLIGIBLE:
+                part.timed, part.note = False, f"{share:.1%} of the run: not timed"
+            if len(part.options) == 1:
+                only = next(iter(part.options))
+                part.timed, part.kept, part.decided = False, only, True
+                part.note = f"every candidate plans it alike ({only})"
 
-    # Figures.
-    comp_rows = []
-    for part in parts.values():
-        kept = part.options.get(part.kept) if part.kept else None
-        opts = []
-        for option in part.options.values():
-            ratio = None
-            base = part.options.get(REFERENCE)
-            if option.rounds and base is not None and base.rounds and option.label != REFERENCE:
-                n = min(len(option.rounds), len(base.rounds))
-                if n:
-                    ratio = paired_ratio(base.rounds[:n], option.rounds[:n]).to_dict()
-            status = None
-            v = verdicts.get(part.name)
+    # ----------------------------------------------------------------------- 2. remembered components
+
+    def recall(self) -> None:
+        """Components decided before (by this model or another built from them): kept as remembered, untimed."""
+        if self.cache:
+            for part in self.parts.values():
+                recall(part, self.name, self.hw, self.hints, self.floor, self.cache)
+
+    def remember(self, decided: bool) -> None:
+        if self.cache and decided:
+            for part in self.parts.values():
+                remember(part, self.name, self.hw, self.clock.name, self.n_rounds)
+
+    # ----------------------------------------------------------------------- 3. first calls
+
+    def choose_units(self, part: Part, rounds_budget: float) -> None:
+        """Time the component's own calls, or (one call too long to repeat) the modules it calls directly."""
+        record = part.record
+        whole = record.whole()
+        part.units, part.layers, part.residual_s = [whole], False, 0.0
+        one_call = statistics.mean(s.seconds for s in whole.samples)
+        children = record.child_units()
+        per_round_children = sum(statistics.mean(s.seconds for s in u.samples) for u in children)
+        too_long = one_call * self.wall_per_clock * len(part.options) * MIN_ROUNDS > LONG_CALL_SHARE * max(rounds_budget, 0.0)
+        if too_long and children and per_round_children < 0.7 * one_call:
+            part.units, part.layers = children, True
+            part.residual_s = max(0.0, record.seconds - sum(u.seconds for u in children))
+
+    def first_calls(self) -> None:
+        """Each option once on each unit's first recorded call: a warm-up, and the component's own error."""
+        self.check_reserve = self.reference_wall  # the end-to-end check runs the whole model once
+        budget = self.time_limit - self.elapsed() - self.check_reserve
+        for part in self.timed():
+            self.choose_units(part, budget)
+            if REFERENCE in part.options:  # fp32's first calls were the recording's
+                ref = part.options[REFERENCE]
+                ref.sqnr_db = math.inf
+                ref.first_s = part.residual_s + sum(u.seconds for u in part.units)
+                ref.cost_s = sum(u.samples[0].seconds for u in part.units)
+        for cand in self.cands:
+            here = [p for p in self.timed() if cand.label in p.options and cand.label != REFERENCE]
+            if not here:
+                continue
+            cost = self.wall_per_clock * sum(u.samples[0].seconds for p in here for u in p.units)
+            if cand.label != "rules" and self.elapsed() + cost + self.check_reserve > self.time_limit:
+                for p in here:
+                    p.options[cand.label].out = f"not tried: the time limit ({self.time_limit:g} s) came first"
+                continue
+            try:
+                with self.applied(here, cand.policy), torch.inference_mode():
+                    for part in here:
+                        self._first(part, part.options[cand.label])
+            except Exception as exc:  # noqa: BLE001 - the candidate did not apply: out everywhere, said with its error
+                for p in here:
+                    p.options[cand.label].out = f"failed: {short(exc)}"
+        # The end-to-end check will run at the fastest whole candidate's speed, as the first calls predict it.
+        timed = self.timed()
+        if timed:
+            fp32_s = sum(p.record.seconds for p in timed)
+            fastest = min((sum(o.first_s for p in timed for o in [p.options.get(c.label)] if o is not None and o.out is None)
+                           / max(fp32_s, 1e-9) for c in self.cands), default=1.0)
+            self.check_reserve = self.reference_wall * min(1.0, max(0.3, fastest))
+
+    def _first(self, part: Part, option: Option) -> None:
+        worst, bad, took, raw = math.inf, 0, part.residual_s, 0.0
+        try:
+            for unit in part.units:
+                out, seconds = self.replay(unit, option, 0)
+                took += seconds * unit.seconds / max(unit.samples[0].seconds, 1e-9)
+                raw += seconds
+                sqnr, nonfinite = output_quality(detached(out), unit.samples[0].output)
+                worst, bad = min(worst, sqnr), bad + nonfinite
+        except Exception as exc:  # noqa: BLE001 - the option is out for this component, said with its error
+            option.out = f"failed: {short(exc)}"
+            return
+        option.sqnr_db, option.first_s, option.cost_s = worst, took, raw
+        if bad:
+            option.out = f"{bad} non-finite values in {part.name}'s output"
+        elif not worst >= self.floor:
+            option.out = (f"{part.name}'s own SQNR {worst:.1f} dB against fp32, below {self.name}'s floor of "
+                          f"{self.floor:g} dB")
+
+    # ----------------------------------------------------------------------- 4. rounds
+
+    def incumbents(self) -> None:
+        """Per component the option that stays unless beaten: its rules where they qualified, else fp32."""
+        for part in self.timed():
+            allowed = [o.label for o in part.live() if eligible(o, self.name)]
+            fp8 = next((o.label for o in part.live() if o.label == "rules-fp8"), None)
+            if self.name == "memory" and fp8 is not None:  # memory's objective is weight bytes
+                part.kept, part.decided, part.timed = fp8, True, False
+                part.note = "memory's fp8 level met the floor on it: kept without timing (memory's objective is weight bytes)"
+                continue
+            rules = self.option_for(part, "rules")
+            incumbent = (rules.label if rules is not None and rules.label in allowed else
+                         REFERENCE if REFERENCE in allowed else allowed[0] if allowed else None)
+            if incumbent is None:
+                part.timed, part.note = False, "no option met the floor without an error: fp32 stays"
+                part.kept = REFERENCE if REFERENCE in part.options else None
+                continue
+            self.incumbent[part.name] = incumbent
+            if len(allowed) == 1:
+                part.kept, part.decided, part.timed = incumbent, True, False
+                part.note = f"only {incumbent} qualified: kept without timing"
+        for part in self.timed():
+            self.pool[part.name] = [o.label for o in part.live() if eligible(o, self.name) or o.label == REFERENCE]
+
+    def rounds(self) -> None:
+        """Paired interleaved rounds until every component settles, ``max_rounds``, or the time limit."""
+        timed = self.timed()
+        last = self.wall_per_clock * sum(p.options[label].cost_s for p in timed for label in self.pool[p.name])
+        while True:
+            active = [p for p in timed if len(self.pool[p.name]) > 1
+                      and not (p.name in self.verdicts and self.verdicts[p.name].settled)]
+            if not active:
+                break
+            if self.n_rounds >= self.max_rounds:
+                self.stop_reason = f"the most rounds ({self.max_rounds})"
+                break
+            if self.elapsed() + last + self.check_reserve > self.time_limit:
+                self.stop_reason = f"the time limit ({self.time_limit:g} s)"
+                break
+            begin = self.now()
+            labels = [c.label for c in self.cands if any(c.label in self.pool[p.name] for p in active)]
+            for label in (labels if self.n_rounds % 2 == 0 else labels[::-1]):
+                here = [p for p in active if label in self.pool[p.name]]
+                with self.applied(here, self.by_label[label].policy), torch.inference_mode():
+                    for part in here:
+                        part.options[label].rounds.append(self.estimate(part, part.options[label], self.n_rounds))
+            self.n_rounds += 1
+            last = self.now() - begin
+            for part in active:
+                self._judge(part)
+        for part in timed:
+            if len(self.pool[part.name]) == 1 and part.name not in self.verdicts:
+                part.kept, part.decided = self.pool[part.name][0], True
+                part.note = part.note or f"the other options left the rounds: {part.kept} kept"
+
+    def _judge(self, part: Part) -> None:
+        live = self.pool[part.name]
+        samples = {label: part.options[label].rounds for label in live}
+        n = min(len(v) for v in samples.values())
+        if n >= 2:  # clearly slower than the leader in every round: out of the rounds
+            leader = min(live, key=lambda label: statistics.median(samples[label]))
+            for label in list(live):
+                if label in (leader, self.incumbent[part.name]):
+                    continue
+                if all(a / b < 1 / (1 + CLEARLY_SLOWER) for a, b in zip(samples[leader][:n], samples[label][:n])):
+                    live.remove(label)
+                    part.options[label].left = (f"slower than {leader} in every one of {n} paired rounds "
+                                                f"(by more than {CLEARLY_SLOWER:.0%}): left the rounds")
+        if n >= MIN_ROUNDS:
+            incumbent = self.incumbent[part.name]
+            challengers = sorted((label for label in live if label != incumbent and eligible(part.options[label], self.name)),
+                                 key=lambda label: self.by_label[label].simplicity)
+            self.verdicts[part.name] = compare({label: part.options[label].rounds[:n] for label in live}, incumbent,
+                                               challengers, quality={label: part.options[label].sqnr_db for label in live})
+
+    # ----------------------------------------------------------------------- 5. choose and compose
+
+    def choose(self) -> None:
+        for part in self.parts.values():
+            if part.kept is not None:
+                continue
+            v = self.verdicts.get(part.name)
             if v is not None:
-                status = "incumbent" if option.label == v.incumbent else v.status.get(option.label)
-            opts.append({"label": option.label, "also": list(option.also), "sqnr_db": option.sqnr_db,
-                         "out": option.out or option.left,
-                         "vs_fp32": ratio, "status": status, "median_s": statistics.median(option.rounds) if option.rounds else None})
-        kept_fig = next((o for o in opts if kept is not None and o["label"] == kept.label), None)
-        comp_rows.append({
-            "component": part.name, "calls": part.record.calls, "seconds": round(part.record.seconds, 6),
-            "share": part.record.seconds / total_s, "unit": "layers (predicted)" if part.layers else "calls",
-            "units": len(part.units), "kept": part.kept, "decided": part.decided, "source": part.source,
-            "vs_fp32": kept_fig["vs_fp32"] if kept_fig else None,
-            "sqnr_db": kept.sqnr_db if kept is not None else None, "note": part.note, "verdict": part.verdict_text,
-            "options": opts})
+                part.kept, part.decided = v.winner, True
+                ratio = v.ratios.get(v.winner)
+                part.verdict_text = (f"{ratio.text()} the speed of {v.incumbent}" if ratio is not None and v.winner != v.incumbent
+                                     else "no option was supported faster")
+                if not v.settled:
+                    part.verdict_text += f"; not separated from {', '.join(v.contenders)} ({self.stop_reason})"
+            elif part.name in self.incumbent:
+                part.kept = self.incumbent[part.name]
+                part.note = (f"undecided: {self.n_rounds} timed rounds before {self.stop_reason}, {MIN_ROUNDS} needed: "
+                             f"{part.kept} stays")
+        largest = max(self.parts.values(), key=lambda p: p.record.seconds)
+        for part in self.parts.values():
+            if part.kept is not None:
+                continue
+            # Not timed: follow the largest component where that qualifies here (no cast between them), else the rules.
+            follow = self.option_for(part, largest.kept) if largest.kept else None
+            if follow is not None and follow.out is None and eligible(follow, self.name) and (
+                    follow.sqnr_db is None or follow.sqnr_db >= self.floor):
+                part.kept = follow.label
+                part.note = (part.note or "not timed") + f"; follows {largest.name} ({largest.kept})"
+            else:
+                rules = self.option_for(part, "rules")
+                part.kept = rules.label if rules is not None else REFERENCE
+                part.note = (part.note or "not timed") + f"; keeps {part.kept}"
+            part.decided = True
 
-    base_total = sum(fp32_s.values())
-    figures = []
-    for cand in cands:
-        if cand.label not in whole and not any(option_for(p, cand.label) for p in parts.values()):
-            continue
-        pred = whole.get(cand.label)
-        own = [option_for(p, cand.label) for p in parts.values()]
-        outs = [f"{p.name}: {o.out}" for p, o in zip(parts.values(), own) if o is not None and o.out]
-        sq = [o.sqnr_db for o in own if o is not None and o.sqnr_db is not None]
-        figures.append({"label": cand.label, "what": cand.what, "also": list(cand.also), "eligible": cand.eligible,
-                        "sqnr_db": min(sq) if sq else None, "nonfinite": 0, "out": "; ".join(outs) or None,
-                        "weight_bytes": None, "median_s": pred,
-                        "vs_fp32": _predicted_ratio(base_total, pred) if pred and cand.label != REFERENCE else None,
-                        "status": None, "predicted": True})
-    figures.append({"label": PER_COMPONENT, "what": "each component's own choice, composed", "also": [], "eligible": True,
-                    "sqnr_db": check_sqnr, "nonfinite": 0, "out": None, "weight_bytes": None, "median_s": composed_s,
-                    "vs_fp32": _predicted_ratio(base_total, composed_s), "status": None, "predicted": True,
-                    "measured_s": check_s, "fp32_s": reference_s})
+    def policy_for(self, choice: dict[str, str]) -> tuple[Policy, str]:
+        """The policy giving each component its chosen option: a candidate's own where one candidate is every
+        choice, else the choices frozen into rules (:func:`~mixprec.calibration.options.freeze`)."""
+        kept = {c: self.parts[c].options[choice[c]] for c in self.parts}
+        for cand in self.cands:
+            if all(self.option_for(self.parts[c], cand.label) is kept[c] for c in self.parts):
+                policy = cand.policy if cand.policy is not None else Policy(
+                    (Rule("*", storage="fp32", optional=True, reason=f"{self.name} calibrated: fp32 was fastest on this model"),),
+                    None, name=self.name)
+                return dataclasses.replace(policy, name=self.name), cand.label
+        weights: dict[str, float] = {}  # the matmul level: that of the options computing most of the run in fp32
+        for c, option in kept.items():
+            if computes_fp32(option.plans):
+                weights[option.level] = weights.get(option.level, 0.0) + self.parts[c].record.seconds
+        level = max(weights, key=weights.__getitem__) if weights else "highest"
+        return (freeze(self.components, {c: o.plans for c, o in kept.items()}, level, self.name, dict(choice)),
+                PER_COMPONENT)
 
-    timed_parts = [p for p in parts.values() if p.units]
-    undecided = [p.name for p in parts.values() if not p.decided and p.record.seconds / total_s >= NEGLIGIBLE]
-    decided = not undecided and not check_skipped and (check_sqnr is not None or chosen == REFERENCE)
-    reasons.insert(0, "per component: " + ", ".join(
-        f"{p.name} {p.kept}" + (f" ({_ratio_text(r['vs_fp32'])})" if (r := _row(comp_rows, p.name))['vs_fp32'] else "")
-        for p in parts.values()))
-    if undecided:
-        reasons.insert(0, f"undecided: {', '.join(undecided)} not decided within the time limit ({time_limit:g} s); "
-                          "their rules stay (give a longer time_limit)")
-    if any(p.layers for p in timed_parts):
-        reasons.append("predicted: " + ", ".join(p.name for p in timed_parts if p.layers) + " timed through the modules "
-                       "each calls directly, on the inputs they received, scaled to the run (one call was too long to "
-                       "repeat within the limit)")
-    if check_sqnr is not None and chosen != REFERENCE:
-        reasons.append(f"checked end to end: {'exact' if check_sqnr == math.inf else f'{check_sqnr:.1f} dB'} against fp32 "
-                       f"(floor {floor:g} dB)" + (f", one run in {seconds_text(check_s)} against fp32's {seconds_text(reference_s)}"
-                                                   if check_s else ""))
-    if backed:
-        reasons.append("moved back to fp32: " + ", ".join(backed))
-    for part in parts.values():
-        if part.source == "measured" and part.fields is not None and part.decided and part.kept is not None and cache \
-                and part.timed and decided:
-            kept = part.options[part.kept]
-            rules = freeze({part.name: part.root}, {part.name: kept.plans}, kept.level, name, {part.name: part.kept}).rules
-            decisions.store(part.fields, {"preset": name, "scope": "component", "chosen": part.kept, "device": hw.name,
-                                          "kept": part.kept, "rules": _relative(rules, part.name), "level": kept.level,
-                                          "sqnr_db": kept.sqnr_db if kept.sqnr_db != math.inf else "inf",
-                                          "verdict": part.verdict_text, "when": _now(), "clock": clock.name,
-                                          "rounds": rounds, "component": part.name})
-    policy = dataclasses.replace(policy, name=name)
-    return Calibration(name, policy, chosen, "measured", decided, tuple(reasons), tuple(figures), clock.name, rounds,
-                       round(now() - started, 3), _now(), hw.name, floor, components=tuple(comp_rows))
+    def compose(self) -> None:
+        self.choice = {c: p.kept for c, p in self.parts.items()}
+        self.whole: dict[str, float] = {}
+        for cand in self.cands:
+            picks = {c: self.option_for(p, cand.label) for c, p in self.parts.items()}
+            if all(o is not None and o.out is None and (o.sqnr_db is None or o.sqnr_db >= self.floor)
+                   and eligible(o, self.name) for o in picks.values()):
+                self.whole[cand.label] = self.predicted({c: o.label for c, o in picks.items()})
+        self.composed_s = self.predicted(self.choice)
+        self.policy, self.chosen = self.policy_for(self.choice)
+        if self.chosen != PER_COMPONENT or self.name == "memory":  # memory's per-component fp8 choices stand
+            return
+        # Of the whole-model candidates predicted as fast, the simplest (the untouched model first).
+        near = [label for label, s in self.whole.items() if s <= self.composed_s * (1 + MARGIN)]
+        if not near:
+            return
+        best = max(near, key=lambda label: (self.by_label[label].simplicity, -self.whole[label]))
+        self.reasons.append(f"{best} on every component is predicted as fast as the per-component choice "
+                            f"({self.total_s / self.whole[best]:.2f}x against {self.total_s / self.composed_s:.2f}x fp32): "
+                            "kept, as the simpler policy")
+        self.choice = {c: self.option_for(p, best).label for c, p in self.parts.items()}
+        self.policy, self.chosen = self.policy_for(self.choice)
+
+    # ----------------------------------------------------------------------- 6. the end-to-end check
+
+    def check(self) -> None:
+        while self.chosen != REFERENCE:
+            expected = self.reference_wall * min(1.0, self.predicted(self.choice) / self.total_s) * 1.1
+            if self.elapsed() + expected > self.time_limit:  # the 10% over the limit is the estimate's slack
+                self._no_time_to_check()
+                return
+            try:
+                with _applied(self.target, self.policy), torch.inference_mode():
+                    out, self.check_s = self.clock.time(lambda: self.run(self.forced))
+                    self.check_sqnr, bad = output_quality(detached(out), self.ref)
+            except Exception as exc:  # noqa: BLE001 - the composition fails: back to the rules, said with its error
+                self.reasons.append(f"the composed policy failed end to end ({short(exc)}): the rule-based choice stays")
+                self.policy, self.chosen, self.check_sqnr = self._rules(), "rules", None
+                self.check_skipped = True
+                return
+            if not bad and self.check_sqnr >= self.floor:
+                return
+            movable = [p for p in self.parts.values() if self.choice[p.name] != REFERENCE and REFERENCE in p.options]
+            if not movable:
+                return
+            # The largest own error first; a component not timed (its own error unknown) after those measured.
+            worst = min(movable, key=lambda p: (p.options[self.choice[p.name]].sqnr_db is None,
+                                                p.options[self.choice[p.name]].sqnr_db or 0.0, -p.record.seconds))
+            self.backed.append(f"{worst.name} ({self.choice[worst.name]})")
+            self.reasons.append(f"end to end {self.check_sqnr:.1f} dB{f' with {bad} non-finite values' if bad else ''}, "
+                                f"below {self.name}'s floor of {self.floor:g} dB: {worst.name}, the largest own error, "
+                                "goes back to fp32")
+            self.choice[worst.name] = worst.kept = REFERENCE
+            self.policy, self.chosen = self.policy_for(self.choice)
+        self.check_sqnr = math.inf
+
+    def _rules(self) -> Policy:
+        return dataclasses.replace(self.by_label["rules"].policy, name=self.name)
+
+    def _no_time_to_check(self) -> None:
+        self.check_sqnr, self.check_skipped = None, True
+        if self.backed:  # a composition missed the floor: fp32 is the one choice known to meet it
+            self.reasons.append(f"not checked end to end again: the time limit ({self.time_limit:g} s) came first; "
+                                "fp32 stays, the one choice known to meet the floor")
+            self.choice = {c: REFERENCE if REFERENCE in p.options else self.choice[c] for c, p in self.parts.items()}
+            self.policy, self.chosen = self.policy_for(self.choice)
+        else:
+            self.reasons.append(f"not checked end to end: the time limit ({self.time_limit:g} s) came first; the "
+                                "rule-based choice stays")
+            self.policy, self.chosen = self._rules(), "rules"
+
+    # ----------------------------------------------------------------------- 7. the result
+
+    def component_rows(self) -> list[dict[str, Any]]:
+        return [part_row(p, self.verdicts.get(p.name), self.total_s) for p in self.parts.values()]
+
+    def figures(self) -> list[dict[str, Any]]:
+        """Per whole-model candidate, its figures predicted from the components'; and the composition's."""
+        figures = []
+        for cand in self.cands:
+            own = {p.name: self.option_for(p, cand.label) for p in self.parts.values()}
+            if not any(own.values()):
+                continue
+            pred = self.whole.get(cand.label)
+            sq = [o.sqnr_db for o in own.values() if o is not None and o.sqnr_db is not None]
+            figures.append({"label": cand.label, "what": cand.what, "also": list(cand.also), "eligible": cand.eligible,
+                            "sqnr_db": min(sq) if sq else None, "nonfinite": 0,
+                            "out": "; ".join(f"{c}: {o.out}" for c, o in own.items() if o is not None and o.out) or None,
+                            "weight_bytes": None, "median_s": pred,
+                            "vs_fp32": _predicted(self.total_s, pred) if pred and cand.label != REFERENCE else None,
+                            "status": None, "predicted": True})
+        figures.append({"label": PER_COMPONENT, "what": "each component's own choice, composed", "also": [],
+                        "eligible": True, "sqnr_db": self.check_sqnr, "nonfinite": 0, "out": None, "weight_bytes": None,
+                        "median_s": self.composed_s, "vs_fp32": _predicted(self.total_s, self.composed_s), "status": None,
+                        "predicted": True, "measured_s": self.check_s, "fp32_s": self.reference_s})
+        return figures
+
+    def result(self) -> Calibration:
+        rows = self.component_rows()
+        undecided = [p.name for p in self.parts.values()
+                     if not p.decided and p.record.seconds / self.total_s >= NEGLIGIBLE]
+        decided = not undecided and not self.check_skipped
+        head = ["per component: " + ", ".join(
+            f"{r['component']} {r['kept']}" + (f" ({_ratio_text(r['vs_fp32'])})" if r["vs_fp32"] else "") for r in rows)]
+        if undecided:
+            head.insert(0, f"undecided: {', '.join(undecided)} not decided within the time limit ({self.time_limit:g} s); "
+                           "their rules stay (give a longer time_limit)")
+        tail = []
+        layered = [p.name for p in self.parts.values() if p.layers]
+        if layered:
+            tail.append("predicted: " + ", ".join(layered) + " timed through the modules each calls directly, on the "
+                        "inputs they received, scaled to the run (one call was too long to repeat within the limit)")
+        if self.check_sqnr is not None and self.chosen != REFERENCE:
+            tail.append(f"checked end to end: {_db(self.check_sqnr)} against fp32 (floor {self.floor:g} dB)"
+                        + (f", one run in {seconds_text(self.check_s)} against fp32's {seconds_text(self.reference_s)}"
+                           if self.check_s else ""))
+        if self.backed:
+            tail.append("moved back to fp32: " + ", ".join(self.backed))
+        self.remember(decided)
+        return Calibration(self.name, dataclasses.replace(self.policy, name=self.name), self.chosen, "measured",
+                           decided, tuple(head + self.reasons + tail), tuple(self.figures()), self.clock.name,
+                           self.n_rounds, round(self.elapsed(), 3), _now(), self.hw.name, self.floor,
+                           components=tuple(rows))
 
 
-def _row(rows: list[dict[str, Any]], name: str) -> dict[str, Any]:
-    return next(r for r in rows if r["component"] == name)
+def _db(value: float) -> str:
+    return "exact" if value == math.inf else f"{value:.1f} dB"
 
 
 def _ratio_text(r: dict[str, Any]) -> str:
     return f"{r['value']:.2f}x fp32 ({r['low']:.2f}-{r['high']:.2f})"
 
 
-def _predicted_ratio(base: float, seconds: float | None) -> dict[str, Any] | None:
+def _predicted(base: float, seconds: float | None) -> dict[str, Any] | None:
     if not seconds:
         return None
     value = base / seconds
@@ -699,7 +538,3 @@ def _predicted_ratio(base: float, seconds: float | None) -> dict[str, Any] | Non
 
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def weight_total(components: dict[str, nn.Module]) -> int:
-    return weight_bytes(components)
