@@ -108,6 +108,8 @@ def test_each_component_keeps_its_own_fastest_option_and_the_composition_is_chec
     a_row = next(c for c in result.components if c["component"] == "a")
     assert a_row["vs_fp32"]["value"] == pytest.approx(2.0) and a_row["unit"] == "calls" and a_row["sqnr_db"] > 20
     assert any(r.startswith("checked end to end: ") for r in result.reasons), result.reasons
+    # Time was left: paired whole runs against the rules closed the decision.
+    assert any(r.startswith("confirmed end to end: the rules ran 0.") for r in result.reasons), result.reasons
     # The composed policy gives a its 16-bit weights and leaves b in fp32.
     with mixprec.apply(comps, result.policy):
         assert comps["a"].layers[0].weight.dtype != torch.float32
@@ -156,18 +158,22 @@ def test_a_component_decision_is_reused_by_another_model_built_from_it(x, tmp_pa
     # Another model: the same first component (other weights), a different second one.
     other = {"a": MLP(), "c": MLP(depth=4)}
     clock2 = LayerClock(other, {"a": {"fp32": 1.0, "bf16": 0.5}, "c": {"fp32": 1.0, "bf16": 0.5}})
-    calls = []
-    other["a"].layers[0].register_forward_hook(lambda m, a, o: calls.append(o.dtype))
-    second = calibrate(other, "fast", (x,), run=lambda inputs: other["c"](other["a"](*inputs)), hardware=machine(), clock=clock2,
-                       now=_frozen)
+    second = calibrate(other, "fast", (x,), run=lambda inputs: other["c"](other["a"](*inputs)), hardware=machine(),
+                       clock=clock2, now=_frozen)
     rows = {c["component"]: c for c in second.components}
     assert rows["a"]["source"] == "cache" and rows["a"]["kept"].startswith("remembered ")
-    assert rows["c"]["source"] == "measured"
-    # a ran twice: in the recording (fp32) and in the end-to-end check (as remembered); never timed.
-    assert calls == [torch.float32, torch.bfloat16], calls
+    assert [o["median_s"] for o in rows["a"]["options"]] == [None]  # one option, the remembered one: never timed
+    assert rows["c"]["source"] == "measured" and len(rows["c"]["options"]) > 1
+    with mixprec.apply(other, second.policy):  # a as it was decided on the first model
+        assert other["a"].layers[0].weight.dtype == comps_policy_dtype(first, comps)
     # A second process with the same model reuses the whole decision without running it.
     again = calibrate(comps, "fast", (x,), run=_run(comps), hardware=machine(), clock=clock, now=_frozen)
     assert again.source == "cache" and again.policy == first.policy
+
+
+def comps_policy_dtype(result, comps):
+    with mixprec.apply(comps, result.policy):
+        return comps["a"].layers[0].weight.dtype
 
 
 def test_a_time_limit_leaves_components_undecided_and_their_rules_stay(x):

@@ -87,6 +87,7 @@ def measure_components(target: Any, run: Callable[[Any], Any], inputs: Any, name
     job.choose()
     job.compose()
     job.check()
+    job.confirm()
     return job.result()
 
 
@@ -452,6 +453,35 @@ class _PerComponent:
             self.policy, self.chosen = self.policy_for(self.choice)
         self.check_sqnr = math.inf
 
+    def confirm(self) -> None:
+        """Where time allows, paired whole runs of the kept policy and the rule-based one close the decision:
+        the rules come back where the kept policy runs supported slower than them end to end."""
+        self.confirmed: str | None = None
+        if self.chosen in ("rules", REFERENCE) or self.check_sqnr is None or self.check_s is None:
+            return
+        rules = self.by_label["rules"].policy
+        pair = self.check_s * self.wall_per_clock * 2 * MIN_ROUNDS
+        if self.elapsed() + pair * 1.3 > self.time_limit:
+            return
+        samples: dict[str, list[float]] = {"kept": [], "rules": []}
+        quality = None
+        for index in range(MIN_ROUNDS):
+            for label in (("kept", "rules") if index % 2 == 0 else ("rules", "kept")):
+                with _applied(self.target, self.policy if label == "kept" else rules), torch.inference_mode():
+                    out, seconds = self.clock.time(lambda: self.run(self.forced))
+                    if label == "rules" and quality is None:
+                        quality, bad = output_quality(detached(out), self.ref)
+                        quality = quality if not bad else -math.inf
+                samples[label].append(seconds)
+        verdict = compare(samples, "kept", ["rules"])
+        ratio = verdict.ratios["rules"]
+        if verdict.status["rules"] == "faster" and quality is not None and quality >= self.floor:
+            self.confirmed = f"the rules ran {ratio.text()} the speed of {self.chosen} end to end: the rules are kept"
+            self.policy, self.chosen = self._rules(), "rules"
+        else:
+            self.confirmed = (f"confirmed end to end: the rules ran {ratio.text()} the speed of {self.chosen} over "
+                              f"{MIN_ROUNDS} paired whole runs")
+
     def _rules(self) -> Policy:
         return dataclasses.replace(self.by_label["rules"].policy, name=self.name)
 
@@ -510,10 +540,13 @@ class _PerComponent:
                         "inputs they received, scaled to the run (one call was too long to repeat within the limit)")
         if self.check_sqnr is not None and self.chosen != REFERENCE:
             tail.append(f"checked end to end: {_db(self.check_sqnr)} against fp32 (floor {self.floor:g} dB)"
-                        + (f", one run in {seconds_text(self.check_s)} against fp32's {seconds_text(self.reference_s)}"
+                        + (f", one run in {seconds_text(self.check_s)} (predicted from the components: "
+                           f"{seconds_text(self.predicted(self.choice))}) against fp32's {seconds_text(self.reference_s)}"
                            if self.check_s else ""))
         if self.backed:
             tail.append("moved back to fp32: " + ", ".join(self.backed))
+        if getattr(self, "confirmed", None):
+            tail.append(self.confirmed)
         self.remember(decided)
         return Calibration(self.name, dataclasses.replace(self.policy, name=self.name), self.chosen, "measured",
                            decided, tuple(head + self.reasons + tail), tuple(self.figures()), self.clock.name,
