@@ -49,8 +49,8 @@ import torch
 
 from mixprec.calibration.candidates import REFERENCE, candidates
 from mixprec.calibration.decide import MARGIN, MIN_ROUNDS, Verdicts, compare
-from mixprec.calibration.options import (Option, Part, computes_fp32, eligible, freeze, options, part_row, recall,
-                                         remember)
+from mixprec.calibration.options import (Option, Part, candidate_figures, computes_fp32, eligible, freeze, option_for,
+                                         options, part_row, predicted_ratio, recall, remember)
 from mixprec.calibration.record import Recorder, Unit, replay, seconds_text
 from mixprec.calibration.result import Calibration
 from mixprec.calibration.trials import _applied, detached, output_quality, short
@@ -58,7 +58,6 @@ from mixprec.casting.targets import components_of
 from mixprec.device.clock import Clock
 from mixprec.device.hardware import Hardware
 from mixprec.diagnose.capture import shared_model_memo
-from mixprec.measure.stats import Ratio
 from mixprec.policy import Policy, Rule
 
 __all__ = ["measure_components", "freeze", "PER_COMPONENT", "NEGLIGIBLE"]
@@ -138,11 +137,6 @@ class _PerComponent:
     def applied(self, parts: list[Part], policy: Policy | None) -> Any:
         """``policy`` applied to these components only (the others stay as they are)."""
         return _applied({p.name: self.components[p.name] for p in parts}, policy)
-
-    def option_for(self, part: Part, label: str) -> Option | None:
-        if label in part.options:
-            return part.options[label]
-        return next((o for o in part.options.values() if label in o.also), None)
 
     def ratio_of(self, part: Part, label: str) -> float:
         """The median paired speed of ``label`` over fp32 on ``part`` (1 where not both were timed)."""
@@ -280,7 +274,7 @@ class _PerComponent:
                 part.kept, part.decided, part.timed = fp8, True, False
                 part.note = "memory's fp8 level met the floor on it: kept without timing (memory's objective is weight bytes)"
                 continue
-            rules = self.option_for(part, "rules")
+            rules = option_for(part, "rules")
             incumbent = (rules.label if rules is not None and rules.label in allowed else
                          REFERENCE if REFERENCE in allowed else allowed[0] if allowed else None)
             if incumbent is None:
@@ -368,13 +362,13 @@ class _PerComponent:
             if part.kept is not None:
                 continue
             # Not timed: follow the largest component where that qualifies here (no cast between them), else the rules.
-            follow = self.option_for(part, largest.kept) if largest.kept else None
+            follow = option_for(part, largest.kept) if largest.kept else None
             if follow is not None and follow.out is None and eligible(follow, self.name) and (
                     follow.sqnr_db is None or follow.sqnr_db >= self.floor):
                 part.kept = follow.label
                 part.note = (part.note or "not timed") + f"; follows {largest.name} ({largest.kept})"
             else:
-                rules = self.option_for(part, "rules")
+                rules = option_for(part, "rules")
                 part.kept = rules.label if rules is not None else REFERENCE
                 part.note = (part.note or "not timed") + f"; keeps {part.kept}"
             part.decided = True
@@ -384,7 +378,7 @@ class _PerComponent:
         choice, else the choices frozen into rules (:func:`~mixprec.calibration.options.freeze`)."""
         kept = {c: self.parts[c].options[choice[c]] for c in self.parts}
         for cand in self.cands:
-            if all(self.option_for(self.parts[c], cand.label) is kept[c] for c in self.parts):
+            if all(option_for(self.parts[c], cand.label) is kept[c] for c in self.parts):
                 policy = cand.policy if cand.policy is not None else Policy(
                     (Rule("*", storage="fp32", optional=True, reason=f"{self.name} calibrated: fp32 was fastest on this model"),),
                     None, name=self.name)
@@ -401,7 +395,7 @@ class _PerComponent:
         self.choice = {c: p.kept for c, p in self.parts.items()}
         self.whole: dict[str, float] = {}
         for cand in self.cands:
-            picks = {c: self.option_for(p, cand.label) for c, p in self.parts.items()}
+            picks = {c: option_for(p, cand.label) for c, p in self.parts.items()}
             if all(o is not None and o.out is None and (o.sqnr_db is None or o.sqnr_db >= self.floor)
                    and eligible(o, self.name) for o in picks.values()):
                 self.whole[cand.label] = self.predicted({c: o.label for c, o in picks.items()})
@@ -417,7 +411,7 @@ class _PerComponent:
         self.reasons.append(f"{best} on every component is predicted as fast as the per-component choice "
                             f"({self.total_s / self.whole[best]:.2f}x against {self.total_s / self.composed_s:.2f}x fp32): "
                             "kept, as the simpler policy")
-        self.choice = {c: self.option_for(p, best).label for c, p in self.parts.items()}
+        self.choice = {c: option_for(p, best).label for c, p in self.parts.items()}
         self.policy, self.chosen = self.policy_for(self.choice)
 
     # ----------------------------------------------------------------------- 6. the end-to-end check
@@ -504,24 +498,11 @@ class _PerComponent:
 
     def figures(self) -> list[dict[str, Any]]:
         """Per whole-model candidate, its figures predicted from the components'; and the composition's."""
-        figures = []
-        for cand in self.cands:
-            own = {p.name: self.option_for(p, cand.label) for p in self.parts.values()}
-            if not any(own.values()):
-                continue
-            pred = self.whole.get(cand.label)
-            sq = [o.sqnr_db for o in own.values() if o is not None and o.sqnr_db is not None]
-            figures.append({"label": cand.label, "what": cand.what, "also": list(cand.also), "eligible": cand.eligible,
-                            "sqnr_db": min(sq) if sq else None, "nonfinite": 0,
-                            "out": "; ".join(f"{c}: {o.out}" for c, o in own.items() if o is not None and o.out) or None,
-                            "weight_bytes": None, "median_s": pred,
-                            "vs_fp32": _predicted(self.total_s, pred) if pred and cand.label != REFERENCE else None,
-                            "status": None, "predicted": True})
-        figures.append({"label": PER_COMPONENT, "what": "each component's own choice, composed", "also": [],
-                        "eligible": True, "sqnr_db": self.check_sqnr, "nonfinite": 0, "out": None, "weight_bytes": None,
-                        "median_s": self.composed_s, "vs_fp32": _predicted(self.total_s, self.composed_s), "status": None,
-                        "predicted": True, "measured_s": self.check_s, "fp32_s": self.reference_s})
-        return figures
+        return [*candidate_figures(self.cands, list(self.parts.values()), self.whole, self.total_s),
+                {"label": PER_COMPONENT, "what": "each component's own choice, composed", "also": [], "eligible": True,
+                 "sqnr_db": self.check_sqnr, "nonfinite": 0, "out": None, "weight_bytes": None,
+                 "median_s": self.composed_s, "vs_fp32": predicted_ratio(self.total_s, self.composed_s), "status": None,
+                 "predicted": True, "measured_s": self.check_s, "fp32_s": self.reference_s}]
 
     def result(self) -> Calibration:
         rows = self.component_rows()
@@ -560,13 +541,6 @@ def _db(value: float) -> str:
 
 def _ratio_text(r: dict[str, Any]) -> str:
     return f"{r['value']:.2f}x fp32 ({r['low']:.2f}-{r['high']:.2f})"
-
-
-def _predicted(base: float, seconds: float | None) -> dict[str, Any] | None:
-    if not seconds:
-        return None
-    value = base / seconds
-    return Ratio(value, value, value, 0, exact=False).to_dict()
 
 
 def _now() -> str:

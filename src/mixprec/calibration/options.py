@@ -28,12 +28,12 @@ from mixprec.calibration.record import ComponentRecord, Unit
 from mixprec.casting.targets import DTYPES
 from mixprec.device.hardware import Hardware
 from mixprec.device.settings import NumericSettings
-from mixprec.measure.stats import paired_ratio
+from mixprec.measure.stats import Ratio, paired_ratio
 from mixprec.policy import Policy, Rule
 from mixprec.policy.select import ModulePlan, resolve_modules
 
 __all__ = ["Option", "Part", "options", "component_plans", "computes_fp32", "eligible", "freeze", "relative",
-           "absolute", "recall", "remember", "part_row", "FIELDS"]
+           "absolute", "recall", "remember", "part_row", "option_for", "candidate_figures", "predicted_ratio", "FIELDS"]
 
 #: The fields of a module's plan that a composed rule sets.
 FIELDS = ("storage", "compute", "keep_fp32", "upcast_attention", "output_dtype")
@@ -248,3 +248,37 @@ def part_row(part: Part, verdicts: Verdicts | None, total_s: float) -> dict[str,
             "units": len(part.units), "kept": part.kept, "decided": part.decided, "source": part.source,
             "vs_fp32": kept["vs_fp32"] if kept else None, "sqnr_db": kept["sqnr_db"] if kept else None,
             "note": part.note, "verdict": part.verdict_text, "options": opts}
+
+
+def option_for(part: Part, label: str) -> Option | None:
+    """The option a candidate's label is on ``part`` (its own, or one it came out the same as)."""
+    if label in part.options:
+        return part.options[label]
+    return next((o for o in part.options.values() if label in o.also), None)
+
+
+def predicted_ratio(base: float, seconds: float | None) -> dict[str, Any] | None:
+    """A speed predicted from the components (no interval: ``exact`` is false, ``n`` 0)."""
+    if not seconds:
+        return None
+    value = base / seconds
+    return Ratio(value, value, value, 0, exact=False).to_dict()
+
+
+def candidate_figures(cands: list[Candidate], parts: list[Part], whole: dict[str, float], total_s: float) -> list[dict[str, Any]]:
+    """Per whole-model candidate: its worst own error over the components, why it is out where it is, and its
+    speed predicted from the components' (``whole``: the run's seconds where it qualified everywhere)."""
+    figures = []
+    for cand in cands:
+        own = {p.name: option_for(p, cand.label) for p in parts}
+        if not any(own.values()):
+            continue
+        pred = whole.get(cand.label)
+        sq = [o.sqnr_db for o in own.values() if o is not None and o.sqnr_db is not None]
+        figures.append({"label": cand.label, "what": cand.what, "also": list(cand.also), "eligible": cand.eligible,
+                        "sqnr_db": min(sq) if sq else None, "nonfinite": 0,
+                        "out": "; ".join(f"{c}: {o.out}" for c, o in own.items() if o is not None and o.out) or None,
+                        "weight_bytes": None, "median_s": pred,
+                        "vs_fp32": predicted_ratio(total_s, pred) if pred and cand.label != REFERENCE else None,
+                        "status": None, "predicted": True})
+    return figures
