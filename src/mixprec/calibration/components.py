@@ -25,9 +25,10 @@ these steps, all within the time limit:
    rounds could not decide). The choices are frozen into one policy: a rule per component,
    and exact-name rules where a module's plan differs from its parent's. A whole-model
    candidate predicted as fast (within 2%) is kept instead: it is simpler.
-6. **Check.** The composed policy runs once, end to end, against fp32's output with the
-   preset's floor. Where it misses, the component with the largest own error goes back to
-   fp32 first, and the check runs again.
+6. **Check** (:mod:`~mixprec.calibration.endtoend`). The composed policy runs once, end to
+   end, against fp32's output with the preset's floor. Where it misses, the component with
+   the largest own error moves back to a safer option first, and the check runs again.
+   Where time allows, paired whole runs against the rule-based policy close the decision.
 
 Components that take under :data:`NEGLIGIBLE` of the run are not timed: they follow the
 choice of the largest component where that qualifies on them (no extra cast between them),
@@ -49,6 +50,7 @@ import torch
 
 from mixprec.calibration.candidates import REFERENCE, candidates
 from mixprec.calibration.decide import MARGIN, MIN_ROUNDS, Verdicts, compare
+from mixprec.calibration.endtoend import PER_COMPONENT, EndToEnd, db
 from mixprec.calibration.options import (Option, Part, candidate_figures, computes_fp32, eligible, freeze, option_for,
                                          options, part_row, predicted_ratio, recall, remember)
 from mixprec.calibration.record import Recorder, Unit, replay, seconds_text
@@ -62,8 +64,6 @@ from mixprec.policy import Policy, Rule
 
 __all__ = ["measure_components", "freeze", "PER_COMPONENT", "NEGLIGIBLE"]
 
-#: The label of a composed choice (components keeping different candidates).
-PER_COMPONENT = "per-component"
 #: Components under this share of the run's seconds are not timed.
 NEGLIGIBLE = 0.02
 #: An option slower than the leader by more than this in every one of two or more rounds leaves the rounds.
@@ -90,7 +90,7 @@ def measure_components(target: Any, run: Callable[[Any], Any], inputs: Any, name
     return job.result()
 
 
-class _PerComponent:
+class _PerComponent(EndToEnd):
     """One calibration made per component, its steps as methods, in the order :func:`measure_components` runs them."""
 
     def __init__(self, target: Any, run: Callable[[Any], Any], name: str, hw: Hardware, hints: tuple[str, ...],
@@ -414,83 +414,6 @@ class _PerComponent:
         self.choice = {c: option_for(p, best).label for c, p in self.parts.items()}
         self.policy, self.chosen = self.policy_for(self.choice)
 
-    # ----------------------------------------------------------------------- 6. the end-to-end check
-
-    def check(self) -> None:
-        while self.chosen != REFERENCE:
-            expected = self.reference_wall * min(1.0, self.predicted(self.choice) / self.total_s) * 1.1
-            if self.elapsed() + expected > self.time_limit:  # the 10% over the limit is the estimate's slack
-                self._no_time_to_check()
-                return
-            try:
-                with _applied(self.target, self.policy), torch.inference_mode():
-                    out, self.check_s = self.clock.time(lambda: self.run(self.forced))
-                    self.check_sqnr, bad = output_quality(detached(out), self.ref)
-            except Exception as exc:  # noqa: BLE001 - the composition fails: back to the rules, said with its error
-                self.reasons.append(f"the composed policy failed end to end ({short(exc)}): the rule-based choice stays")
-                self.policy, self.chosen, self.check_sqnr = self._rules(), "rules", None
-                self.check_skipped = True
-                return
-            if not bad and self.check_sqnr >= self.floor:
-                return
-            movable = [p for p in self.parts.values() if self.choice[p.name] != REFERENCE and REFERENCE in p.options]
-            if not movable:
-                return
-            # The largest own error first; a component not timed (its own error unknown) after those measured.
-            worst = min(movable, key=lambda p: (p.options[self.choice[p.name]].sqnr_db is None,
-                                                p.options[self.choice[p.name]].sqnr_db or 0.0, -p.record.seconds))
-            self.backed.append(f"{worst.name} ({self.choice[worst.name]})")
-            self.reasons.append(f"end to end {self.check_sqnr:.1f} dB{f' with {bad} non-finite values' if bad else ''}, "
-                                f"below {self.name}'s floor of {self.floor:g} dB: {worst.name}, the largest own error, "
-                                "goes back to fp32")
-            self.choice[worst.name] = worst.kept = REFERENCE
-            self.policy, self.chosen = self.policy_for(self.choice)
-        self.check_sqnr = math.inf
-
-    def confirm(self) -> None:
-        """Where time allows, paired whole runs of the kept policy and the rule-based one close the decision:
-        the rules come back where the kept policy runs supported slower than them end to end."""
-        self.confirmed: str | None = None
-        if self.chosen in ("rules", REFERENCE) or self.check_sqnr is None or self.check_s is None:
-            return
-        rules = self.by_label["rules"].policy
-        pair = self.check_s * self.wall_per_clock * 2 * MIN_ROUNDS
-        if self.elapsed() + pair * 1.3 > self.time_limit:
-            return
-        samples: dict[str, list[float]] = {"kept": [], "rules": []}
-        quality = None
-        for index in range(MIN_ROUNDS):
-            for label in (("kept", "rules") if index % 2 == 0 else ("rules", "kept")):
-                with _applied(self.target, self.policy if label == "kept" else rules), torch.inference_mode():
-                    out, seconds = self.clock.time(lambda: self.run(self.forced))
-                    if label == "rules" and quality is None:
-                        quality, bad = output_quality(detached(out), self.ref)
-                        quality = quality if not bad else -math.inf
-                samples[label].append(seconds)
-        verdict = compare(samples, "kept", ["rules"])
-        ratio = verdict.ratios["rules"]
-        if verdict.status["rules"] == "faster" and quality is not None and quality >= self.floor:
-            self.confirmed = f"the rules ran {ratio.text()} the speed of {self.chosen} end to end: the rules are kept"
-            self.policy, self.chosen = self._rules(), "rules"
-        else:
-            self.confirmed = (f"confirmed end to end: the rules ran {ratio.text()} the speed of {self.chosen} over "
-                              f"{MIN_ROUNDS} paired whole runs")
-
-    def _rules(self) -> Policy:
-        return dataclasses.replace(self.by_label["rules"].policy, name=self.name)
-
-    def _no_time_to_check(self) -> None:
-        self.check_sqnr, self.check_skipped = None, True
-        if self.backed:  # a composition missed the floor: fp32 is the one choice known to meet it
-            self.reasons.append(f"not checked end to end again: the time limit ({self.time_limit:g} s) came first; "
-                                "fp32 stays, the one choice known to meet the floor")
-            self.choice = {c: REFERENCE if REFERENCE in p.options else self.choice[c] for c, p in self.parts.items()}
-            self.policy, self.chosen = self.policy_for(self.choice)
-        else:
-            self.reasons.append(f"not checked end to end: the time limit ({self.time_limit:g} s) came first; the "
-                                "rule-based choice stays")
-            self.policy, self.chosen = self._rules(), "rules"
-
     # ----------------------------------------------------------------------- 7. the result
 
     def component_rows(self) -> list[dict[str, Any]]:
@@ -520,12 +443,12 @@ class _PerComponent:
             tail.append("predicted: " + ", ".join(layered) + " timed through the modules each calls directly, on the "
                         "inputs they received, scaled to the run (one call was too long to repeat within the limit)")
         if self.check_sqnr is not None and self.chosen != REFERENCE:
-            tail.append(f"checked end to end: {_db(self.check_sqnr)} against fp32 (floor {self.floor:g} dB)"
+            tail.append(f"checked end to end: {db(self.check_sqnr)} against fp32 (floor {self.floor:g} dB)"
                         + (f", one run in {seconds_text(self.check_s)} (predicted from the components: "
                            f"{seconds_text(self.predicted(self.choice))}) against fp32's {seconds_text(self.reference_s)}"
                            if self.check_s else ""))
         if self.backed:
-            tail.append("moved back to fp32: " + ", ".join(self.backed))
+            tail.append("moved back: " + ", ".join(self.backed))
         if getattr(self, "confirmed", None):
             tail.append(self.confirmed)
         self.remember(decided)
@@ -533,10 +456,6 @@ class _PerComponent:
                            decided, tuple(head + self.reasons + tail), tuple(self.figures()), self.clock.name,
                            self.n_rounds, round(self.elapsed(), 3), _now(), self.hw.name, self.floor,
                            components=tuple(rows))
-
-
-def _db(value: float) -> str:
-    return "exact" if value == math.inf else f"{value:.1f} dB"
 
 
 def _ratio_text(r: dict[str, Any]) -> str:
