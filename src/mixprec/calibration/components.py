@@ -174,8 +174,8 @@ class _PerComponent(EndToEnd):
             if not part.record.samples:
                 part.timed, part.note = False, ("not called in the run" if part.record.calls == 0 else
                                                 "its calls' arguments could not be copied: not timed")
-            elif share < NEGLIGIBLE:
-                part.timed, part.note = False, f"{share:.1%} of the run: not timed"
+            elif share < NEGLIGIBLE:  # its own error is measured (a first call costs little), its speed is not
+                part.negligible, part.note = True, f"{share:.1%} of the run: not timed"
             if len(part.options) == 1:
                 only = next(iter(part.options))
                 part.timed, part.kept, part.decided = False, only, True
@@ -260,7 +260,7 @@ class _PerComponent(EndToEnd):
         if bad:
             option.out = f"{bad} non-finite values in {part.name}'s output"
         elif not worst >= self.floor:
-            option.out = (f"{part.name}'s own SQNR {worst:.1f} dB against fp32, below {self.name}'s floor of "
+            option.out = (f"own SQNR {worst:.1f} dB against fp32, below {self.name}'s floor of "
                           f"{self.floor:g} dB")
 
     # ----------------------------------------------------------------------- 4. rounds
@@ -268,6 +268,9 @@ class _PerComponent(EndToEnd):
     def incumbents(self) -> None:
         """Per component the option that stays unless beaten: its rules where they qualified, else fp32."""
         for part in self.timed():
+            if part.negligible:
+                part.timed = False
+                continue
             allowed = [o.label for o in part.live() if eligible(o, self.name)]
             fp8 = next((o.label for o in part.live() if o.label == "rules-fp8"), None)
             if self.name == "memory" and fp8 is not None:  # memory's objective is weight bytes

@@ -78,6 +78,8 @@ class EndToEnd:
             self.reasons.append(f"end to end {self.check_sqnr:.1f} dB{f' with {bad} non-finite values' if bad else ''}, "
                                 f"below {self.name}'s floor of {self.floor:g} dB: {worst.name}, the largest own error, "
                                 f"moves back to {safer}")
+            worst.note = (f"moved back from {self.choice[worst.name]} to {safer}: the composition's output missed the "
+                          "floor end to end")
             self.choice[worst.name] = worst.kept = safer
             self.policy, self.chosen = self.policy_for(self.choice)
         self.check_sqnr = math.inf

@@ -80,6 +80,8 @@ class Part:
     residual_s: float = 0.0
     layers: bool = False
     timed: bool = True
+    #: Under :data:`~mixprec.calibration.components.NEGLIGIBLE` of the run: its own error measured, its speed not.
+    negligible: bool = False
     note: str | None = None
     kept: str | None = None
     decided: bool = False
@@ -217,7 +219,8 @@ def recall(part: Part, preset: str, hw: Hardware, hints: tuple[str, ...], floor:
 
 def remember(part: Part, preset: str, hw: Hardware, clock: str, rounds: int) -> None:
     """Remember ``part``'s decision where it was measured now."""
-    if part.source != "measured" or part.fields is None or not part.units or part.kept not in part.options:
+    if (part.source != "measured" or part.negligible or part.fields is None or not part.units
+            or part.kept not in part.options):  # a negligible part followed another: not a decision of its own
         return
     kept = part.options[part.kept]
     rules = freeze({part.name: part.root}, {part.name: kept.plans}, kept.level, preset, {part.name: part.kept}).rules
