@@ -139,10 +139,13 @@ class _PerComponent(EndToEnd):
         return _applied({p.name: self.components[p.name] for p in parts}, policy)
 
     def ratio_of(self, part: Part, label: str) -> float:
-        """The median paired speed of ``label`` over fp32 on ``part`` (1 where not both were timed)."""
+        """The median paired speed of ``label`` over fp32 on ``part``; from the first calls where the rounds
+        did not time both; 1 where nothing timed it."""
         opt, base = part.options.get(label), part.options.get(REFERENCE)
-        if opt is None or base is None or not opt.rounds or not base.rounds:
+        if opt is None or base is None:
             return 1.0
+        if not opt.rounds or not base.rounds:
+            return base.first_s / opt.first_s if opt.first_s > 0 and base.first_s > 0 else 1.0
         n = min(len(opt.rounds), len(base.rounds))
         return statistics.median(a / b for a, b in zip(base.rounds[:n], opt.rounds[:n]))
 
