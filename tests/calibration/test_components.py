@@ -225,3 +225,27 @@ def test_a_long_component_called_once_is_timed_through_the_modules_it_calls():
     assert loop["unit"] == "layers (predicted)" and loop["units"] == 2
     assert any(r.startswith("predicted: loop timed through the modules") for r in result.reasons)
     assert loop["vs_fp32"]["value"] == pytest.approx(2.0, rel=0.05)
+
+
+def test_a_component_that_returns_tokens_is_timed_and_compared_through_the_modules_it_calls(x):
+    """A decoding loop returns integer tokens: no own error can be read from them, and a sampled loop
+    may run another length in 16 bits. Its per-step module is timed and compared instead."""
+
+    class Decoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.step = MLP(depth=1)
+
+        def forward(self, h):
+            for _ in range(6):
+                h = self.step(h)
+            return h.argmax(-1)
+
+    comps = {"pre": MLP(depth=1), "dec": Decoder()}
+    clock = LayerClock(comps, {"pre": {"fp32": 1.0, "bf16": 0.5}, "dec": {"fp32": 1.0, "bf16": 0.5}})
+    result = calibrate(comps, "fast", (x,), run=lambda inputs: comps["dec"](comps["pre"](*inputs)).float(),
+                       hardware=machine(), clock=clock, cache=False, now=_frozen)
+    dec = next(c for c in result.components if c["component"] == "dec")
+    assert dec["unit"] == "layers (predicted)" and dec["units"] == 1
+    assert not any((o["out"] or "").startswith("failed") for o in dec["options"]), dec["options"]
+    assert dec["sqnr_db"] is not None and dec["sqnr_db"] > 20
