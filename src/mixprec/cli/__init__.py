@@ -26,13 +26,23 @@ def main(argv: list[str] | None = None) -> None:
     from mixprec.cli import _clock
 
     _clock.as_script = True
+    _SAID.clear()
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         app(args=argv if argv is not None else sys.argv[1:], prog_name="mixprec")
+
+
+#: The warnings a command has printed: a fact is said once per command, however often a library repeats it
+#: (a model's deprecation warning on every call; a filter change inside mixprec re-arms Python's own "once").
+_SAID: set[tuple[type, str]] = set()
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
     from mixprec.cli._common import err_console
     from mixprec.cli._text import say
 
+    key = (category, str(message))
+    if key in _SAID:
+        return
+    _SAID.add(key)
     say(err_console, ("warning:", "yellow"), f" {message}")
