@@ -1,4 +1,4 @@
-"""The suite fails on a DeprecationWarning or FutureWarning attributed to mixprec's own code.
+"""The suite fails on a DeprecationWarning, FutureWarning or ResourceWarning attributed to mixprec's own code.
 
 pyproject.toml's ``filterwarnings`` turns such a warning into an error where it is raised.
 Here pytest runs, in a fresh process, a generated test file under exactly those filters:
@@ -59,6 +59,16 @@ def runs_the_library():
 
 def warns_the_user():
     warnings.warn("a plain mixprec warning", UserWarning)
+
+
+def leaves_a_file_open():
+    for line in open(__file__):  # closed by the garbage collector, in this frame: a ResourceWarning
+        pass
+
+
+def closes_its_file():
+    with open(__file__) as fh:
+        return fh.read()
 '''
 
 TESTS = '''
@@ -92,6 +102,14 @@ def test_a_mixprec_user_warning():
 def test_a_deprecation_the_test_expects():
     with pytest.warns(DeprecationWarning, match="old_api"):
         calls.calls_the_deprecated_api()
+
+
+def test_mixprec_leaves_a_file_open():
+    calls.leaves_a_file_open()
+
+
+def test_mixprec_closes_its_file():
+    calls.closes_its_file()
 '''
 
 
@@ -120,12 +138,14 @@ def test_the_project_filters_fail_deprecations_attributed_to_mixprec_and_only_th
     assert done.returncode == 1, output
     assert "FAILED test_generated.py::test_mixprec_calls_a_deprecated_api - DeprecationWarning: old_api is deprecated" in output
     assert "FAILED test_generated.py::test_mixprec_warns_a_deprecation_itself - FutureWarning: this option" in output
+    assert "FAILED test_generated.py::test_mixprec_leaves_a_file_open - pytest.PytestUnraisableExceptionWarning" in output
+    assert "ResourceWarning: unclosed file" in output
     for kept in ("test_a_library_warns_about_its_own_internals", "test_a_mixprec_user_warning",
-                 "test_a_deprecation_the_test_expects"):
+                 "test_a_deprecation_the_test_expects", "test_mixprec_closes_its_file"):
         assert f"PASSED test_generated.py::{kept}" in output, output
     # The library's warning about itself is still shown, as a warning.
     assert "library.py" in output and "_legacy_helper is deprecated" in output
-    assert "2 failed, 3 passed" in output, output
+    assert "3 failed, 4 passed" in output, output
 
 
 def test_without_the_filters_every_generated_test_passes(tmp_path):
@@ -133,4 +153,4 @@ def test_without_the_filters_every_generated_test_passes(tmp_path):
     done = _run_pytest(tmp_path, [])
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
-    assert "5 passed" in output, output
+    assert "7 passed" in output, output

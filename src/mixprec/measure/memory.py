@@ -8,16 +8,27 @@ from __future__ import annotations
 __all__ = ["rss_bytes", "reset_peak", "peak_bytes"]
 
 
-def rss_bytes() -> int:
+def _status(field: str) -> int | None:
+    """A ``/proc/self/status`` figure in bytes (``VmRSS``, ``VmHWM``), or ``None`` where there is none."""
     try:
-        for line in open("/proc/self/status"):
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith(f"{field}:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
         pass
+    return None
+
+
+def _max_rss() -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def rss_bytes() -> int:
+    found = _status("VmRSS")
+    return found if found is not None else _max_rss()
 
 
 def reset_peak() -> bool:
@@ -30,12 +41,5 @@ def reset_peak() -> bool:
 
 
 def peak_bytes() -> int:
-    try:
-        for line in open("/proc/self/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    found = _status("VmHWM")
+    return found if found is not None else _max_rss()
