@@ -206,6 +206,19 @@ def bench(
     say(console, f"stored as run(s) {', '.join(map(str, run_ids))} in {store.path}")
     _print_headlines(runs)
     outputs.finish()
+    _exit_unless_measured(runs)
+
+
+def _exit_unless_measured(runs: list[dict]) -> None:
+    """Exit 1, with one line, where a run measured nothing a script can use: no configuration ran, its fp32
+    reference failed, or nothing was timed (the run's state, :mod:`mixprec.bench.runstate`, read from the rows)."""
+    from mixprec.bench.runstate import NO_REFERENCE, NOTHING, UNTIMED, classify
+
+    short = [(run, state) for run in runs for state in [classify(run)] if state.state in (NOTHING, NO_REFERENCE, UNTIMED)]
+    if short:
+        say(err_console, ("not measured:", "bold red"), " " + "; ".join(
+            f"run {run['id']} ({run.get('pipeline')}) {state.state}" for run, state in short) + " (exit status 1)")
+        raise typer.Exit(code=1)
 
 
 def _print_headlines(runs: list[dict]) -> None:

@@ -10,7 +10,9 @@ import typer
 
 import mixprec
 from mixprec._quote import quote
+from mixprec.bench.runstate import error_line
 from mixprec.cli._app import app
+from mixprec.measure.executor import WorkerError, WorkerTimeout
 from mixprec.cli._cluster import ExecutorFlag, HardwareFlag, RayAddressFlag, check_executor_flags, tune_on_cluster
 from mixprec.cli._choices import bound_help, join_or, objective_values
 from mixprec.cli._common import (
@@ -149,6 +151,9 @@ def tune_cmd(
                                   **on_cluster)
         except ValueError as exc:
             fail(exc)
+        except (WorkerError, WorkerTimeout) as exc:  # the model itself failed in the worker: its error, in one line
+            fail(f"the tuning worker stopped ({error_line(exc)}): nothing more was measured; the evaluations made "
+                 "before are kept in the store")
     outputs = Outputs(err_console)
     again = "run the same mixprec tune command (its measurements are kept in the store and reused)"
     wrote_out = outputs.write_text(out, "--out", result.to_toml(), again=again)

@@ -129,7 +129,12 @@ class Session:
                 if seed in self.references:
                     continue
                 inputs = self.make_inputs(seed)
-                result = self.run(inputs)
+                try:
+                    result = self.run(inputs)
+                except Exception as exc:  # nothing can be measured against a reference that does not run
+                    text = " ".join(str(exc).split())[:300]
+                    raise ValueError(f"the fp32 reference failed on seed {seed} ({type(exc).__name__}: {text}): nothing "
+                                     "was measured") from exc
                 tensor, extras = _output(result)
                 self.references[seed] = tensor.detach().float().cpu().clone()
                 steps = extras.get("noise_predictions")
