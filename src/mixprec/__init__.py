@@ -87,3 +87,19 @@ __all__ = [
     "snapshot",
     "__version__",
 ]
+
+
+def _check_the_surface() -> None:
+    """Every public function checks its arguments at the door (:mod:`mixprec._surface`)."""
+    import inspect
+
+    from mixprec._surface import checked
+
+    for name in __all__:
+        value = globals()[name]
+        if inspect.isfunction(value) and not getattr(value, "__mixprec_checked__", False):
+            globals()[name] = checked(value, f"mixprec.{name}")
+
+
+_check_the_surface()
+
