@@ -167,3 +167,55 @@ class _Calls(nn.Module):
 
     def forward(self, x):
         return self.fn(x)
+
+
+#: The entry points that share one check of the context they are called in: each refused, nothing changed.
+def _entries(model, applied):
+    return {
+        "apply": lambda: mixprec.apply(model, POLICIES["bf16"]()),
+        "revert": applied.revert,
+        "reapply": lambda: applied.reapply(POLICIES["bf16"]()),
+        "profile": lambda: mixprec.profile(model, (X,), POLICIES["bf16"]()),
+        "guard": lambda: mixprec.guard(applied),
+        "calibrate": lambda: mixprec.calibrate(model, "fast", (X,), cache=False),
+    }
+
+
+@pytest.mark.parametrize("entry", ["apply", "revert", "reapply", "profile", "guard", "calibrate"])
+@pytest.mark.parametrize("where", ["vmap", "fake"])
+def test_every_entry_point_is_refused_in_an_unsupported_context_before_any_change(entry, where):
+    model, other = Holder(lambda m: None), Holder(lambda m: None)
+    applied = mixprec.apply(other, POLICIES["bf16"]())  # revert, reapply and guard act on an applied model
+    before, applied_before = state(model), state(other)
+    call = _entries(model, applied)[entry]
+    errors = []
+
+    def attempt():
+        with pytest.raises(mixprec.ApplyError, match=r" was called (inside a torch\.func transform|under torch's fake) "
+                                                     r".*nothing was changed") as err:
+            call()
+        errors.append(err.value)
+
+    if where == "vmap":
+        torch.func.vmap(lambda x: (attempt(), x.sum())[1])(torch.randn(2, 4))
+    else:
+        with _fake_mode():
+            attempt()
+    assert len(errors) == 1 and str(errors[0]).startswith(("mixprec.", "Applied."))
+    assert changed(before, model) == [] and changed(applied_before, other) == [] and applied.active
+    applied.revert()
+
+
+@pytest.mark.parametrize("kind", ["meta", "mkldnn"])
+@pytest.mark.parametrize("entry", ["profile", "calibrate"])
+def test_profile_and_calibrate_refuse_tensors_they_cannot_compute_from_in_mixprecs_words(kind, entry):
+    model = nn.Sequential(nn.Linear(4, 4))
+    if kind == "meta":
+        model = model.to("meta")
+    else:
+        model.register_buffer("table", torch.randn(4, 4).to_mkldnn())
+    call = {"profile": lambda: mixprec.profile(model, (torch.randn(2, 4),), "fast"),
+            "calibrate": lambda: mixprec.calibrate(model, "fast", (torch.randn(2, 4),), cache=False)}[entry]
+    words = "on the meta device" if kind == "meta" else "of the mkldnn layout"
+    with pytest.raises(mixprec.ApplyError, match=rf"{words}.*nothing was changed"):
+        call()

@@ -35,7 +35,7 @@ from mixprec.calibration.result import Calibration
 from mixprec.calibration.trials import ROUND_TARGET_S, Trials, default_run, detached, device_of, output_quality, short
 from mixprec.casting.apply import Applied, applied_part
 from mixprec.casting.apply import apply as apply_policy
-from mixprec.casting.targets import ApplyError, components_of, weight_bytes
+from mixprec.casting.targets import ApplyError, components_of, refuse_context, refuse_tensors, weight_bytes
 from mixprec.device.clock import Clock, clock_for
 from mixprec.device.hardware import Hardware, probe
 from mixprec.measure.stats import paired_ratio
@@ -125,6 +125,7 @@ def calibrate(
         ...     model(input_ids)
     """
     started = now()
+    refuse_context("mixprec.calibrate")
     name = check_name(preset)
     if cache not in (True, False, "refresh"):
         raise ValueError(f"cache={quote(cache)}: choose True, False or 'refresh'")
@@ -133,6 +134,7 @@ def calibrate(
     if not (isinstance(max_rounds, int) and max_rounds >= 1):
         raise ValueError(f"max_rounds={quote(max_rounds)}: give a whole number of rounds, at least 1")
     components, own_hints = components_of(target)
+    refuse_tensors(components)
     busy = applied_part(components)
     if busy is not None:
         raise ApplyError(f"component {busy!r} already has a mixprec policy applied: calibrate the model as it is "

@@ -29,7 +29,8 @@ from mixprec.casting.hooks import own_tensors
 from mixprec.casting.install import install_pins, install_wrappers
 from mixprec.casting.kinds import castable, fits_file, set_data, stored_bytes
 from mixprec.casting.offload import BeneathHooks, Offload, offload_slots
-from mixprec.casting.targets import DTYPES, ApplyError, components_of, refuse_meta, refuse_unsupported, weight_bytes
+from mixprec.casting.targets import (DTYPES, ApplyError, components_of, refuse_context, refuse_meta, refuse_unsupported,
+                                     weight_bytes)
 from mixprec.policy import ModulePlan, Policy, PolicyError, resolve_modules
 from mixprec.policy.select import UnmatchedRule, UnmatchedRuleWarning, summarise_unmatched, unmatched_rules
 
@@ -121,6 +122,7 @@ class Applied:
         """
         if not self._active:
             raise RevertError("this policy was already reverted")
+        refuse_context("Applied.revert")
         loaded: dict[str, torch.Tensor] = {}
         if self._disk is not None and self.keep_original != "none":
             # Read the originals back before anything is undone: if they are gone, the
@@ -233,6 +235,7 @@ class Applied:
         Raises:
             ApplyError: when the originals were not kept (``keep_original="none"``).
         """
+        refuse_context("Applied.reapply")
         if self.keep_original == "none":
             raise ApplyError("cannot re-apply a policy applied with keep_original='none': the original weights are gone")
         if not isinstance(policy, Policy):

@@ -50,6 +50,28 @@ def components_of(target: Any) -> tuple[dict[str, nn.Module], tuple[str, ...]]:
     return comps, tuple(getattr(target, "sensitive", ()) or ())
 
 
+def refuse_context(function: str) -> None:
+    """Refuse, before anything changes, a call of ``function`` made where mixprec cannot work: inside a
+    ``torch.func`` transform, under torch's fake, functional or proxy dispatch mode, inside a trace
+    (:func:`~mixprec.casting.kinds.refusal_of_context`). The one check ``apply``, ``revert``, ``reapply``,
+    ``profile``, ``guard`` and ``calibrate`` share.
+
+    Raises:
+        ApplyError: naming the function, the context and what to do.
+    """
+    context = refusal_of_context()
+    if context is not None:
+        raise ApplyError(f"{function} was called {context}; nothing was changed. Call it outside, before the "
+                         "transform or mode is entered (an applied model then runs inside it)")
+
+
+def refuse_tensors(comps: Mapping[str, nn.Module]) -> None:
+    """Refuse components holding floating tensors a policy cannot compute from: meta and fake ones (no
+    values), mkldnn ones, functorch-wrapped ones (:func:`refuse_meta`, over every floating tensor)."""
+    refuse_meta([(f"{cname}.{name}" if cname else name, t) for cname, root in comps.items()
+                 for name, t in [*root.named_parameters(), *root.named_buffers()] if t.is_floating_point()])
+
+
 def refuse_unsupported(comps: Mapping[str, nn.Module]) -> None:
     """Refuse, before anything changes, components whose weights a policy cannot cast.
 
@@ -60,10 +82,7 @@ def refuse_unsupported(comps: Mapping[str, nn.Module]) -> None:
             module's parameter that has no shape yet (``nn.LazyLinear`` before its first
             forward), or a tensor no step can read (:func:`~mixprec.casting.kinds.unusable`).
     """
-    context = refusal_of_context()
-    if context is not None:
-        raise ApplyError(f"mixprec.apply was called {context}; nothing was changed. Apply the policy outside it, "
-                         "before the transform or mode is entered (the applied model then runs inside it)")
+    refuse_context("mixprec.apply")
     for cname, root in comps.items():
         label = repr(cname) if cname else "(root)"
         named = [*root.named_parameters(), *root.named_buffers()]

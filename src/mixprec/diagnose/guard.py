@@ -29,6 +29,7 @@ from mixprec.casting.apply import Applied
 from mixprec.casting.meet import OP_ERRORS, DeferDtypeErrors, WidenMode, may_be_about_dtypes
 from mixprec.casting.frames import inline_only
 from mixprec.casting.hooks import add_method_hook, register_first
+from mixprec.casting.targets import refuse_context
 from mixprec.policy.tree import called_children, entry_methods
 from mixprec.diagnose.dtype_errors import (DtypeErrorReport, PrecisionDtypeError, add_note, candidate_scopes, direct_callees,
                                           counterparts, is_dtype_error, locate,
@@ -534,6 +535,7 @@ def guard(
     """
     if not isinstance(applied, Applied):
         raise TypeError(f"guard() needs what mixprec.apply() returned, got {type(applied).__name__}")
+    refuse_context("mixprec.guard")
     if mode not in GUARD_MODES:
         raise ValueError(f"unknown guard mode {mode!r}; choose one of: {', '.join(GUARD_MODES)}")
     if on_nonfinite not in ON_NONFINITE:

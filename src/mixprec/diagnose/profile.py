@@ -63,7 +63,7 @@ from mixprec.casting.apply import apply
 from mixprec.casting.fp8plan import Fp8Plan
 from mixprec.casting.hooks import register_first
 from mixprec.casting.kinds import stored_elements
-from mixprec.casting.targets import components_of
+from mixprec.casting.targets import components_of, refuse_context, refuse_tensors
 from mixprec.diagnose.capture import (absmax, cast_owned, first_float, fresh_inputs, int_fingerprint, sample, shared_model_memo,
                                       snapshot)
 from mixprec.diagnose.low_copy import LowCopy
@@ -211,7 +211,9 @@ def profile(target: Any, inputs: Any, policy: Policy, *, run: Callable[[Any], An
         >>> prof = mixprec.profile(pipe, pipe.example_inputs(1, 0), mixprec.preset("memory"))
         >>> print(prof.suggestions_toml())
     """
+    refuse_context("mixprec.profile")
     comps, _ = components_of(target)
+    refuse_tensors(comps)
     bad = first_nonfinite(inputs)
     if bad is not None:
         raise NonFiniteInputError(", ".join(name or "(root)" for name in comps), f"the profiled inputs, at {bad}")
