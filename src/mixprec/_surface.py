@@ -32,6 +32,18 @@ class ArgumentError(TypeError):
     """A public function was given a value of the wrong kind (a :class:`TypeError`)."""
 
 
+def _target_error(message: str) -> TypeError:
+    """A target of the wrong kind: an :class:`ArgumentError` that is also an :class:`~mixprec.ApplyError`, as a
+    bad target always was (code catching ``ApplyError`` keeps working)."""
+    from mixprec.casting.targets import ApplyError
+
+    class TargetError(ArgumentError, ApplyError):
+        pass
+
+    TargetError.__name__ = TargetError.__qualname__ = "ArgumentError"
+    return TargetError(message)
+
+
 _ARTICLES = {"int": "an int", "float": "a number", "str": "a str", "Applied": "an Applied (what mixprec.apply returns)", "object": "an object"}
 #: Parameters holding a model: checked as mixprec.apply reads a target.
 _TARGETS = ("target",)
@@ -103,6 +115,8 @@ def describe(annotation: Any) -> str:
     """What ``annotation`` accepts, in words."""
     if annotation is None or annotation is type(None):
         return "None"
+    if annotation is Any:
+        return "anything"
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
@@ -132,6 +146,8 @@ def describe(annotation: Any) -> str:
 
 def _items(annotation: Any) -> str:
     text = describe(annotation)
+    if text == "anything":
+        return "values"
     for article in ("a ", "an "):
         if text.startswith(article):
             return text[len(article):] + "s"
@@ -151,7 +167,7 @@ def _check_target(where: str, name: str, value: Any) -> None:
     try:
         components_of(value)
     except (ApplyError, TypeError, ValueError, AttributeError) as exc:
-        raise ArgumentError(f"{where}: {name} must be an nn.Module, a mapping of named modules or a pipeline, not "
+        raise _target_error(f"{where}: {name} must be an nn.Module, a mapping of named modules or a pipeline, not "
                             f"{_given(value)}") from exc
 
 

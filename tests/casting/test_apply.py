@@ -124,8 +124,10 @@ def test_bad_target_and_options_change_nothing(block):
     state = _state(block)
     with pytest.raises(mixprec.ApplyError, match="keep_original='ram'; choose one of: cpu, disk, none"):
         mixprec.apply(block, BF16, keep_original="ram")
-    with pytest.raises(mixprec.ApplyError, match="cannot apply a policy to int"):
+    with pytest.raises(mixprec.ApplyError, match="mixprec.apply: target must be an nn.Module, a mapping of named modules "
+                                                 "or a pipeline, not int 3") as raised:
         mixprec.apply(3, BF16)
+    assert isinstance(raised.value, TypeError)  # a wrong kind of argument, and the ApplyError it always was
     assert _same(block, state)
 
 

@@ -53,6 +53,7 @@ def test_bench_says_it_before_the_run_and_keeps_it_in_the_run(policy_file, tmp_p
     assert result.exit_code == 0, result.output
     _said_once(result.output)
     assert result.output.index("warning: minilm: " + _NOTE) < result.output.index("run 1")  # before the run
+    assert result.output.count(_NOTE) == 1, result.output  # not said again as the run's note
     run = Store(db).load_run(1)
     assert sum(n.startswith(_NOTE) for n in run["notes"]) == 1
 

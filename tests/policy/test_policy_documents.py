@@ -110,13 +110,16 @@ class TestPresetOverrides:
         ({"storage": "bf17"}, "overrides: rule '*' storage: unknown dtype 'bf17'"),
         ({"keep_fp32": "yes"}, "overrides: rule '*' keep_fp32: expected true or false"),
         ({"rulez": []}, "unknown override 'rulez' (did you mean 'rules'?)"),
-        (["rules"], "overrides: expected a mapping"),
-        ("fast", "overrides: expected a mapping"),
     ])
     def test_bad_overrides_are_policy_errors_naming_the_field(self, overrides, needle, cpu_hardware):
         with pytest.raises(PolicyError) as info:
             mixprec.preset("fast", hardware=cpu_hardware, overrides=overrides)
         assert type(info.value) is PolicyError and needle in str(info.value)
+
+    @pytest.mark.parametrize("overrides", [["rules"], "fast"])
+    def test_overrides_of_the_wrong_kind_are_refused_at_the_door(self, overrides, cpu_hardware):
+        with pytest.raises(TypeError, match=r"^mixprec.preset: overrides must be a mapping of strs to .* or None, not "):
+            mixprec.preset("fast", hardware=cpu_hardware, overrides=overrides)
 
 
 def _named(names: list[str]) -> nn.Module:

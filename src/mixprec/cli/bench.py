@@ -6,7 +6,7 @@ import json
 import math
 import sys
 import time
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Iterable, Optional
 
 import typer
 
@@ -66,8 +66,9 @@ _DROP_FIRST = ("Compiled from cache", "Compile", "Tokens/s", "RTF", "Throughput"
                "SSIM", "Step SQNR", "Fallbacks", "Batch", "Peak mem", "Status")
 
 
-def _print_run(run: dict) -> None:
-    """The run as a terminal table: the headline columns (the HTML report has every metric)."""
+def _print_run(run: dict, said: Iterable[str] = ()) -> None:
+    """The run as a terminal table: the headline columns (the HTML report has every metric). Notes this
+    command already said (``said``: the pre-run note of a policy's unmatched rules) are not said again."""
     from mixprec.bench.runstate import classify
     from mixprec.bench.table import COLUMNS, render_table_rows
 
@@ -86,8 +87,10 @@ def _print_run(run: dict) -> None:
                         drop=_DROP_FIRST))
     if minmax:
         say(console, "  * too few samples for a 95% interval of the median: the range of the samples is shown", soft_wrap=False)
+    said = set(said)
     for note in run.get("notes", []):
-        say(console, "  note: ", note, soft_wrap=False)
+        if note not in said:
+            say(console, "  note: ", note, soft_wrap=False)
     if state.warning is not None:
         say(console, ("  not a final result: ", "bold yellow"), state.text, soft_wrap=False)
     elif state.problems:
@@ -200,7 +203,7 @@ def bench(
                 fail(exc)
     runs = [store.load_run(i) for i in run_ids]
     for run in runs:
-        _print_run(run)
+        _print_run(run, said=unmatched.get(run.get("pipeline"), ()))
     outputs = Outputs(err_console)
     write_run_exports(outputs, console, runs, html=html, json_out=json_out, csv_out=csv_out)
     say(console, f"stored as run(s) {', '.join(map(str, run_ids))} in {store.path}")
