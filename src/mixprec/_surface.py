@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from mixprec._quote import clip
 
-__all__ = ["checked", "accepts", "describe", "ArgumentError"]
+__all__ = ["checked", "check_exports", "accepts", "describe", "ArgumentError"]
 
 
 class ArgumentError(TypeError):
@@ -223,3 +223,12 @@ def checked(fn: Callable[..., Any], where: str | None = None) -> Callable[..., A
     wrapper.__signature__ = signature  # type: ignore[attr-defined]
     wrapper.__mixprec_checked__ = True  # type: ignore[attr-defined]
     return wrapper
+
+
+def check_exports(namespace: dict[str, Any], prefix: str) -> None:
+    """Wrap every function a module exports (its ``__all__``) with :func:`checked`, in place."""
+    for name in namespace["__all__"]:
+        value = namespace[name]
+        if inspect.isfunction(value) and not getattr(value, "__mixprec_checked__", False):
+            namespace[name] = checked(value, f"{prefix}.{name}")
+

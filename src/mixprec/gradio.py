@@ -18,17 +18,6 @@ from mixprec.ui.controls import PrecisionControls, build_policy, initialize_serv
 __all__ = ["PrecisionControls", "build_policy", "initialize_service", "precision_controls"]
 
 
-def _check_the_surface() -> None:
-    """Every public function checks its arguments at the door (:mod:`mixprec._surface`)."""
-    import inspect
+from mixprec._surface import check_exports as _check_exports  # noqa: E402 - after everything it wraps
 
-    from mixprec._surface import checked
-
-    for name in __all__:
-        value = globals()[name]
-        if inspect.isfunction(value) and not getattr(value, "__mixprec_checked__", False):
-            globals()[name] = checked(value, f"mixprec.gradio.{name}")
-
-
-_check_the_surface()
-
+_check_exports(globals(), "mixprec.gradio")  # every public function checks its arguments at the door
