@@ -14,7 +14,7 @@ import math
 from typing import Any, Mapping, Sequence
 
 from mixprec.bench import rundata
-from mixprec.bench.runstate import classify
+from mixprec.bench.runstate import classify, shown_status
 
 __all__ = ["to_csv", "to_json"]
 
@@ -63,7 +63,7 @@ def _export_rows(runs: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[dic
                 "torch": versions.get("torch"),
                 "config": config.get("name"),
                 "batch": config.get("batch"),
-                "status": config.get("status"),
+                "status": shown_status(config),
                 "error": config.get("error"),
                 "policy_name": policy.get("name") if isinstance(policy, Mapping) else None,
                 "n_samples": len(config.get("samples") or []) if config else None,

@@ -22,7 +22,7 @@ from mixprec._quote import quote
 from mixprec.bench import evidence, rundata
 from mixprec.bench.comparable import baseline_problems, comparable, nothing_in_common
 from mixprec.bench.comparable import index as _index
-from mixprec.bench.runstate import NO_REFERENCE, OLDER, PARTLY, UNFINISHED, UNTIMED, classify, main_quality
+from mixprec.bench.runstate import NO_REFERENCE, OLDER, PARTLY, UNFINISHED, UNTIMED, classify, main_quality, unmeasured
 from mixprec.bench.runstate import failure as _failure
 from mixprec.bench.runstate import number as _number
 from mixprec.measure.stats import MEMORY_FLOOR_BYTES, memory_beyond_noise
@@ -361,8 +361,8 @@ def check(run: dict[str, Any], baseline: dict[str, Any], thresholds: Thresholds,
     for key, cfg in _index(run).items():
         ref = base.get(key)
         label = f"{key[0]}@batch {key[1]}"
-        if cfg["status"] != "ok":
-            continue
+        if cfg.get("status") != "ok" or unmeasured(cfg) is not None:
+            continue  # counted by the failure rate: a status other than ok, or an ok whose rows hold no measurement
         violations += _floor(label, cfg, thresholds)
         if ref is None or _failure(ref) is not None:
             if ref is not None:

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 from mixprec.bench import evidence, rundata
 from mixprec.bench.evidence import Interval, ratio_text, speedup_cell
 from mixprec.bench.gate import main_quality
-from mixprec.bench.runstate import classify
+from mixprec.bench.runstate import classify, shown_status
 
 __all__ = ["MATRIX_NOTE", "Cell", "Matrix", "hardware_matrix", "machine_label", "matrix_html", "matrix_runs",
            "matrix_text_rows", "spans_machines"]
@@ -189,7 +189,7 @@ def _cell(run: Mapping[str, Any], config: Mapping[str, Any]) -> Cell:
     ref = evidence.reference(run, config.get("batch"))
     is_reference = ref is not None and ref.get("name") == config.get("name")
     interval = None if is_reference else evidence.speedup(run, config)
-    return Cell(status=rundata.text(config.get("status")) or "?",
+    return Cell(status=shown_status(config) or "?",
                 speedup=interval.value if interval is not None else None,
                 low=interval.low if interval is not None else None, high=interval.high if interval is not None else None,
                 pairs=interval.n if interval is not None else None, exact=bool(interval is not None and interval.exact),

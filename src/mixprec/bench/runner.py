@@ -460,6 +460,9 @@ def _record(repeat: int, batch: int, slots: list[Slot], store: Store, hardware: 
             if why:
                 notes.append(f"batch {batch}: unstable timings of {slot.spec.name}: {why}; re-run on a quiet machine or "
                              "raise --repeat")
+        # What was asked, stored with what was measured: a reader judges the rows, not the status alone.
+        metrics["repeat_asked"] = repeat
+        metrics["rounds_left_out"] = slot.untimed
         if slot.ready:
             # What is stored after the run: a guard's pins may have moved weights back to fp32.
             metrics["weight_bytes"] = (slot.done or {}).get("weight_bytes") or slot.ready.get("weight_bytes")

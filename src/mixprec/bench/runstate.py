@@ -33,7 +33,7 @@ from typing import Any, Iterable, Mapping
 from mixprec._quote import clip
 from mixprec.bench import rundata
 
-__all__ = ["RunState", "classify", "failure", "failed_list", "main_quality", "number", "error_line", "with_states", "COMPLETE", "PARTLY", "OLDER", "UNTIMED",
+__all__ = ["RunState", "classify", "failure", "unmeasured", "shown_status", "NOT_MEASURED", "failed_list", "main_quality", "number", "error_line", "with_states", "COMPLETE", "PARTLY", "OLDER", "UNTIMED",
            "NO_REFERENCE", "NOTHING", "INTERRUPTED", "CANCELLED", "CRASHED", "UNKNOWN", "STATES", "REFERENCE"]
 
 #: The configuration every other one in a run is measured against (as :data:`mixprec.bench.evidence.REFERENCE`).
@@ -80,6 +80,35 @@ def number(metrics: Mapping[str, Any], name: str) -> float | None:
         return None
 
 
+#: The status a configuration marked ``ok`` is shown with where its stored rows hold no measurement.
+NOT_MEASURED = "not measured"
+
+
+def unmeasured(config: Mapping[str, Any]) -> str | None:
+    """Why a configuration marked ``ok`` holds no measurement in its stored rows, or ``None``: in rows that
+    keep what was asked (``repeat_asked``, written since this check exists), fewer timed runs than asked (none included), timed runs without their latency, or a
+    latency without the timed runs it comes from. Every reader of runs judges a configuration by this."""
+    if config.get("status") != "ok":
+        return None
+    metrics = rundata.metrics(config)
+    samples = config.get("samples") or []
+    asked = number(metrics, "repeat_asked")
+    left_out = number(metrics, "rounds_left_out") or 0
+    if asked is not None and len(samples) + left_out < asked:
+        return f"{len(samples)} of {int(asked)} timed runs stored"
+    if asked is not None and samples and number(metrics, "latency_median") is None:
+        return "timed runs stored without their figures"
+    if asked is not None and not samples and number(metrics, "latency_median") is not None:
+        return "a latency stored without the timed runs it comes from"
+    return None
+
+
+def shown_status(config: Mapping[str, Any]) -> str:
+    """The status a reader shows: the stored one, or :data:`NOT_MEASURED` where :func:`unmeasured` says so."""
+    status = rundata.text(config.get("status"))
+    return NOT_MEASURED if status == "ok" and unmeasured(config) is not None else status
+
+
 def failure(config: Mapping[str, Any], ref: Mapping[str, Any] | None = None) -> str | None:
     """Why a configuration counts as failed, or ``None``; ``ref``: its baseline's configuration, if any.
 
@@ -89,6 +118,9 @@ def failure(config: Mapping[str, Any], ref: Mapping[str, Any] | None = None) -> 
     metrics = rundata.metrics(config)
     if config.get("status") != "ok":
         return rundata.text(config.get("status")) or "no status"
+    missing = unmeasured(config)
+    if missing is not None:
+        return f"{NOT_MEASURED}: {missing}"
     if (number(metrics, "nonfinite") or 0) > 0:
         return "non-finite output"
     if (number(metrics, "shape_mismatch") or 0) > 0:

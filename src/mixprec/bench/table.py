@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping
 
-from mixprec.bench import rundata
+from mixprec.bench import rundata, runstate
 
 __all__ = ["COLUMNS", "render_table_rows"]
 
@@ -199,7 +199,7 @@ def render_table_rows(run: Mapping[str, Any]) -> list[dict[str, str]]:
         row = {
             "config": rundata.text(config.get("name")),
             "batch": rundata.text(config.get("batch")),
-            "status": rundata.text(config.get("status")),
+            "status": runstate.shown_status(config),
             "policy": _policy_name(config),
             "latency": latency,
             "ci": ci,
