@@ -91,4 +91,5 @@ __all__ = [
 
 from mixprec._surface import check_exports as _check_exports  # noqa: E402 - after everything it wraps
 
-_check_exports(globals(), "mixprec")  # every public function checks its arguments at the door
+# every public function and class checks its arguments at the door; these first refuse an unsupported context
+_check_exports(globals(), "mixprec", real_context=("apply", "calibrate", "profile", "guard"))

@@ -9,27 +9,53 @@ a :class:`~mixprec.policy.Policy` is: it is resolved for the target's device, as
 :func:`mixprec.apply` resolves it. A parameter named ``target`` (a model, a mapping of named
 modules, or a pipeline) is checked as :func:`mixprec.apply` reads one.
 
+An exported class is checked the same way where it is built: its constructor's arguments
+against their annotations, for calls from outside mixprec (mixprec's own code builds its
+classes from values it checked, and a policy file's values are refused with the file's
+words by ``Policy.from_dict``). A constructor that refused a wrong kind with an error of
+its own before (``PolicyError``, ``ValueError``) still does: the refusal is both.
+
+The functions named ``real_context`` by :func:`check_exports` (``apply``, ``calibrate``,
+``profile``, ``guard``) first refuse an unsupported context (a ``torch.func`` transform,
+fake or functional dispatch, a trace) with the one check they all share,
+:func:`mixprec.casting.targets.refuse_context`, before a preset's name is resolved (the
+hardware probe cannot run there) and before anything changes.
+
 The annotations are the single source: a function added to the public surface is checked
-by being wrapped, and tests read the same signatures.
+by being wrapped, and tests read the same signatures (:func:`parameters`). A wrapped
+function keeps its signature and docstring and is pickled by its public name.
 """
 
 from __future__ import annotations
 
 import collections.abc
 import functools
+import importlib
 import inspect
+import numbers
 import os
+import sys
 import types
 import typing
 from typing import Any, Callable
 
+import torch
+
 from mixprec._quote import clip
 
-__all__ = ["checked", "check_exports", "accepts", "describe", "ArgumentError"]
+__all__ = ["checked", "check_exports", "accepts", "describe", "parameters", "ArgumentError"]
 
 
 class ArgumentError(TypeError):
     """A public function was given a value of the wrong kind (a :class:`TypeError`)."""
+
+
+@functools.lru_cache(maxsize=None)
+def _also(error: type[Exception]) -> type[ArgumentError]:
+    """An :class:`ArgumentError` that is also ``error``: where a wrong kind was refused with ``error`` before
+    this layer, code catching it keeps working."""
+    return types.new_class("ArgumentError", (ArgumentError, error), exec_body=lambda ns: ns.update(
+        __module__=__name__, __doc__=ArgumentError.__doc__))
 
 
 def _target_error(message: str) -> TypeError:
@@ -37,14 +63,21 @@ def _target_error(message: str) -> TypeError:
     bad target always was (code catching ``ApplyError`` keeps working)."""
     from mixprec.casting.targets import ApplyError
 
-    class TargetError(ArgumentError, ApplyError):
-        pass
-
-    TargetError.__name__ = TargetError.__qualname__ = "ArgumentError"
-    return TargetError(message)
+    return _also(ApplyError)(message)
 
 
-_ARTICLES = {"int": "an int", "float": "a number", "str": "a str", "Applied": "an Applied (what mixprec.apply returns)", "object": "an object"}
+#: Exported classes whose constructors refused a value of the wrong kind with an error of their own before
+#: this layer: their refusal here is also that error (module, name).
+_KEPT_ERRORS = {
+    "mixprec.policy.rules.Policy": ("mixprec.policy.rules", "PolicyError"),
+    "mixprec.policy.rules.Rule": ("mixprec.policy.rules", "PolicyError"),
+    "mixprec.policy.rules.CompileSettings": ("mixprec.policy.rules", "PolicyError"),
+    "mixprec.device.settings.NumericSettings": ("builtins", "ValueError"),
+}
+
+
+_ARTICLES = {"int": "an int", "float": "a number", "str": "a str", "Applied": "an Applied (what mixprec.apply returns)", "object": "an object",
+             "TorchModule": "torch", "HasComponents": "a pipeline", "TuneStore": "a store", "Pipeline": "a Pipeline"}
 #: Parameters holding a model: checked as mixprec.apply reads a target.
 _TARGETS = ("target",)
 
@@ -86,26 +119,25 @@ def accepts(value: Any, annotation: Any) -> bool:
     if origin in (type, typing.Type):
         return isinstance(value, type)
     if origin is not None:
+        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:  # a list of the items is taken as their tuple
+            return isinstance(value, (tuple, list)) and all(accepts(v, args[0]) for v in value)
         if not isinstance(origin, type) or not isinstance(value, origin):
             return False
         if isinstance(value, (str, bytes)) and origin is not str and issubclass(origin, collections.abc.Sequence):
             return False  # a string is not a sequence of names
-        if origin in (tuple,) and args and (len(args) == 2 and args[1] is Ellipsis):
-            return all(accepts(v, args[0]) for v in value)
         if origin in (list, set, frozenset, collections.abc.Sequence, collections.abc.Set) and args:
             return all(accepts(v, args[0]) for v in value)
         if origin in (dict, collections.abc.Mapping) and len(args) == 2:
             return all(accepts(k, args[0]) and accepts(v, args[1]) for k, v in value.items())
         return True
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is float:  # any real number (numpy's too), not a bool
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
     if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
     if annotation is os.PathLike:
         return isinstance(value, os.PathLike)
     if getattr(annotation, "_is_protocol", False):  # what it must have, as a type checker reads a Protocol
-        members = [n for n in vars(annotation) if not n.startswith("_")]
-        return all(hasattr(value, n) for n in members)
+        return all(hasattr(value, n) for n in _members(annotation))
     if isinstance(annotation, type):
         return isinstance(value, annotation)
     return True  # a form this check does not know: unchecked
@@ -141,7 +173,15 @@ def describe(annotation: Any) -> str:
         return "a Policy or a preset's name (quality, balanced, fast, memory)"
     if name == "PathLike":
         return "a path"
-    return _ARTICLES.get(name, f"a {name}")
+    text = _ARTICLES.get(name, f"{'an' if name[:1] in 'AEIOU' else 'a'} {name}")
+    if getattr(annotation, "_is_protocol", False):  # what it must have
+        return f"{text} (an object with {', '.join('.' + m for m in _members(annotation))})"
+    return text
+
+
+def _members(protocol: Any) -> list[str]:
+    """What a Protocol's objects must have: its public methods and attributes."""
+    return sorted({n for n in (*vars(protocol), *getattr(protocol, "__annotations__", {})) if not n.startswith("_")})
 
 
 def _items(annotation: Any) -> str:
@@ -172,11 +212,14 @@ def _check_target(where: str, name: str, value: Any) -> None:
 
 
 def _preset_for(where: str, arguments: dict[str, Any], value: str) -> Any:
-    """A preset's name given where a Policy is: resolved for the target's device, as apply resolves it."""
+    """A preset's name given where a Policy is: resolved for the target's device, as apply resolves it (the
+    probe cannot run in an unsupported context: refused there first)."""
     from mixprec.calibration.trials import device_of
-    from mixprec.casting.targets import components_of
+    from mixprec.casting.targets import components_of, refuse_context
     from mixprec.device.hardware import probe
     from mixprec.policy.presets import preset
+
+    refuse_context(where)
 
     target = next((arguments[t] for t in _TARGETS if t in arguments), None)
     if target is None:
@@ -185,19 +228,36 @@ def _preset_for(where: str, arguments: dict[str, Any], value: str) -> Any:
     return preset(value, hardware=probe(device_of(components)), hints=hints)
 
 
-def checked(fn: Callable[..., Any], where: str | None = None) -> Callable[..., Any]:
-    """``fn`` with its arguments checked against its annotations first (see the module docstring)."""
+def checked(fn: Callable[..., Any], where: str | None = None, *, real_context: bool = False,
+            constructor: bool = False, error: type[ArgumentError] = ArgumentError) -> Callable[..., Any]:
+    """``fn`` with its arguments checked against its annotations first (see the module docstring).
+
+    Args:
+        fn: a plain function.
+        where: the name its messages give it (``mixprec.apply``).
+        real_context: refuse an unsupported context first, with the check ``apply``, ``revert``, ``reapply``,
+            ``profile``, ``guard`` and ``calibrate`` share (:func:`mixprec.casting.targets.refuse_context`).
+        constructor: ``fn`` is a class's ``__init__``: ``self`` is not shown, and only calls from outside
+            mixprec are checked.
+        error: the refusal's class (an :class:`ArgumentError`).
+    """
     where = where or f"mixprec.{fn.__name__}"
     signature = inspect.signature(fn)
+    shown = signature.replace(parameters=list(signature.parameters.values())[1:]) if constructor else signature
     hints = _hints(fn)
     hints.pop("return", None)
 
     def check(args: tuple, kwargs: dict) -> inspect.BoundArguments:
+        if real_context:
+            from mixprec.casting.targets import refuse_context
+
+            refuse_context(where)
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError as exc:
-            raise ArgumentError(f"{where}: {exc}; its parameters: {signature}") from None
-        for name, value in list(bound.arguments.items()):
+            raise error(f"{where}: {exc}; its parameters: {shown}") from None
+        names: list[str] = []
+        for name, value in bound.arguments.items():
             param = signature.parameters[name]
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 continue
@@ -206,10 +266,12 @@ def checked(fn: Callable[..., Any], where: str | None = None) -> Callable[..., A
                 _check_target(where, name, value)
                 continue
             if isinstance(value, str) and _is_policy(annotation) and not accepts(value, annotation):
-                bound.arguments[name] = _preset_for(where, bound.arguments, value)
+                names.append(name)
                 continue
             if not accepts(value, annotation):
-                raise ArgumentError(f"{where}: {name} must be {describe(annotation)}, not {_given(value)}")
+                raise error(f"{where}: {name} must be {describe(annotation)}, not {_given(value)}")
+        for name in names:  # every argument's kind first: a preset is resolved (the probe runs) only for a call that runs
+            bound.arguments[name] = _preset_for(where, bound.arguments, bound.arguments[name])
         return bound
 
     if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
@@ -217,6 +279,8 @@ def checked(fn: Callable[..., Any], where: str | None = None) -> Callable[..., A
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if constructor and (torch.compiler.is_dynamo_compiling() or _inside(sys._getframe(1))):
+            return fn(*args, **kwargs)  # mixprec's own call (or one torch.compile traces: no frames to read there)
         bound = check(args, kwargs)
         return fn(*bound.args, **bound.kwargs)
 
@@ -225,10 +289,45 @@ def checked(fn: Callable[..., Any], where: str | None = None) -> Callable[..., A
     return wrapper
 
 
-def check_exports(namespace: dict[str, Any], prefix: str) -> None:
-    """Wrap every function a module exports (its ``__all__``) with :func:`checked`, in place."""
+#: Modules a constructor's call passes through on its way from the code that asked for it.
+_PASSING = frozenset({"dataclasses", "copy", "copyreg", "functools"})
+
+
+def _inside(frame: types.FrameType | None) -> bool:
+    """Whether a constructor was called by mixprec's own code (through ``dataclasses.replace`` and the like):
+    it builds its classes from values it made, and refuses a policy file's with the file's words."""
+    while frame is not None and frame.f_globals.get("__name__") in _PASSING:
+        frame = frame.f_back
+    module = frame.f_globals.get("__name__", "") if frame is not None else ""
+    return module == "mixprec" or module.startswith("mixprec.")
+
+
+def parameters(obj: Callable[..., Any]) -> list[tuple[inspect.Parameter, Any]]:
+    """What :func:`checked` checks of a public function or class: each parameter (not ``*args``, ``**kwargs``
+    or a constructor's ``self``) with its annotation (``Any`` where it has none). None for a class whose
+    constructor is built in (an exception's message: anything)."""
+    fn = obj.__init__ if isinstance(obj, type) else obj  # type: ignore[misc]
+    if not inspect.isfunction(fn):
+        return []
+    fn = inspect.unwrap(fn)
+    hints = _hints(fn)
+    params = list(inspect.signature(fn).parameters.values())[1 if isinstance(obj, type) else 0:]
+    return [(p, hints.get(p.name, Any)) for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def check_exports(namespace: dict[str, Any], prefix: str, *, real_context: tuple[str, ...] = ()) -> None:
+    """Check what a module exports (its ``__all__``), in place: each function is wrapped with :func:`checked`
+    (those named in ``real_context`` refuse an unsupported context first), each class's constructor too."""
     for name in namespace["__all__"]:
         value = namespace[name]
         if inspect.isfunction(value) and not getattr(value, "__mixprec_checked__", False):
-            namespace[name] = checked(value, f"{prefix}.{name}")
+            wrapper = checked(value, f"{prefix}.{name}", real_context=name in real_context)
+            # pickled by reference to its public name (the defining module's name holds the unchecked function)
+            wrapper.__module__, wrapper.__name__, wrapper.__qualname__ = prefix, name, name
+            namespace[name] = wrapper
+        elif isinstance(value, type) and inspect.isfunction(value.__init__) and \
+                not getattr(value.__init__, "__mixprec_checked__", False):
+            kept = _KEPT_ERRORS.get(f"{value.__module__}.{value.__qualname__}")
+            error = _also(getattr(importlib.import_module(kept[0]), kept[1])) if kept else ArgumentError
+            value.__init__ = checked(value.__init__, f"{prefix}.{name}", constructor=True, error=error)
 

@@ -5,6 +5,7 @@ the model becomes or stops being an inference tensor) or is refused up front, no
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import pytest
 import torch
@@ -178,12 +179,22 @@ def _entries(model, applied):
         "profile": lambda: mixprec.profile(model, (X,), POLICIES["bf16"]()),
         "guard": lambda: mixprec.guard(applied),
         "calibrate": lambda: mixprec.calibrate(model, "fast", (X,), cache=False),
+        # a preset's name: refused before it is resolved (the hardware probe cannot run there)
+        "apply by name": lambda: mixprec.apply(model, "fast"),
+        "apply calibrated": lambda: mixprec.apply(model, "fast", calibrate=(X,), cache=False),
+        "profile by name": lambda: mixprec.profile(model, (X,), "fast"),
     }
 
 
-@pytest.mark.parametrize("entry", ["apply", "revert", "reapply", "profile", "guard", "calibrate"])
-@pytest.mark.parametrize("where", ["vmap", "fake"])
-def test_every_entry_point_is_refused_in_an_unsupported_context_before_any_change(entry, where):
+@pytest.mark.parametrize("entry", ["apply", "revert", "reapply", "profile", "guard", "calibrate", "apply by name",
+                                   "apply calibrated", "profile by name"])
+@pytest.mark.parametrize("where", ["vmap", "fake", "trace"])
+def test_every_entry_point_is_refused_in_an_unsupported_context_before_any_change(entry, where, monkeypatch):
+    def no_probe(*args, **kwargs):
+        raise AssertionError("the hardware probe ran in an unsupported context")
+
+    monkeypatch.setattr(sys.modules["mixprec.device.hardware"], "probe", no_probe)
+    monkeypatch.setattr(sys.modules["mixprec.calibration.calibrate"], "probe", no_probe)
     model, other = Holder(lambda m: None), Holder(lambda m: None)
     applied = mixprec.apply(other, POLICIES["bf16"]())  # revert, reapply and guard act on an applied model
     before, applied_before = state(model), state(other)
@@ -191,17 +202,20 @@ def test_every_entry_point_is_refused_in_an_unsupported_context_before_any_chang
     errors = []
 
     def attempt():
-        with pytest.raises(mixprec.ApplyError, match=r" was called (inside a torch\.func transform|under torch's fake) "
-                                                     r".*nothing was changed") as err:
+        with pytest.raises(mixprec.ApplyError, match=r" was called (inside a torch\.func transform|under torch's fake "
+                                                     r"|inside torch\.jit\.trace).*nothing was changed") as err:
             call()
         errors.append(err.value)
 
     if where == "vmap":
         torch.func.vmap(lambda x: (attempt(), x.sum())[1])(torch.randn(2, 4))
+    elif where == "trace":
+        torch.jit.trace(lambda x: (attempt(), x * 2)[1], (torch.randn(2, 4),), check_trace=False)
     else:
         with _fake_mode():
             attempt()
-    assert len(errors) == 1 and str(errors[0]).startswith(("mixprec.", "Applied."))
+    called = {"revert": "Applied.revert", "reapply": "Applied.reapply"}.get(entry, f"mixprec.{entry.split()[0]}")
+    assert len(errors) == 1 and str(errors[0]).startswith(f"{called} was called"), errors
     assert changed(before, model) == [] and changed(applied_before, other) == [] and applied.active
     applied.revert()
 

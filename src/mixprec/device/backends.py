@@ -47,7 +47,7 @@ import threading
 import warnings
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol
 
 import torch
 
@@ -55,6 +55,7 @@ from mixprec.device.settings import NumericSettings
 
 __all__ = [
     "Snapshot",
+    "TorchModule",
     "FlagReadError",
     "uses_fp32_precision_api",
     "read_legacy",
@@ -109,6 +110,13 @@ class Snapshot:
 
     def to_dict(self) -> dict[str, Any]:
         return {"legacy": dict(self.legacy), "tree": dict(self.tree), "unreadable": list(self.unreadable)}
+
+
+class TorchModule(Protocol):
+    """What ``torch_module`` must be: ``torch`` itself, or a stand-in that has its ``backends`` (the tests'
+    older torch)."""
+
+    backends: Any
 
 
 def _torch(torch_module: ModuleType | Any | None) -> Any:
@@ -175,7 +183,7 @@ def _normalise_reduction(value: Any) -> Any:
     return value
 
 
-def snapshot(torch_module: Any | None = None) -> Snapshot:
+def snapshot(torch_module: TorchModule | None = None) -> Snapshot:
     """Capture every numeric flag mixprec can change."""
     legacy, refused = read_legacy(torch_module)
     return Snapshot(legacy=legacy, tree=read_tree(torch_module), unreadable=refused)
@@ -195,7 +203,7 @@ def _write_reduction(t: Any, name: str, value: Any) -> None:
     setattr(t.backends.cuda.matmul, f"allow_{name}", value)
 
 
-def restore(snap: Snapshot, torch_module: Any | None = None) -> None:
+def restore(snap: Snapshot, torch_module: TorchModule | None = None) -> None:
     """Put every flag back exactly as it was when ``snap`` was taken.
 
     ``snap`` returned by :func:`apply_settings` ends that owner of the settings: see
@@ -238,7 +246,7 @@ def _restore(snap: Snapshot, torch_module: Any | None = None) -> None:
                     node.fp32_precision = snap.tree[key]
 
 
-def apply_settings(settings: NumericSettings, torch_module: Any | None = None, *, owner: str | None = None,
+def apply_settings(settings: NumericSettings, torch_module: TorchModule | None = None, *, owner: str | None = None,
                    keep_app_changes: bool = False) -> Snapshot:
     """Write ``settings`` to torch and return the snapshot taken just before.
 
@@ -420,7 +428,7 @@ def numerics(
     conv_tf32: bool | str | None = None,
     fp16_reduced_precision_reduction: bool | str | None = None,
     bf16_reduced_precision_reduction: bool | str | None = None,
-    torch_module: Any | None = None,
+    torch_module: TorchModule | None = None,
 ) -> Iterator[NumericSettings]:
     """Temporarily change numeric flags; the exact previous state comes back on exit.
 
@@ -465,7 +473,7 @@ def _effective_leaf(tree: dict[str, str], backend: str, op: str) -> str:
     return "ieee"
 
 
-def describe(torch_module: Any | None = None) -> dict[str, Any]:
+def describe(torch_module: TorchModule | None = None) -> dict[str, Any]:
     """The effective numeric state, as torch reports it now.
 
     Reads the flags back from torch rather than repeating what mixprec wrote:

@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 import json
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from mixprec.device.settings import MATMUL_LEVELS
 from mixprec.policy import Policy
@@ -23,6 +23,14 @@ from mixprec.tuning.policies import STEP_PREFIX
 from mixprec.tuning.progress import TuneMeter, TuneProgress
 
 __all__ = ["BudgetExhausted", "Search", "TuneProgress", "fp8_pass", "improve_locally", "run_search"]
+
+
+class TuneStore(Protocol):
+    """Where the search keeps its measurements and finds earlier ones: a :class:`mixprec.bench.store.Store`."""
+
+    def get_tune_eval(self, key: str) -> dict[str, Any] | None: ...
+
+    def put_tune_eval(self, key: str, **record: Any) -> None: ...
 
 
 class BudgetExhausted(Exception):

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 from mixprec._quote import quote
 from mixprec.device.hardware import Hardware
+from mixprec.pipelines import Pipeline
 from mixprec.policy import Policy
 from mixprec.policy.presets import PRESETS, preset
 from mixprec.tuning.policies import STEP_PREFIX, load_policies, quiet_unmatched, say_notes, unmatched_notes
@@ -37,7 +38,7 @@ from mixprec.tuning.evaluators import Evaluator, WorkerEvaluator
 from mixprec.tuning.result import TuneResult, jsonable
 from mixprec.tuning.retiming import finalists, pick_final, retime
 from mixprec.tuning.progress import TuneMeter, TuneProgress
-from mixprec.tuning.search import BudgetExhausted, Search, run_search
+from mixprec.tuning.search import BudgetExhausted, Search, TuneStore, run_search
 from mixprec.tuning.validation import validate_held_out, validation_seed_list
 
 __all__ = ["OBJECTIVES", "tune", "stderr_progress", "STDERR_INTERVAL_S"]
@@ -51,14 +52,14 @@ def _needed(units: int) -> int:
 
 
 def tune(
-    pipeline: Any,
+    pipeline: str | Pipeline,
     bound: str | Bound,
     *,
     objective: str = "latency",
     budget: int | None = None,
     seeds: Sequence[int] = (0, 1),
     evaluator: Evaluator | None = None,
-    store: Any = None,
+    store: TuneStore | None = None,
     progress: Callable[[TuneProgress], None] | bool | None = None,
     should_stop: Callable[[], bool] | None = None,
     presets: Sequence[str] | None = None,

@@ -15,7 +15,7 @@ Examples:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import gradio as gr
 
@@ -285,6 +285,12 @@ def dtype_selector_update(preset: str | None, lang: str, storage: tuple[str, tup
     return gr.update(interactive=True, info=t("controls.dtype_info", lang))
 
 
+class HasComponents(Protocol):
+    """A pipeline, as the controls read one: anything with ``components`` (its named modules)."""
+
+    components: Mapping[str, Any]
+
+
 @dataclass
 class PrecisionControls:
     """The components :func:`precision_controls` created, and their handler.
@@ -330,7 +336,7 @@ class PrecisionControls:
 
 
 def precision_controls(
-    app: str | None = None, *, pipeline: Any = None, lang: str = "en", language: gr.components.Component | None = None,
+    app: str | None = None, *, pipeline: HasComponents | None = None, lang: str = "en", language: gr.components.Component | None = None,
     on_initialize: Callable[[mixprec.Policy | None], Any] | None = None,
 ) -> PrecisionControls:
     """Create the precision controls in the enclosing ``gr.Blocks`` and wire the button.
