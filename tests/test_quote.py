@@ -7,7 +7,7 @@ import ast
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mixprec._quote import QUOTE_LIMIT, clip, quote
+from mixprec._quote import QUOTE_LIMIT, clip, few, quote
 
 _TEXT = st.one_of(st.text(max_size=300), st.text(alphabet=st.characters(codec="utf-8"), min_size=100, max_size=400),
                   st.builds(lambda a, n: a * n, st.text(min_size=1, max_size=3), st.integers(0, 5000)))
@@ -51,3 +51,25 @@ class TestQuote:
         else:
             tail = f"\u2026 ({len(value):,} character{'s' if len(value) > 1 else ''})"
             assert shown.endswith(tail) and len(shown) <= limit + len(tail)
+
+
+class TestFew:
+    """A message about many things names a few and counts the rest."""
+
+    def test_names_a_few_and_counts_the_rest(self):
+        assert few(["a", "b", "c"]) == "a, b, c"
+        assert few([]) == ""
+        assert few(map(str, range(50_000)), listed=3) == "0, 1, 2 and 49,997 more"
+        assert few(range(7), sep="; ", more="more configurations") == "0; 1; 2; 3; 4 and 2 more configurations"
+
+    def test_only_the_named_ones_are_shown(self):
+        shown = []
+        few(range(50_000), show=lambda i: shown.append(i) or str(i))
+        assert shown == [0, 1, 2, 3, 4]
+
+    @given(items=st.lists(st.text(max_size=5), max_size=60), listed=st.integers(1, 10))
+    def test_bounded(self, items, listed):
+        text = few(items, listed=listed)
+        named = items[:listed]
+        assert text.startswith(", ".join(named))
+        assert text.endswith(f" and {len(items) - listed:,} more") if len(items) > listed else text == ", ".join(items)

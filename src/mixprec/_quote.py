@@ -14,7 +14,11 @@ it was::
 
 The ``…`` marking the cut is outside any escape and cannot come from the user's text
 (theirs would read ``\\u2026``). :func:`clip` does the same cut without quoting, for text
-already shown some other way (a path, a name inside a table).
+already shown some other way (a path, a name inside a table). :func:`few` is the one way a
+message about many things lists them: the first few named, the rest counted::
+
+    >>> few(["fp32", "fast", "memory", "x", "y", "z"], listed=3)
+    'fp32, fast, memory and 3 more'
 
 Every layer may import this module: it imports nothing of mixprec.
 """
@@ -23,12 +27,15 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["QUOTE_LIMIT", "quote", "clip"]
+__all__ = ["QUOTE_LIMIT", "LISTED", "quote", "clip", "few"]
 
 #: The most characters of a user's value a message shows (escapes included, quotes not).
 QUOTE_LIMIT = 80
 
 _ELLIPSIS = "\u2026"
+
+#: The most items a message names before it counts the rest (:func:`few`).
+LISTED = 5
 
 
 def quote(value: Any, *, limit: int = QUOTE_LIMIT) -> str:
@@ -76,6 +83,38 @@ def clip(text: Any, *, limit: int = QUOTE_LIMIT, escape: bool = False) -> str:
         keep = _longest_prefix(text, limit)
         return f"{_escaped(text[:keep])}{_ELLIPSIS} ({_length(text)})"
     return f"{text[:limit]}{_ELLIPSIS} ({_length(text)})"
+
+
+def few(items: Any, *, listed: int = LISTED, sep: str = ", ", more: str = "more", show: Any = str) -> str:
+    """The first ``listed`` of ``items`` joined by ``sep``, the rest counted: ``a, b, c and 49,997 more``.
+
+    A message about many things (configurations, rules, names) stays short however many there are:
+    50,000 configurations read as five names and a count, never as 50,000 names. Each named item is
+    shown as ``show(item)`` (``str`` by default; :func:`quote` or :func:`clip` where it is the user's
+    text), and only the named ones are: the rest are only counted.
+
+    Args:
+        items: any iterable; read once.
+        listed: the most items named (at least 1).
+        sep: what goes between the named items.
+        more: the word after the count (``"more configurations"``).
+        show: how a named item is written.
+
+    Examples:
+        >>> few(["a", "b"])
+        'a, b'
+        >>> few(map(str, range(50_000)), listed=3)
+        '0, 1, 2 and 49,997 more'
+    """
+    listed = max(1, int(listed))
+    shown: list[str] = []
+    rest = 0
+    for item in items:
+        if len(shown) < listed:
+            shown.append(show(item))
+        else:
+            rest += 1
+    return sep.join(shown) + (f" and {rest:,} {more}" if rest else "")
 
 
 def _length(text: str) -> str:

@@ -48,14 +48,22 @@ def test_bench_says_it_before_the_run_and_keeps_it_in_the_run(policy_file, tmp_p
     db = tmp_path / "b.sqlite"
     with warnings.catch_warnings():
         warnings.simplefilter("always")  # a raw warning anywhere in this process would be printed
-        result = runner.invoke(app, ["bench", "--pipeline", "minilm", "--size", "test", "--configs", "fp32,p.toml",
-                                     "--repeat", "1", "--warmup", "0", "--db", str(db)])
+        result = runner.invoke(app, ["bench", "--pipeline", "minilm", "--size", "test", "--configs", "p.toml,fp32",
+                                     "--repeat", "1", "--warmup", "0", "--budget", "10m", "--db", str(db)])
     assert result.exit_code == 0, result.output
     _said_once(result.output)
     assert result.output.index("warning: minilm: " + _NOTE) < result.output.index("run 1")  # before the run
     assert result.output.count(_NOTE) == 1, result.output  # not said again as the run's note
     run = Store(db).load_run(1)
     assert sum(n.startswith(_NOTE) for n in run["notes"]) == 1
+    # One message per fact: the configuration moved and the budget's plan are said once each, before the table,
+    # and kept in the run's notes.
+    said = " ".join(result.output.split())  # the terminal's line breaks undone
+    plan = next(n for n in run["notes"] if n.startswith("batch 1: ") and "per configuration" in n)
+    for fact in ("fp32 moved first: it is the reference", plan.removeprefix("batch 1: ")):
+        fact = " ".join(fact.split())
+        assert said.count(fact) == 1 and said.index(fact) < said.index("run 1: minilm"), (fact, result.output)
+        assert any(" ".join(n.split()).endswith(fact) or fact in " ".join(n.split()) for n in run["notes"])
 
 
 @ON_THE_CLUSTER
@@ -81,6 +89,11 @@ def test_tune_measures_a_user_policy_and_says_its_unmatched_rules_once(policy_fi
     data = json.loads(result.stdout)
     assert sum(n.startswith(_NOTE) for n in data["notes"]) == 1
     assert "policy p.toml" in [c["step"] for c in data["path"]]  # measured as a candidate
+    forget_said()  # a second command (its measurements reused from the store), its table printed
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    _said_once(result.output)
+    assert result.output.count(_NOTE) == 1, result.output  # not said again among the result's notes
 
 
 def test_tune_refuses_a_policy_file_that_is_not_there(policy_file):

@@ -96,6 +96,34 @@ def test_invalid_input_shows_a_message_and_starts_nothing(tmp_path, args, expect
     assert not db.exists() and not job.running
 
 
+@pytest.mark.parametrize("bad", [False, True])
+def test_a_request_naming_50000_configurations_is_answered_in_a_few_lines(tmp_path, monkeypatch, bad):
+    """A request of the API listing 50,000 configurations (every name the tab offers, over and over, or one bad
+    name among them): each configuration is measured once, and every answer stays short."""
+    from mixprec.bench import runner
+    from mixprec.ui.bench_tab import CONFIGS
+    from run_states import write_run
+
+    started = []
+
+    def fake_run(options, hw, store, **_):  # what a run of these options stores, without measuring
+        started.append(options)
+        return write_run(store, "partly measured")
+
+    monkeypatch.setattr(runner, "run_bench", fake_run)
+    configs = [CONFIGS[i % len(CONFIGS)] for i in range(50_000)]
+    if bad:
+        configs[-1] = "turbo" * 1000
+    outputs = list(bench_run("en", "minilm", "test", configs, 3, 1, "cpu", str(tmp_path / "b.sqlite"), Job()))
+    assert all(len(out[0]) < 1000 for out in outputs), [len(out[0]) for out in outputs]  # each status line
+    assert all(len(out[1]) < 4000 for out in outputs if isinstance(out[1], str))  # the table: one row per configuration
+    if bad:
+        assert len(outputs) == 1 and not started
+    else:
+        (options,) = started
+        assert [s.name for s in options.configs] == list(CONFIGS) and len(options.command) < 1000
+
+
 def test_invalid_choices_are_named_in_the_session_language(tmp_path):
     db = str(tmp_path / "bench.sqlite")
     [[status, *_]] = bench_run("ja", "ttx", "test", ["fast"], 3, 1, "cpu", db, Job())

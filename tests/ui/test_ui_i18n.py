@@ -127,7 +127,8 @@ def test_keys_built_from_names_exist():
     from mixprec.ui import bench_tab, tune_tab
 
     built = {f"bench.tcol_{c}" for c in bench_tab.TABLE_COLUMNS}
-    built |= {f"bench.status_{s}" for s in ("ok", "failed", "timeout", "running", "complete", "cancelled", "incomplete")}
+    built |= {f"bench.status_{s}" for s in ("ok", "failed", "timeout", "running", "complete", "cancelled", "incomplete",
+                                                  "not_measured")}
     built |= {f"tune.objective_{o}" for o in tune_tab.OBJECTIVES}
     built |= {f"tune.col_{c}" for c in ("index", "step", "latency", "weights", "meets")}
     for lang in i18n.LANGUAGES:

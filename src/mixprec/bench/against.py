@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from mixprec._quote import few
 from mixprec.bench.evidence import Interval, speedup_cell
 from mixprec.bench.rounds import paired
 
@@ -47,5 +48,5 @@ def fp8_against_16bit(batch: int, slots: Sequence[Any]) -> list[str]:
             size = f", weights {mine / theirs:.2f}x" if mine and theirs else ""
             parts.append(f"{cell} the speed of {other.spec.name}{size}")
         if parts:
-            notes.append(f"batch {batch}: {slot.spec.name} (fp8 weights): {'; '.join(parts)}")
+            notes.append(f"batch {batch}: {slot.spec.name} (fp8 weights): {few(parts, sep='; ')}")
     return notes

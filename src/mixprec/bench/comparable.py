@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mixprec._quote import clip, quote
+from mixprec._quote import clip, few, quote
 from mixprec.bench import evidence, rundata
 from mixprec.bench.runstate import UNUSABLE, classify, failure, main_quality, number
 
@@ -84,8 +84,7 @@ def nothing_in_common(a: dict[str, Any], b: dict[str, Any]) -> str | None:
 
     def names(run: dict[str, Any]) -> str:
         found = sorted({c["name"] for c in run["configs"] if c["batch"] in common})
-        listed = ", ".join(clip(n, limit=40, escape=True) for n in found[:_LISTED])
-        return listed + (f" and {len(found) - _LISTED} more" if len(found) > _LISTED else "")
+        return few(found, listed=_LISTED, show=lambda n: clip(n, limit=40, escape=True))
 
     return (f"no configuration in common at batch {', '.join(map(str, common))}: run {a.get('id', '?')} has {names(a)}, "
             f"run {b.get('id', '?')} has {names(b)}; compare runs that measured the same --configs")

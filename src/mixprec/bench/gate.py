@@ -18,11 +18,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from mixprec._quote import quote
+from mixprec._quote import few, quote
 from mixprec.bench import evidence, rundata
 from mixprec.bench.comparable import baseline_problems, comparable, nothing_in_common
 from mixprec.bench.comparable import index as _index
-from mixprec.bench.runstate import NO_REFERENCE, OLDER, PARTLY, UNFINISHED, UNTIMED, classify, main_quality, unmeasured
+from mixprec.bench.runstate import (NO_REFERENCE, NOT_MEASURED, OLDER, PARTLY, UNFINISHED, UNTIMED, classify, main_quality,
+                                    shown_status, unmeasured)
 from mixprec.bench.runstate import failure as _failure
 from mixprec.bench.runstate import number as _number
 from mixprec.measure.stats import MEMORY_FLOOR_BYTES, memory_beyond_noise
@@ -337,15 +338,16 @@ def check(run: dict[str, Any], baseline: dict[str, Any], thresholds: Thresholds,
     # A baseline the gate cannot decide on holds the run to nothing: only the run's own checks are made.
     base = {} if unusable else _index(baseline)
     # A configuration that did not run in the baseline holds the run to nothing, so it may be left out.
-    missing = sorted(key for key, ref in base.items() if key not in _index(run) and _failure(ref) is None)
+    own = _index(run)
+    missing = sorted(key for key, ref in base.items() if key not in own and _failure(ref) is None)
     if missing:
         violations.append("configurations of the baseline missing from the run: "
-                          + ", ".join(f"{name}@{batch}" for name, batch in missing))
+                          + few(missing, show=lambda key: f"{key[0]}@{key[1]}"))
     configs = run["configs"]
     failed = [(c, why) for c in configs if (why := _failure(c, base.get((c["name"], c["batch"])))) is not None]
     rate = len(failed) / len(configs) if configs else 1.0
     if rate > thresholds.max_failure_rate:
-        names = ", ".join(f"{c['name']}@{c['batch']} ({why})" for c, why in failed)
+        names = few(failed, show=lambda item: f"{item[0]['name']}@{item[0]['batch']} ({item[1]})")
         violations.append(f"failure rate {rate:.1%} > {thresholds.max_failure_rate:.1%}: {names}")
     if configs and len(failed) == len(configs):
         violations.append(f"every configuration of run {run.get('id', '?')} failed, {evidence.REFERENCE} included: "
@@ -358,7 +360,7 @@ def check(run: dict[str, Any], baseline: dict[str, Any], thresholds: Thresholds,
     fingerprints = run.get("machine_fingerprint"), baseline.get("machine_fingerprint")
     same_machine = ((not all(fingerprints) or fingerprints[0] == fingerprints[1])
                     and rundata.devices_differ(run, baseline) is None)  # a CPU and a GPU of one host are two machines
-    for key, cfg in _index(run).items():
+    for key, cfg in own.items():
         ref = base.get(key)
         label = f"{key[0]}@batch {key[1]}"
         if cfg.get("status") != "ok" or unmeasured(cfg) is not None:
@@ -399,7 +401,9 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     ``latency_significant`` is true where the latency intervals do not overlap.
 
     Every row carries each run's state (``state_a``, ``state_b``: :func:`mixprec.bench.runstate.classify`)
-    and whether its figures are a final result (``final_a``, ``final_b``).
+    and whether its figures are a final result (``final_a``, ``final_b``). A configuration marked ``ok``
+    whose stored rows hold no measurement (:func:`mixprec.bench.runstate.unmeasured`) has the status
+    ``not measured``, its reason in ``not_measured_a`` / ``not_measured_b``, and both verdicts ``not measured``.
 
     Runs measured on different devices (a CPU run and a CUDA run, even on one host) are
     never compared as one machine: every row then carries ``device_a`` and ``device_b``,
@@ -424,7 +428,7 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
         if cfg_a is None:
             continue
         ma, mb = cfg_a["metrics"], cfg_b["metrics"]
-        row: dict[str, Any] = {"config": key[0], "batch": key[1], "status_a": cfg_a["status"], "status_b": cfg_b["status"],
+        row: dict[str, Any] = {"config": key[0], "batch": key[1], "status_a": shown_status(cfg_a), "status_b": shown_status(cfg_b),
                                "state_a": states[0].state, "state_b": states[1].state,
                                "final_a": states[0].final, "final_b": states[1].final}
         la, lb = evidence.latency(cfg_a), evidence.latency(cfg_b)
@@ -449,6 +453,12 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
             if sa is not None and sb is not None:
                 row["speedup_change"] = sb.value / sa.value - 1 if sa.value else math.inf
                 row["speedup_verdict"] = evidence.change(sa, sb, more=evidence.FASTER, less=evidence.SLOWER)
+        missing = {side: why for side, cfg in (("a", cfg_a), ("b", cfg_b)) if (why := unmeasured(cfg)) is not None}
+        if missing:
+            # Marked ok, but its stored rows hold no measurement: its figures are shown, no change is called on them.
+            row.update({f"not_measured_{side}": why for side, why in missing.items()})
+            row["latency_verdict"] = row["speedup_verdict"] = NOT_MEASURED
+            row["latency_significant"] = False
         row["beyond_noise"] = row.get("speedup_verdict") in (evidence.FASTER, evidence.SLOWER)
         for side, metrics in (("a", ma), ("b", mb)):
             unstable = _number(metrics, "unstable")

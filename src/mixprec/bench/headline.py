@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from mixprec._quote import clip
+from mixprec._quote import clip, few
 from mixprec.bench import evidence, rundata
 from mixprec.bench.evidence import Interval
 from mixprec.bench.runstate import UNFINISHED, classify, failure, main_quality, number
@@ -228,7 +228,7 @@ def _described(c: _Candidate, ref_row: Mapping[str, str]) -> str:
 
 
 def _listed(items: list[str]) -> str:
-    return ", ".join(items[:_LISTED]) + (f" and {len(items) - _LISTED} more" if len(items) > _LISTED else "")
+    return few(items, listed=_LISTED)
 
 
 def _choose(candidates: list[_Candidate], ref_row: Mapping[str, str]) -> tuple[str, _Candidate | None, str]:

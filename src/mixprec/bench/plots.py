@@ -9,7 +9,9 @@ import math
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from mixprec._quote import few
 from mixprec.bench import rundata
+from mixprec.bench.runstate import unmeasured
 from mixprec.measure.metrics import pareto_front
 
 __all__ = ["QUALITY_LABELS", "latency_samples_png", "main_plot_png", "main_quality_key", "memory_png", "scatter_png"]
@@ -75,7 +77,7 @@ def _scatter(fig: Any, run: Mapping[str, Any], configs: Sequence[Mapping[str, An
     for config in configs:
         lat = rundata.latency(config)
         y = rundata.num(rundata.metrics(config).get(key))
-        if lat is None or y is None or math.isnan(y):
+        if lat is None or y is None or math.isnan(y) or unmeasured(config) is not None:
             skipped.append(_plain(config.get("name"), 24))
             continue
         points.append((config, lat, y))
@@ -133,7 +135,8 @@ def _scatter(fig: Any, run: Mapping[str, Any], configs: Sequence[Mapping[str, An
         ax.set_yticks([])  # only capped values: the axis has no scale
     ax.legend(loc="best", fontsize=8)
     if skipped:
-        ax.set_title("not plotted (no latency or no quality value): " + ", ".join(skipped), fontsize=8, color="#666666")
+        ax.set_title("not plotted (not measured, or no latency or no quality value): " + few(skipped), fontsize=8,
+                     color="#666666")
     fig.suptitle(title, fontsize=11)
 
 

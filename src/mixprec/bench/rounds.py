@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from mixprec._quote import few
 from mixprec.measure.stats import MIN_INTERVAL_PAIRS, TARGET_WIDTH, Ratio, cv, paired_ratio
 
 __all__ = ["RoundKeeper", "paired", "unsettled", "speed_metrics", "load_note", "runnable_others", "MIN_TIMED"]
@@ -184,7 +185,7 @@ class RoundKeeper:
         undecided = [(name, ratio) for name, ratio in wide if ratio.verdict() == "undecided"]
         if not undecided:
             return False, []
-        names = ", ".join(f"{name} {ratio.text()}" for name, ratio in undecided)
+        names = few(undecided, show=lambda item: f"{item[0]} {item[1].text()}")
         self.notes.append(f"batch {self.batch}: undecided after {max(timed, 0)} timed rounds (interval wider than "
                           f"{100 * TARGET_WIDTH:.0f} %, faster or slower than fp32 not supported): {names}; "
                           "re-run on a quiet machine or raise --repeat/--budget")

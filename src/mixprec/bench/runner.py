@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import torch
 
+from mixprec._quote import few
 from mixprec.measure import metrics as bench_metrics
 from mixprec.bench.configs import ConfigSpec
 from mixprec.bench.plan import Calibration, Plan, config_cost, drop_order, plan_runs
@@ -80,7 +81,8 @@ class BenchOptions:
             :attr:`mixprec.pipelines.Pipeline.work_option`); the choice is in the notes.
         overrides: pipeline options every worker builds the pipeline with.
         on_plan: called with ``(batch, plan)`` when a budget plan is made (again after
-            the workers loaded, when the time left changes it).
+            the workers loaded, when the time left changes it); ``plan.reason`` is then the
+            words of the run's note ``batch N: <reason>``.
         cores: how many workers load at once (for the plan's estimate).
         clock: monotonic seconds the budget is kept on (tests give a scripted clock).
     """
@@ -269,8 +271,8 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
         for index in plan.dropped:
             left_out[positions[index]] = (f"the time budget left no room for it ({when}{plan.reason.split(';')[0]}; "
                                           f"about {plan.estimate_s:.0f} s for the rest)")
-        if options.on_plan is not None:
-            options.on_plan(batch, plan)
+        if options.on_plan is not None:  # told the note's words, so a caller that says it can leave the note out
+            options.on_plan(batch, dataclasses.replace(plan, reason=f"{when}{plan.reason}") if when else plan)
 
     try:
         reference = _start(options, options.configs[0], 0, batch, hardware, store, run_id, executor, state.overrides)
@@ -435,6 +437,7 @@ def _record(repeat: int, batch: int, slots: list[Slot], store: Store, hardware: 
     """Store each configuration's metrics and status; returns notes on unstable timings."""
     notes: list[str] = []
     stopped: dict[tuple[str, str | None], list[str]] = {}  # (status, why) -> configurations
+    unstable: list[str] = []  # "name: why", said in one note after the loop
     reference = slots[0]
     ref_out = (reference.first or {}).get("output")
     ref_extras = (reference.first or {}).get("extras", {})
@@ -458,8 +461,7 @@ def _record(repeat: int, batch: int, slots: list[Slot], store: Store, hardware: 
                              + ("the cached probe was dropped, so the next process measures again"
                                 if forgotten else "run `mixprec env` to measure again"))
             if why:
-                notes.append(f"batch {batch}: unstable timings of {slot.spec.name}: {why}; re-run on a quiet machine or "
-                             "raise --repeat")
+                unstable.append(f"{slot.spec.name}: {why}")
         # What was asked, stored with what was measured: a reader judges the rows, not the status alone.
         metrics["repeat_asked"] = repeat
         metrics["rounds_left_out"] = slot.untimed
@@ -514,9 +516,12 @@ def _record(repeat: int, batch: int, slots: list[Slot], store: Store, hardware: 
                                        f"{tuple(ref_out.shape)}: not comparable")
         policy = slot.ready.get("policy") if slot.ready else None
         store.finish_config(slot.config_id, status=status, metrics=metrics, error=error, policy=policy)
+    if unstable:
+        notes.append(f"batch {batch}: unstable timings of {few(unstable, sep='; ')}; re-run on a quiet machine or "
+                     "raise --repeat")
     for (status, error), names in stopped.items():
         if status == "skipped":
-            notes.append(f"batch {batch}: {', '.join(names)} {error}")
+            notes.append(f"batch {batch}: {few(names)} {error}")
         else:
-            notes.append(f"batch {batch}: {', '.join(names)} partly measured: {error}")
+            notes.append(f"batch {batch}: {few(names)} partly measured: {error}")
     return notes

@@ -6,7 +6,8 @@ returns) and names every way in which it falls short, worst first:
 
 - ``runner failed``, ``cancelled``, ``interrupted``, ``unknown status``: the run did not finish (a
   crash of the runner, a Cancel, a Ctrl-C or a process still writing, a status this mixprec does not
-  know); its figures are what it measured before it stopped;
+  know); its figures are what it measured before it stopped. The rows say it too: a configuration
+  still marked ``running`` was not finished by its writer, whatever the run's status;
 - ``nothing measured``: it has no configuration, or every configuration failed, timed out or was
   left out;
 - ``reference failed``: its fp32 reference did not run at some batch, so nothing of that batch has
@@ -16,6 +17,11 @@ returns) and names every way in which it falls short, worst first:
 - ``partly measured``: some configurations failed, timed out, stopped early or were left out by the
   time budget; the others' figures stand;
 - ``older record``: stored by an older mixprec, without the device it was measured on.
+
+Configurations are judged by their stored rows, not by their status alone: one marked ``ok``
+whose rows hold no measurement (:func:`unmeasured`: no figure, fewer timed runs than were asked,
+timed runs without their latency, a latency without its timed runs) is ``not measured``
+(:func:`shown_status`) and counts as failed (:func:`failure`) for every reader.
 
 Only a run whose state is ``complete`` (or an ``older record`` and nothing worse) is a final
 result (:attr:`RunState.final`). Only a run that finished, measured its fp32 reference and timed
@@ -30,7 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from mixprec._quote import clip
+from mixprec._quote import clip, few
 from mixprec.bench import rundata
 
 __all__ = ["RunState", "classify", "failure", "unmeasured", "shown_status", "NOT_MEASURED", "failed_list", "main_quality", "number", "error_line", "with_states", "COMPLETE", "PARTLY", "OLDER", "UNTIMED",
@@ -140,12 +146,11 @@ def _label(config: Mapping[str, Any]) -> str:
 def failed_list(configs: list[Mapping[str, Any]]) -> str:
     """``fp32@1 (failed: RuntimeError: boom), fast@1 (timeout)``: the first few, the rest counted;
     an error shows its exception line only."""
-    shown = []
-    for config in configs[:_LISTED]:
-        why = failure(config)
+    def shown(config: Mapping[str, Any]) -> str:
         error = error_line(config.get("error"))
-        shown.append(f"{_label(config)} ({why}{': ' + clip(error, limit=80, escape=True) if error else ''})")
-    return ", ".join(shown) + (f" and {len(configs) - _LISTED} more" if len(configs) > _LISTED else "")
+        return f"{_label(config)} ({failure(config)}{': ' + clip(error, limit=80, escape=True) if error else ''})"
+
+    return few(configs, listed=_LISTED, show=shown)
 
 
 def _timed(config: Mapping[str, Any]) -> bool:
@@ -218,6 +223,11 @@ def classify(run: Mapping[str, Any]) -> RunState:
         found[UNKNOWN] = (f"its status {clip(rundata.text(status), limit=40, escape=True)!r} is not one this mixprec "
                           "writes (complete, incomplete, cancelled, failed)")
     configs = rundata.configs(run)
+    # The rows themselves: a configuration still marked running has not been finished by its writer.
+    running = [c for c in configs if c.get("status") == "running"]
+    if running and status in ("incomplete", "complete", None):
+        found[INTERRUPTED] = (f"{few(running, show=_label)} still marked running: a benchmark is still writing it, or its "
+                              "process ended before finishing them; it shows what was measured until then")
     ran = [c for c in configs if failure(c) is None]
     if not configs:
         found[NOTHING] = "it has no configuration"

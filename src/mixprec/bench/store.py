@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from mixprec._quote import few
 from mixprec.bench.store_checks import StoreError, check_location, default_store_folder, schema_problems, shown_path
 
 __all__ = ["Store", "StoreError", "SCHEMA_VERSION", "default_db_path"]
@@ -291,8 +292,7 @@ class Store:
                 db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)", (str(target),))
 
     def _damaged(self, claim: str, lacking: list[str]) -> StoreError:
-        what = f" but lacks {', '.join(lacking[:8])}{f' and {len(lacking) - 8} more' if len(lacking) > 8 else ''}" \
-            if lacking else ""
+        what = f" but lacks {few(lacking, listed=8)}" if lacking else ""
         return StoreError(f"{self.source} {shown_path(self.path)}: a mixprec store that claims {claim}{what}: it was "
                           "damaged or changed by another program, and was left untouched. Move it aside to start a new "
                           "store there (mixprec creates one where none exists), or choose another path")

@@ -208,7 +208,8 @@ def render_table_rows(run: Mapping[str, Any]) -> list[dict[str, str]]:
         }
         for key, _, metric, fmt in metric_columns:
             row[key] = fmt(metrics.get(metric))
-        row["error"] = _error_summary(config.get("error"))
+        # an ok whose rows hold no measurement says why beside its status
+        row["error"] = _error_summary(config.get("error")) or (runstate.unmeasured(config) or "")
         rows.append(row)
     return rows
 

@@ -79,8 +79,8 @@ def bench_on_cluster(*, address: str | None, hardware_spec: str | None, names: l
     """``mixprec bench --executor ray``: probe the chosen hardware types, then one run per type and pipeline.
 
     ``make_options(name, specs, notes, budget)`` builds the :class:`~mixprec.bench.runner.BenchOptions`
-    of one pipeline; ``show_run(run)`` prints each run's own table. Everything the cluster
-    cannot do as asked exits 2 before any run is stored. A policy file's rules that match no
+    of one pipeline; ``show_run(run, said=...)`` prints each run's own table, without the notes said
+    before the runs. Everything the cluster cannot do as asked exits 2 before any run is stored. A policy file's rules that match no
     module of a pipeline (``size``, ``seed``) are said before the runs and kept in their notes,
     as on the local executor.
     """
@@ -101,7 +101,7 @@ def bench_on_cluster(*, address: str | None, hardware_spec: str | None, names: l
             unmatched = bench_pre_run_notes(specs, names, size=size, seed=seed)
         except (ClusterError, ValueError) as exc:
             fail(exc)
-        say_pre_run(unmatched)
+        said = say_pre_run(unmatched, notes)
         store = open_store(db)
         run_ids: list[int] = []
         deadline = time.monotonic() + budget_s if budget_s is not None else None
@@ -121,7 +121,7 @@ def bench_on_cluster(*, address: str | None, hardware_spec: str | None, names: l
                 run_ids += run_matrix(options, parts, store.path, ray, progress=step, executor_options=gpus)
     runs = [store.load_run(i) for i in run_ids]
     for run in runs if show_run is not None else ():
-        show_run(run)
+        show_run(run, said=said.get(run.get("pipeline"), ()))
     print_matrix(runs)
     outputs = Outputs(err_console)
     write_run_exports(outputs, console, runs, html=html, json_out=json_out, csv_out=csv_out)

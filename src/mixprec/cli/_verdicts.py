@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Console
 
 from mixprec._json import strict
+from mixprec._quote import few
 from mixprec.cli._common import table
 from mixprec.cli._text import say
 
@@ -84,11 +85,16 @@ def print_compare(console: Console, run_a: int, run_b: int, rows: list[dict[str,
     for side, run in (("a", run_a), ("b", run_b)):
         unstable = [f"{r['config']}@{r['batch']}" for r in rows if r.get(f"unstable_{side}")]
         if unstable:
-            say(console, f"  unstable timings in run {run} (see its notes): ", ", ".join(unstable), soft_wrap=False)
+            say(console, f"  unstable timings in run {run} (see its notes): ", few(unstable), soft_wrap=False)
+    for side, run in (("a", run_a), ("b", run_b)):
+        lacking = [r for r in rows if r.get(f"not_measured_{side}")]
+        if lacking:
+            say(console, f"  not measured in run {run} (marked ok, but its stored rows hold no measurement): ",
+                few(lacking, show=lambda r: f"{r['config']}@{r['batch']} ({r[f'not_measured_{side}']})"), soft_wrap=False)
     undecided = [f"{r['config']}@{r['batch']}" for r in rows
                  if "undecided on this machine" in (r.get("speedup_verdict"), r.get("latency_verdict"))]
     if undecided:
-        say(console, "  undecided on this machine: ", ", ".join(undecided),
+        say(console, "  undecided on this machine: ", few(undecided),
             ": the intervals are too wide to tell; re-run both with more --repeat, or on a quieter machine", soft_wrap=False)
 
 

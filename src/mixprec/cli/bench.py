@@ -68,7 +68,7 @@ _DROP_FIRST = ("Compiled from cache", "Compile", "Tokens/s", "RTF", "Throughput"
 
 def _print_run(run: dict, said: Iterable[str] = ()) -> None:
     """The run as a terminal table: the headline columns (the HTML report has every metric). Notes this
-    command already said (``said``: the pre-run note of a policy's unmatched rules) are not said again."""
+    command already said (``said``: the pre-run notes and the plan) are not said again."""
     from mixprec.bench.runstate import classify
     from mixprec.bench.table import COLUMNS, render_table_rows
 
@@ -170,7 +170,8 @@ def bench(
         with open_store(db) as store:
             _print_headlines([store.load_run(i) for i in cluster_ids])
         return
-    say_pre_run(unmatched)  # the pre-run note: a policy's rules that match no module
+    # the pre-run note: configurations added or left out, a policy's rules that match no module
+    said = say_pre_run(unmatched, notes)
     store = open_store(db)
     if max(batches) > 1 and not force_batch:
         for name in names:
@@ -190,6 +191,7 @@ def bench(
 
             def planned(batch_size: int, chosen: plan.Plan, task=task, name=name) -> None:
                 say(bar.console, f"{name}: batch {batch_size}: {chosen.reason}")
+                said[name].add(f"batch {batch_size}: {chosen.reason}")  # the run's note: said now, not again
                 bar.update(task, total=_steps(len(specs), chosen.warmup, chosen.repeat) * len(batches))
 
             share = None if deadline is None else (deadline - time.monotonic()) / (len(names) - index)
@@ -203,7 +205,7 @@ def bench(
                 fail(exc)
     runs = [store.load_run(i) for i in run_ids]
     for run in runs:
-        _print_run(run, said=unmatched.get(run.get("pipeline"), ()))
+        _print_run(run, said=said.get(run.get("pipeline"), ()))
     outputs = Outputs(err_console)
     write_run_exports(outputs, console, runs, html=html, json_out=json_out, csv_out=csv_out)
     say(console, f"stored as run(s) {', '.join(map(str, run_ids))} in {store.path}")

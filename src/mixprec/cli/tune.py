@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Annotated, Optional
+from typing import Annotated, Iterable, Optional
 
 import typer
 
@@ -163,7 +163,7 @@ def tune_cmd(
 
         console.print_json(json.dumps(jsonable(result.to_dict())))
     else:
-        _print_tune(result, pipeline)
+        _print_tune(result, pipeline, said=pre_run)
         if wrote_out:
             say(console, f"policy written to {out} (load it with mixprec.Policy.load, or MIXPREC_POLICY for mixprec.init)")
         if wrote_html:
@@ -177,7 +177,8 @@ def tune_cmd(
     outputs.finish()
 
 
-def _print_tune(result, pipeline: str) -> None:
+def _print_tune(result, pipeline: str, said: Iterable[str] = ()) -> None:
+    """The frontier, the notes not said before the search (``said``: its pre-run note), the validation and the choice."""
     key = result.bound.key
 
     def q(c) -> str:
@@ -198,8 +199,10 @@ def _print_tune(result, pipeline: str) -> None:
                         f"({result.bound}, {result.objective})",
                         ["#", "step", "search latency s", "final check s", "weights MiB", key, "meets", ""], rows))
     say(console, f"{result.evaluations} measured evaluations, {result.cached} reused from the store, {result.wall_s:.0f} s")
+    said = set(said)
     for note in result.notes:
-        say(console, "  note: ", note)
+        if note not in said:
+            say(console, "  note: ", note)
     from mixprec.tuning.report import validation_text
 
     say(console, f"validation: {validation_text(result)}")

@@ -53,7 +53,7 @@ Outputs = list[Any]
 
 def _status(value: Any, lang: str) -> str:
     """A run or configuration status in ``lang`` (unknown ones as they are)."""
-    return messages(lang).get(f"bench.status_{value}", str(value))
+    return messages(lang).get(f"bench.status_{str(value).replace(' ', '_')}", str(value))
 
 
 def results_table(run: dict[str, Any], lang: str) -> str:
