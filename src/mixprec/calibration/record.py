@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -36,6 +35,7 @@ from mixprec.casting.hooks import add_method_hook
 from mixprec.device.clock import Clock
 from mixprec.diagnose.calls import RecordedCall
 from mixprec.diagnose.capture import cast_owned, shared_model_memo
+from mixprec.diagnose.low_copy import min_ndim
 from mixprec.policy.tree import called_children, entry_methods, is_container
 
 __all__ = ["Recorder", "Sample", "Unit", "ComponentRecord", "replay", "SAMPLES"]
@@ -92,7 +92,7 @@ class ComponentRecord:
     uncopied: int = 0
 
     def whole(self) -> Unit:
-        return Unit(self.name, self.calls, self.seconds, self.samples, _min_ndim(self.root), self.root)
+        return Unit(self.name, self.calls, self.seconds, self.samples, min_ndim(self.root), self.root)
 
     def child_units(self) -> list[Unit]:
         """The dynamic children of the first call, scaled from that call to the run (a component
@@ -116,12 +116,6 @@ def _store(samples: list[Sample], sample: Sample) -> None:
         del samples[1]
 
 
-def _min_ndim(module: nn.Module) -> int:
-    """torch's own layers need every floating input in their dtype; other modules keep 0-d and
-    1-d floats (timesteps, scales) as they came, as apply's boundaries do."""
-    return 0 if type(module).__module__.startswith("torch.nn.") else 2
-
-
 class Recorder:
     """Records a run per component (see the module docstring): use as a context manager around the run."""
 
@@ -140,8 +134,9 @@ class Recorder:
 
     def _sampled(self, record: ComponentRecord, samples: list[Sample], index: int, owner: nn.Module, method: str,
                  call: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Any, float]:
-        copied = self._copy(args, kwargs) if _keep(index) else None
-        if _keep(index) and copied is None:
+        kept = _keep(index)
+        copied = self._copy(args, kwargs) if kept else None
+        if kept and copied is None:
             record.uncopied += 1
         recorded = RecordedCall.record(call, *copied) if copied is not None else None
         out, seconds = self.clock.time(lambda: call(*args, **kwargs))
@@ -185,7 +180,7 @@ class Recorder:
                 try:
                     unit = record.children.get(name)
                     if unit is None:
-                        unit = record.children[name] = Unit(name, 0, 0.0, [], _min_ndim(module), module)
+                        unit = record.children[name] = Unit(name, 0, 0.0, [], min_ndim(module), module)
                     out, seconds = self._sampled(record, unit.samples, unit.calls, module, "forward", call, args, kwargs)
                 finally:
                     depth[0] -= 1
@@ -239,7 +234,3 @@ def replay(sample: Sample, memo: dict[int, Any], dtype: torch.dtype, min_ndim: i
 
 def seconds_text(seconds: float) -> str:
     return f"{seconds * 1e3:,.0f} ms" if seconds < 1 else f"{seconds:,.2f} s"
-
-
-def finite(value: float) -> bool:
-    return value is not None and math.isfinite(value)

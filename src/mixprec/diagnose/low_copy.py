@@ -16,7 +16,7 @@ from mixprec.casting.kinds import copy_module, stored_bytes
 from mixprec.casting.targets import DTYPES
 from mixprec.policy import ModulePlan
 
-__all__ = ["LowCopy", "module_tensors"]
+__all__ = ["LowCopy", "module_tensors", "min_ndim"]
 
 
 def module_tensors(module: nn.Module) -> list[torch.Tensor]:
@@ -73,12 +73,12 @@ class LowCopy:
                     if compute != storage:
                         self.casts.append((t, compute))
                 if name and own_plan.compute_dtype != parent.compute_dtype:
-                    sub.register_forward_pre_hook(_cast_inputs(DTYPES[own_plan.compute_dtype], _min_ndim(sub)),
+                    sub.register_forward_pre_hook(_cast_inputs(DTYPES[own_plan.compute_dtype], min_ndim(sub)),
                                                   with_kwargs=True)
                     sub.register_forward_hook(_cast_output(DTYPES[parent.compute_dtype]))
         self.module = clone
         self.compute = DTYPES[plan.compute_dtype]
-        self.min_ndim = _min_ndim(module)
+        self.min_ndim = min_ndim(module)
         self.nbytes = sum(stored_bytes(t) for sub in clone.modules() for t in module_tensors(sub))
 
     def __call__(self, args: Any, kwargs: Any) -> Any:
@@ -94,7 +94,7 @@ class LowCopy:
                 t.data = data
 
 
-def _min_ndim(module: nn.Module) -> int:
+def min_ndim(module: nn.Module) -> int:
     """torch's own layers need every floating input in their dtype; other modules keep
     0-d/1-d floats (timesteps, scales) as they came, as apply's boundaries do."""
     return 0 if type(module).__module__.startswith("torch.nn.") else 2
