@@ -30,3 +30,19 @@ def environ_and_progress(conn: Any, job: dict[str, Any]) -> None:
         else:
             conn.send(("ok", None))
             return
+
+
+def sigint_state(conn: Any, job: dict[str, Any]) -> None:
+    """``state``: how this process treats SIGINT (ignored? blocked?); anything else ends it."""
+    import os
+    import signal
+
+    conn.send(("ready", {"pid": os.getpid()}))
+    while True:
+        command, payload = conn.recv()
+        if command == "state":
+            conn.send(("ok", {"ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
+                              "blocked": signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])}))
+        else:
+            conn.send(("ok", None))
+            return

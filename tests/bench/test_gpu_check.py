@@ -35,7 +35,11 @@ def test_dry_run_on_the_cpu_writes_every_section(tmp_path, monkeypatch):
     for section in ("## mixprec env", "## mixprec bench: tts", "## mixprec calibrate: tts", "## What mixprec adds per run",
                     "## The numerics guard's cost", "## Compiled token decode (tts)"):
         assert section in text
-    assert text.count(": exit 0,") == 5, text  # env, bench, calibrate, overhead, compiled decode each finished
+    # env, bench, calibrate, overhead, compiled decode each finished; bench's 10 s budget may leave a
+    # loaded machine nothing to measure, which it says with exit status 1 (docs/cli.md)
+    bench = text[text.index("## mixprec bench: tts"):text.index("## mixprec calibrate: tts")]
+    assert ": exit 0," in bench or (": exit 1," in bench and "not measured: run 1 (tts)" in bench), bench
+    assert text.replace(bench, "").count(": exit 0,") == 4, text
     assert "| fast+compile |" in text and "recompile-limit warnings" in text
     assert torch.get_float32_matmul_precision() == before
 

@@ -230,6 +230,7 @@ def test_should_stop_keeps_what_was_measured(evaluator, tmp_path):
     assert events[-1].evaluations == 3 and events[-1].latest is result.path[-1] and events[-1].work is None
     assert len(runs) == 1 and runs[0]["evaluations"] == 3 and runs[0]["pipeline"] == "synthetic"
     assert len(stored["result"]["path"]) == len(result.path) and Policy.from_toml(stored["policy_toml"]) == result.policy
+    assert result.status == stored["result"]["status"] == "cancelled"
 
 
 def test_final_check_retimes_finalists_side_by_side(evaluator):

@@ -8,7 +8,7 @@ import pytest
 
 gr = pytest.importorskip("gradio")
 
-from mixprec.ui.jobs import Job  # noqa: E402
+from mixprec.ui.jobs import Job, stop_all  # noqa: E402
 
 
 def test_stream_reports_progress_then_the_result():
@@ -98,3 +98,25 @@ def test_two_sessions_get_their_own_jobs():
     bench, tune = (first[state._id] for state in states)
     assert bench is not tune
     assert bench.index is second[states[0]._id].index is not tune.index  # a tab's runs are found by id in every session
+
+
+def test_stop_all_stops_every_running_job_when_the_server_stops():
+    """Ctrl-C stops the server; each session's run then ends as a cancel ends it (stored as cancelled)."""
+    stopped = []
+
+    def work(job, report):
+        report("running")
+        while not job.should_stop():
+            job.stop.wait(0.01)
+        stopped.append(job)
+        return "cancelled"
+
+    jobs = [Job(), Job()]
+    streams = [job.stream(lambda report, job=job: work(job, report)) for job in jobs]
+    for stream in streams:
+        assert next(stream)[0] == "started"
+    assert stop_all(wait_s=60) == (2, 0)
+    assert sorted(map(id, stopped)) == sorted(map(id, jobs)) and not any(job.running for job in jobs)
+    assert [list(stream)[-1] for stream in streams] == [("done", "cancelled")] * 2
+    assert stop_all(wait_s=60) == (0, 0)  # nothing runs now
+

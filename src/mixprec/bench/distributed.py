@@ -10,7 +10,8 @@ the only one that writes the store (one SQLite connection per run, in this proce
 
 A node lost mid-run fails the configurations it held, with the node named in their
 error; the other runs go on. Ctrl-C stops every worker on the cluster, stores what was
-measured (``cancelled``) and then raises ``KeyboardInterrupt``.
+measured (``cancelled``) and then raises :class:`~mixprec.bench.runner.BenchInterrupted`
+(a ``KeyboardInterrupt``) naming them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from mixprec.bench.matrix import MATRIX_NOTE
-from mixprec.bench.runner import BenchOptions, run_bench
+from mixprec.bench.runner import BenchInterrupted, BenchOptions, run_bench
 from mixprec.bench.store import Store
 from mixprec.device.hardware import Hardware
 from mixprec.measure.cluster import NodeGroup, probe_group
@@ -78,7 +79,8 @@ def run_matrix(
         should_stop: checked after each step of every run; true cancels all of them.
 
     Raises:
-        KeyboardInterrupt: after every worker was stopped and each run stored as cancelled.
+        BenchInterrupted: Ctrl-C, after every worker was stopped and each run stored as cancelled
+            (a ``KeyboardInterrupt``; its message names the runs).
         BaseException: the first error of a run's own code (its run is stored as failed).
     """
     stop = threading.Event()
@@ -131,7 +133,8 @@ def run_matrix(
             executor.cancel()
         for event in done.values():
             event.wait()
-        raise
+        raise BenchInterrupted([part.run_id for part in parts if part.run_id is not None], options.pipeline,
+                               "cancelled") from None
     errors = [part.error for part in parts if part.error is not None]
     if errors:
         raise errors[0]

@@ -25,7 +25,7 @@ import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -43,7 +43,7 @@ from mixprec.measure.machine import machine_fingerprint, versions
 from mixprec.measure.stats import instability
 from mixprec.device.hardware import Hardware, contradiction, forget
 
-__all__ = ["BenchOptions", "BenchCancelled", "run_bench", "calibrate", "size_label"]
+__all__ = ["BenchOptions", "BenchCancelled", "BenchInterrupted", "run_bench", "calibrate", "size_label"]
 
 #: Safety cap on the fp32 reference when no --timeout is given (it is never timed out otherwise).
 REFERENCE_LIMIT_S = 3600.0
@@ -123,6 +123,18 @@ class BenchCancelled(Exception):
     """Raised between worker steps when ``should_stop()`` turns true; caught by :func:`run_bench`."""
 
 
+class BenchInterrupted(KeyboardInterrupt):
+    """The user's interrupt (Ctrl-C) during a benchmark, raised once its runs were stored as
+    ``status`` (``incomplete``: :func:`run_bench`; ``cancelled``: each run of a hardware matrix);
+    its message says so (a ``KeyboardInterrupt``, caught as one)."""
+
+    def __init__(self, run_ids: Sequence[int], pipeline: str, status: str = "incomplete") -> None:
+        runs = f"run {run_ids[0]}" if len(run_ids) == 1 else "runs " + ", ".join(map(str, run_ids))
+        super().__init__(f"{runs} ({pipeline}) stored as {status}, with what was measured" if run_ids
+                         else f"nothing of {pipeline} was stored")
+        self.run_ids = list(run_ids)
+
+
 def run_bench(
     options: BenchOptions,
     hardware: Hardware,
@@ -144,7 +156,7 @@ def run_bench(
     ``should_stop()`` turns true (checked after each step) the workers are stopped, what
     was measured is kept with metrics computed from it, and the run is stored as
     ``cancelled``. On ``KeyboardInterrupt`` the same happens, the run stays
-    ``incomplete`` and the interrupt propagates.
+    ``incomplete`` and the interrupt propagates as :class:`BenchInterrupted`.
     """
     executor = executor or LocalProcessExecutor()
 
@@ -173,7 +185,7 @@ def run_bench(
         status = "cancelled"
     except KeyboardInterrupt:
         status = "incomplete"
-        raise
+        raise BenchInterrupted([run_id], options.pipeline) from None
     except BaseException as exc:
         # A crash of the runner itself: never stored as complete.
         status = "failed"
@@ -214,10 +226,15 @@ class _RunState:
 
 
 def _start(options: BenchOptions, spec: ConfigSpec, position: int, batch: int, hardware: Hardware, store: Store,
-           run_id: int, executor: Executor, overrides: dict[str, Any], config_id: int | None = None) -> Slot:
+           run_id: int, executor: Executor, overrides: dict[str, Any], config_id: int | None = None,
+           slots: list[Slot] | None = None) -> Slot:
+    """A configuration's slot with its worker starting; added to ``slots`` before the worker starts,
+    so a configuration whose start is interrupted (Ctrl-C) or fails is still recorded with the run."""
     if config_id is None:
         config_id = store.add_config(run_id, position=position, name=spec.name, batch=batch)
     slot = Slot(spec, config_id)
+    if slots is not None:
+        slots.append(slot)
     slot.worker = executor.start(serve, job_for(spec, pipeline=options.pipeline, size=options.size, seed=options.seed,
                                          batch=batch, hardware=hardware, device=options.device, overrides=overrides))
     return slot
@@ -261,7 +278,7 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
                 slot.status, slot.error = "skipped", f"not measured: {left_out[position]}"
                 slots.append(slot)
             else:
-                slots.append(_start(options, spec, position, batch, hardware, store, run_id, executor, state.overrides))
+                _start(options, spec, position, batch, hardware, store, run_id, executor, state.overrides, slots=slots)
 
     def replan(plan: Plan, positions: list[int], when: str) -> None:
         """Take ``plan`` (made over the configurations at ``positions``) and say it."""
@@ -275,8 +292,8 @@ def _run_batch(options: BenchOptions, batch: int, hardware: Hardware, store: Sto
             options.on_plan(batch, dataclasses.replace(plan, reason=f"{when}{plan.reason}") if when else plan)
 
     try:
-        reference = _start(options, options.configs[0], 0, batch, hardware, store, run_id, executor, state.overrides)
-        slots.append(reference)
+        reference = _start(options, options.configs[0], 0, batch, hardware, store, run_id, executor, state.overrides,
+                           slots=slots)
         if budget is None:
             start_others()  # nothing to calibrate: every worker loads at once
         # The reference's load and first run are the calibration and the reference output:

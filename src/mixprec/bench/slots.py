@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from mixprec.bench.configs import ConfigSpec
-from mixprec.measure.executor import WorkerError, WorkerTimeout
+from mixprec.measure.executor import WorkerCancelled, WorkerError, WorkerTimeout
 
 __all__ = ["LOAD_TIMEOUT_S", "Slot", "call", "fail", "stop_for_budget", "wait_ready"]
 
@@ -51,9 +51,13 @@ class Slot:
 
 
 def fail(slot: Slot, exc: BaseException) -> None:
-    """Mark ``slot`` ``timeout`` (its own limit) or ``failed`` (the worker raised or died) and stop its worker."""
-    slot.status = "timeout" if isinstance(exc, WorkerTimeout) else "failed"
-    slot.error = str(exc) if not isinstance(exc, WorkerTimeout) else f"exceeded the {slot.spent:.0f} s time limit ({exc})"
+    """Mark ``slot`` ``timeout`` (its own limit) or ``failed`` (the worker raised or died) and stop its worker;
+    a worker stopped because the run was cancelled (Ctrl-C) leaves it ``partial``: cut short, not failed."""
+    if isinstance(exc, WorkerCancelled):
+        slot.status, slot.error = "partial", f"stopped after {len(slot.samples)} timed run(s): {exc}"
+    else:
+        slot.status = "timeout" if isinstance(exc, WorkerTimeout) else "failed"
+        slot.error = str(exc) if not isinstance(exc, WorkerTimeout) else f"exceeded the {slot.spent:.0f} s time limit ({exc})"
     if slot.worker is not None:
         slot.worker.close()
 

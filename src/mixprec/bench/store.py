@@ -226,8 +226,8 @@ class Store:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        self._begin()
         try:
+            self._begin()  # inside: an interrupt (Ctrl-C) just after BEGIN still rolls it back
             yield self._conn
             self._conn.execute("COMMIT")
         except BaseException as exc:
@@ -346,8 +346,14 @@ class Store:
 
     def finish_run(self, run_id: int, *, status: str = "complete", notes: list[str] | None = None,
                    size: str | None = None) -> None:
+        """Mark run ``run_id`` finished with ``status``. A run that did not run to its end (cancelled,
+        interrupted, failed) leaves no configuration ``running``: one the run stopped before its
+        worker reported anything (a Ctrl-C as it started) is ``partial``, stopped before it was measured."""
         with self._tx() as db:
             db.execute("UPDATE runs SET finished=?, status=? WHERE id=?", (_now(), status, run_id))
+            if status != "complete":
+                db.execute("UPDATE configs SET status='partial', error=coalesce(error, 'stopped before it was measured') "
+                           "WHERE run_id=? AND status='running'", (run_id,))
             if size is not None:
                 db.execute("UPDATE runs SET size=? WHERE id=?", (_text(size), run_id))
             if notes is not None:
@@ -388,9 +394,11 @@ class Store:
 
     def tune_runs(self, limit: int = 50) -> list[dict[str, Any]]:
         """Recent tune runs, newest first (without their results); ``device`` is where each was measured
-        (kept in its result; ``None`` for runs stored before it was)."""
+        (kept in its result; ``None`` for runs stored before it was); ``status``: ``complete``, ``cancelled``
+        (stopped on request) or ``incomplete`` (interrupted: Ctrl-C), ``complete`` for runs stored before it was."""
         rows = self._conn.execute("SELECT id, started, pipeline, bound, objective, met, evaluations, cached, wall_s, "
-                                  "json_extract(result_json, '$.device') AS device "
+                                  "json_extract(result_json, '$.device') AS device, "
+                                  "coalesce(json_extract(result_json, '$.status'), 'complete') AS status "
                                   "FROM tune_runs ORDER BY id DESC LIMIT ?", (limit,))
         return [dict(r) for r in rows]
 

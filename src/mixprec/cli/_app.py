@@ -12,7 +12,7 @@ from typer.core import TyperGroup
 
 import mixprec
 from mixprec._quote import quote
-from mixprec.cli._common import console, fit_width
+from mixprec.cli._common import console, err_console, fit_width
 from mixprec.cli._text import clean, say
 
 #: What an option read as text (so that it can give its own error) takes, as ``--help`` shows it;
@@ -27,6 +27,9 @@ METAVARS: dict[Any, str] = {
     "--config": "<path>", "--env-file": "<path>", "--store-dir": "<path>",
     ("run", "--batch"): "<int>", ("tune", "--budget"): "<int>",
 }
+
+#: The exit status of a command the user interrupted (Ctrl-C): 128 + SIGINT, as a shell reports it.
+INTERRUPTED = 130
 
 
 def _metavars(command: Any, name: str) -> None:
@@ -44,7 +47,8 @@ def _metavars(command: Any, name: str) -> None:
 
 class _Group(TyperGroup):
     """The root command group: a usage error quotes what was typed with control characters escaped,
-    and ``--help`` shows each option's value type (:data:`METAVARS`).
+    ``--help`` shows each option's value type (:data:`METAVARS`), and a Ctrl-C ends any command with
+    one line (what an interrupted run stored) and status :data:`INTERRUPTED`.
 
     Click puts the offending argument into its message ("Got unexpected extra argument (...)");
     parse errors of every sub-command pass through here. (Typer ships its own copy of Click,
@@ -68,6 +72,9 @@ class _Group(TyperGroup):
         except Exception as exc:
             _clean_message(exc)
             raise
+        except KeyboardInterrupt as exc:  # Ctrl-C: one line, what was stored, and status 130 (no traceback)
+            say(err_console, ("interrupted:", "bold yellow"), f" {exc}" if str(exc) else " stopped by the user (Ctrl-C)")
+            raise typer.Exit(code=INTERRUPTED) from None
 
 
 def _clean_message(exc: Exception) -> None:

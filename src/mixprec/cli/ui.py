@@ -10,7 +10,8 @@ import typer
 from mixprec._quote import quote
 from mixprec.cli._app import app
 from mixprec.cli._choices import join_or, language_values
-from mixprec.cli._common import fail
+from mixprec.cli._common import err_console, fail
+from mixprec.cli._text import say
 
 
 @app.command("ui")
@@ -48,3 +49,10 @@ def ui_cmd(
         fail(ValueError(f"--port {port}: {exc.strerror}; choose another with --port"))
     except OSError as exc:  # the store folder cannot be created, the address cannot be bound...
         fail(ValueError(f"cannot serve the UI on {host}:{port}: {exc}"))
+    # The server stopped (Ctrl-C): a run still going ends as a cancel ends it, stored as cancelled.
+    from mixprec.ui.jobs import stop_all
+
+    running, left = stop_all()
+    if running:
+        say(err_console, f"stopped {running - left} run(s) in progress: stored as cancelled, with what they measured"
+            + (f"; {left} did not stop in time and stay unfinished in the store" if left else ""))

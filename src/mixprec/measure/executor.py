@@ -22,7 +22,9 @@ import time
 import traceback
 from typing import Any, Callable, Iterator, Mapping, Protocol
 
-__all__ = ["Executor", "Serve", "Worker", "LocalProcessExecutor", "WorkerError", "WorkerTimeout"]
+from mixprec.measure._interrupts import ignore_in_child, starting_children
+
+__all__ = ["Executor", "Serve", "Worker", "LocalProcessExecutor", "WorkerError", "WorkerCancelled", "WorkerTimeout"]
 
 #: What a worker process runs: answer requests on ``conn`` for ``job`` until done.
 Serve = Callable[[Any, dict[str, Any]], None]
@@ -30,6 +32,10 @@ Serve = Callable[[Any, dict[str, Any]], None]
 
 class WorkerError(RuntimeError):
     """The worker raised or died; the message carries its error."""
+
+
+class WorkerCancelled(WorkerError):
+    """The worker was stopped because its run was cancelled (the user's Ctrl-C): not a failure of its own."""
 
 
 class WorkerTimeout(RuntimeError):
@@ -56,6 +62,8 @@ def _main(conn: Any, serve: Serve, job: dict[str, Any]) -> None:  # pragma: no c
         os.environ.setdefault(name, "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
+        # The user's Ctrl-C is the coordinator's to answer: it stops this process (see _interrupts).
+        ignore_in_child()
         serve(conn, job)
     except BaseException as exc:  # report every failure to the coordinator, then exit
         try:
@@ -122,9 +130,16 @@ class _ProcessWorker:
     def __init__(self, ctx: Any, serve: Serve, job: dict[str, Any], env: Mapping[str, str] | None = None):
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_main, args=(child, serve, job), daemon=True, name=f"mixprec-{job.get('name', 'worker')}")
-        with _main_not_reimported(serve, job), _environment(env or {}):
-            self.process.start()
-        child.close()
+        try:
+            # Started with SIGINT blocked: a Ctrl-C while it imports torch leaves it quiet; this process stops it.
+            with _main_not_reimported(serve, job), _environment(env or {}), starting_children():
+                self.process.start()
+        except BaseException:  # an interrupt as it started: not left running, unknown to the caller
+            if self.process.pid is not None:
+                self.close()
+            raise
+        finally:
+            child.close()
 
     def _receive(self, timeout: float | None, on_progress: Callable[[Any], None] | None = None) -> Any:
         """The answer, within ``timeout`` seconds in all; ``progress`` messages before it go to ``on_progress``."""

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from mixprec.measure.executor import Serve, WorkerError, WorkerTimeout, _main
+from mixprec.measure.executor import Serve, WorkerCancelled, WorkerError, WorkerTimeout, _main
 
 __all__ = ["RayExecutor", "RayUnavailable", "RayWorker", "HARDWARE_PREFIX", "hardware_resource", "require_ray"]
 
@@ -134,7 +134,7 @@ class RayWorker:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if self._executor.cancelled.is_set():
-                raise WorkerError(f"{self.name}: cancelled; its actor on {self.node} was stopped")
+                raise WorkerCancelled(f"{self.name}: cancelled; its actor on {self.node} was stopped")
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise WorkerTimeout(f"no answer within {timeout:.0f} s from {self.node}")
@@ -221,7 +221,7 @@ class RayExecutor:
 
     def start(self, serve: Serve, job: dict[str, Any]) -> RayWorker:
         if self.cancelled.is_set():
-            raise WorkerError(f"{job.get('name', 'worker')}: not started, the run was cancelled")
+            raise WorkerCancelled(f"{job.get('name', 'worker')}: not started, the run was cancelled")
         threads = self.threads or (int(self.num_cpus) if self.num_cpus and self.num_cpus >= 1 else None)
         host = self._host.options(**self._options())
         actor = host.remote(serve, job, threads)

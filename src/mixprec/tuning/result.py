@@ -53,6 +53,8 @@ class TuneResult:
             ``spread`` (max - min) and ``seeds``.
         device: the device the candidates were measured on (``cpu``, ``cuda``, ``cuda:1``);
             a policy tuned on one device says nothing of its speed on another.
+        status: ``complete``; ``cancelled`` (stopped on request: ``should_stop``) or
+            ``incomplete`` (interrupted: Ctrl-C), when it holds only what was measured before.
     """
 
     policy: Policy
@@ -76,6 +78,7 @@ class TuneResult:
     validations: int = 0
     seed_summary: dict[str, dict[str, float]] = field(default_factory=dict)
     device: str | None = None
+    status: str = "complete"
 
     @property
     def speed(self) -> Ratio | None:
@@ -129,7 +132,7 @@ class TuneResult:
                 "final": {str(k): v for k, v in self.final.items()},
                 "search_bound": str(self.search_bound or self.bound), "margin_db": self.margin_db,
                 "search_seeds": list(self.search_seeds), "validation": _plain_seeds(self.validation),
-                "validations": self.validations, "seed_summary": self.seed_summary,
+                "validations": self.validations, "seed_summary": self.seed_summary, "status": self.status,
                 "path": [c.to_dict() for c in self.path]}
 
 

@@ -32,6 +32,8 @@ class TuneStore(Protocol):
 
     def put_tune_eval(self, key: str, **record: Any) -> None: ...
 
+    def add_tune_run(self, **run: Any) -> int: ...
+
 
 class BudgetExhausted(Exception):
     """The evaluation budget is spent; the search stops with what it measured."""

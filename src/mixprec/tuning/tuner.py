@@ -41,10 +41,26 @@ from mixprec.tuning.progress import TuneMeter, TuneProgress
 from mixprec.tuning.search import BudgetExhausted, Search, TuneStore, run_search
 from mixprec.tuning.validation import validate_held_out, validation_seed_list
 
-__all__ = ["OBJECTIVES", "tune", "stderr_progress", "STDERR_INTERVAL_S"]
+__all__ = ["OBJECTIVES", "tune", "stderr_progress", "STDERR_INTERVAL_S", "TuneInterrupted"]
 
 #: What :func:`tune` can minimise: objective -> what it finds.
 OBJECTIVES: dict[str, str] = {"latency": "the fastest policy", "memory": "the smallest weights"}
+
+
+class TuneInterrupted(KeyboardInterrupt):
+    """The user's interrupt (Ctrl-C) during :func:`tune`, raised once the run was kept as ``incomplete``.
+
+    ``result`` holds what was measured before it (``None`` when the interrupt came before the
+    first evaluation); ``run_id`` is the stored tune run when there is a store. A
+    ``KeyboardInterrupt``, caught as one; its message says what was kept.
+    """
+
+    def __init__(self, result: TuneResult | None, run_id: int | None) -> None:
+        count = result.evaluations if result is not None else 0
+        kept = f"{count} evaluation{'s' if count != 1 else ''} measured"
+        super().__init__(f"tune run {run_id} stored as incomplete, with the {kept}" if run_id is not None
+                         else f"the tune run stopped after {kept}")
+        self.result, self.run_id = result, run_id
 
 
 def _needed(units: int) -> int:
@@ -149,6 +165,9 @@ def tune(
             seeds shared with the search seeds, a device this machine cannot use (before
             any work), or a budget too small for baseline + all-16-bit + one bisection pass
             (the message says how many).
+        TuneInterrupted: Ctrl-C at any moment once the arguments were checked: the worker is
+            stopped, and what was measured (nothing, before the first evaluation) is kept as an
+            ``incomplete`` tune run in ``store``.
     """
     from mixprec.measure.machine import machine_fingerprint
     from mixprec.device.hardware import probe, resolve_device
@@ -177,20 +196,22 @@ def tune(
     runs = (len(search_seeds) + int(repeat) if owned
             else (len(search_seeds) + int(evaluator.repeat) if isinstance(getattr(evaluator, "repeat", None), int) else None))
     meter = TuneMeter(progress, budget=budget, clock=clock, runs_per_evaluation=runs) if progress is not None else None
-    if owned:
-        name = str(getattr(pipeline, "name", pipeline))
-        if meter is not None:
-            meter.begin(f"starting a worker and building the {name} pipeline ({size} size)", prefix=False)
-        evaluator = WorkerEvaluator(name, size, seeds=seeds, repeat=repeat, device=device,
-                                    progress=meter.worker if meter is not None else None)
-    # an evaluator that reports its runs reports them to this run's meter, and to what it reported to after
     has_progress = not owned and hasattr(evaluator, "progress")
     previous = evaluator.progress if has_progress else None
-    if has_progress and meter is not None:
-        evaluator.progress = meter.worker
+    search: Search | None = None
+    interrupted: str | None = None  # what a Ctrl-C stopped, when one did
     quiet = quiet_unmatched()  # a user policy's unmatched rules are said once, below, not by every apply
     quiet.__enter__()
     try:
+        if owned:
+            name = str(getattr(pipeline, "name", pipeline))
+            if meter is not None:
+                meter.begin(f"starting a worker and building the {name} pipeline ({size} size)", prefix=False)
+            evaluator = WorkerEvaluator(name, size, seeds=seeds, repeat=repeat, device=device,
+                                        progress=meter.worker if meter is not None else None)
+        # an evaluator that reports its runs reports them to this run's meter, and to what it reported to after
+        if has_progress and meter is not None:
+            evaluator.progress = meter.worker
         # The probe measures where the pipeline lives: the device asked for, else where the worker built it.
         where = device if device is not None else (getattr(evaluator, "ready", None) or {}).get("device")
         hw = hardware if hardware is not None else probe(where)
@@ -231,33 +252,34 @@ def tune(
         except BudgetExhausted:
             notes.append("stopped on request; the result holds what was measured" if search.cancelled
                          else f"budget of {budget} evaluations exhausted")
+        except KeyboardInterrupt:  # Ctrl-C: what was measured is kept, as a cancel keeps it; nothing more is run
+            if not search.path:
+                raise
+            search.cancelled, interrupted = True, "the search"
         final: dict[int, list[float]] = {}
         if objective == "latency" and final_rounds > 0 and hasattr(evaluator, "time") and not search.cancelled:
-            contenders = finalists(search)
-            if len(contenders) > 1:
-                if meter is not None:
-                    meter.begin(f"re-timing {len(contenders)} finalists side by side", (final_rounds + 1) * len(contenders))
-                final = retime(evaluator, contenders, final_rounds, after=meter.tick if meter is not None else None)
-                medians = ", ".join(f"#{i} {statistics.median(v) * 1e3:.1f} ms" for i, v in final.items())
-                notes.append(f"final check: {len(contenders)} finalists re-timed side by side over {final_rounds} "
-                             f"interleaved rounds (median): {medians}")
-                drift = [f"#{c.index} {c.evaluation.latency_s * 1e3:.1f} ms in the search vs "
-                         f"{statistics.median(final[c.index]) * 1e3:.1f} ms in the final check" for c in contenders
-                         if not 0.5 <= c.evaluation.latency_s / max(statistics.median(final[c.index]), 1e-12) <= 2.0]
-                if drift:
-                    notes.append("the machine's load changed during the search: " + "; ".join(drift)
-                                 + "; the choice uses only the side-by-side final check (re-run on a quiet machine "
-                                 "for search timings that agree)")
+            try:
+                final = _final_check(search, evaluator, final_rounds, notes, meter)
+            except KeyboardInterrupt:
+                search.cancelled, interrupted = True, "the final check (the choice is the search's)"
         if not search.path:
             raise ValueError("the search was stopped before its first evaluation; nothing was measured")
         best = _pick(search, final, improvement, notes)
         validation, summary, validations = None, {}, 0
         if best is not None and not search.cancelled:
-            best, validation, summary, validations = validate_held_out(search, evaluator, bound, best, held_out,
-                                                                        search_seeds, notes)
+            try:
+                best, validation, summary, validations = validate_held_out(search, evaluator, bound, best, held_out,
+                                                                            search_seeds, notes)
+            except KeyboardInterrupt:
+                search.cancelled, interrupted = True, "the held-out validation (the choice was not checked on held-out seeds)"
+        if interrupted:
+            notes.append(f"interrupted (Ctrl-C) during {interrupted}; the result holds what was measured")
+    except KeyboardInterrupt:  # before the first evaluation: the run is kept, with nothing measured
+        raise TuneInterrupted(None, _store_unmeasured(store, pipeline, bound, search_bound, objective, margin_db,
+                                                      search_seeds, device, time.perf_counter() - start)) from None
     finally:
         quiet.__exit__(None, None, None)
-        if owned:
+        if owned and evaluator is not None:
             evaluator.close()
         elif has_progress:
             evaluator.progress = previous
@@ -265,14 +287,58 @@ def tune(
     result.search_bound, result.margin_db, result.search_seeds = search_bound, margin_db, search_seeds
     result.validation, result.seed_summary, result.validations = validation, summary, validations
     result.device = run_device
+    result.status = "incomplete" if interrupted else "cancelled" if search.cancelled else "complete"
     if validation is not None and not validation["met"]:
         result.met, result.miss = False, bound.miss({bound.key: validation["worst"]})
+    run_id = None
     if store is not None:
-        label = str(getattr(pipeline, "name", pipeline))
-        store.add_tune_run(pipeline=label, bound=str(bound), objective=objective, met=result.met,
-                           evaluations=result.evaluations, cached=result.cached, wall_s=result.wall_s,
-                           policy_toml=result.to_toml(), result=jsonable(result.to_dict()))
+        run_id = store.add_tune_run(pipeline=_label(pipeline), bound=str(bound), objective=objective, met=result.met,
+                                    evaluations=result.evaluations, cached=result.cached, wall_s=result.wall_s,
+                                    policy_toml=result.to_toml(), result=jsonable(result.to_dict()))
+    if interrupted:
+        raise TuneInterrupted(result, run_id)
     return result
+
+
+def _label(pipeline: Any) -> str:
+    return str(getattr(pipeline, "name", pipeline))
+
+
+def _final_check(search: Search, evaluator: Evaluator, rounds: int, notes: list[str],
+                 meter: TuneMeter | None) -> dict[int, list[float]]:
+    """The finalists re-timed side by side over ``rounds`` interleaved rounds (empty: fewer than two)."""
+    contenders = finalists(search)
+    if len(contenders) <= 1:
+        return {}
+    if meter is not None:
+        meter.begin(f"re-timing {len(contenders)} finalists side by side", (rounds + 1) * len(contenders))
+    final = retime(evaluator, contenders, rounds, after=meter.tick if meter is not None else None)
+    medians = ", ".join(f"#{i} {statistics.median(v) * 1e3:.1f} ms" for i, v in final.items())
+    notes.append(f"final check: {len(contenders)} finalists re-timed side by side over {rounds} "
+                 f"interleaved rounds (median): {medians}")
+    drift = [f"#{c.index} {c.evaluation.latency_s * 1e3:.1f} ms in the search vs "
+             f"{statistics.median(final[c.index]) * 1e3:.1f} ms in the final check" for c in contenders
+             if not 0.5 <= c.evaluation.latency_s / max(statistics.median(final[c.index]), 1e-12) <= 2.0]
+    if drift:
+        notes.append("the machine's load changed during the search: " + "; ".join(drift)
+                     + "; the choice uses only the side-by-side final check (re-run on a quiet machine "
+                     "for search timings that agree)")
+    return final
+
+
+def _store_unmeasured(store: TuneStore | None, pipeline: Any, bound: Bound, search_bound: Bound, objective: str,
+                      margin_db: float, seeds: list[int], device: str | None, wall_s: float) -> int | None:
+    """A run interrupted before its first evaluation, kept as ``incomplete`` with nothing measured
+    (no policy chosen: its ``policy_toml`` is empty); its id, or ``None`` without a store."""
+    if store is None:
+        return None
+    result = {"bound": str(bound), "objective": objective, "device": device, "met": False, "miss": None,
+              "chosen": None, "closest": None, "frontier": [], "evaluations": 0, "cached": 0, "wall_s": wall_s,
+              "notes": ["interrupted (Ctrl-C) before the first evaluation; nothing was measured"], "policy": None,
+              "final": {}, "search_bound": str(search_bound), "margin_db": margin_db, "search_seeds": list(seeds),
+              "validation": None, "validations": 0, "seed_summary": {}, "status": "incomplete", "path": []}
+    return store.add_tune_run(pipeline=_label(pipeline), bound=str(bound), objective=objective, met=False,
+                              evaluations=0, cached=0, wall_s=wall_s, policy_toml="", result=result)
 
 
 #: Seconds between the default progress lines of :func:`tune` while a step runs.

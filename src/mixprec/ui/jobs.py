@@ -21,9 +21,11 @@ from __future__ import annotations
 import queue
 import secrets
 import threading
+import time
+import weakref
 from typing import Any, Callable, Iterator
 
-__all__ = ["Job", "JobIndex"]
+__all__ = ["Job", "JobIndex", "stop_all"]
 
 #: ``target(report)``: does the work, calls ``report(event)`` as it goes, returns the result.
 Target = Callable[[Callable[[Any], None]], Any]
@@ -133,6 +135,7 @@ class Job:
             self._run_id = None
             self.index._remove(run_id)
             raise
+        _STARTED.add(self)
         try:
             yield "started", run_id
             while True:
@@ -156,3 +159,24 @@ class Job:
         finally:
             if self._thread.is_alive():
                 self.stop.set()
+
+
+#: Every job that started a run, in any session and index: what :func:`stop_all` stops.
+_STARTED: weakref.WeakSet[Job] = weakref.WeakSet()
+
+
+def stop_all(wait_s: float = 60.0) -> tuple[int, int]:
+    """Ask every running job to stop and wait, ``wait_s`` seconds at most in all, for them to end.
+
+    For when the server stops (Ctrl-C): each run then ends as a cancel ends it, stored as
+    ``cancelled`` with what it measured, its workers stopped. Returns how many were running
+    and how many of them had not ended within ``wait_s``.
+    """
+    running = [job for job in list(_STARTED) if job.running]
+    for job in running:
+        job.stop.set()
+    deadline = time.monotonic() + wait_s
+    for job in running:
+        if job._thread is not None:
+            job._thread.join(max(0.0, deadline - time.monotonic()))
+    return len(running), sum(job.running for job in running)

@@ -1,0 +1,72 @@
+"""``mixprec bench --executor ray`` stopped by a real Ctrl-C: the command says which runs it stored as
+cancelled, with status 130 and no traceback, and no worker of its runs is left on the cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ray_cluster import ON_THE_CLUSTER, ray_or_skip, two_types
+
+ray_or_skip()
+pytestmark = [ON_THE_CLUSTER, pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")]
+
+from mixprec.bench.store import Store  # noqa: E402
+
+MIXPREC = Path(sys.executable).parent / "mixprec"
+#: A bound on how long the command may take to reach its first timed runs on a busy machine.
+WAIT_S = 300
+
+
+def _timing(db: Path) -> bool:
+    """Whether the run has stored a timed run of its fp32 reference."""
+    if not db.exists():
+        return False
+    try:
+        with Store(db) as store:
+            return any(c["samples"] for run in store.runs() for c in store.load_run(run["id"])["configs"])
+    except Exception:  # being created meanwhile
+        return False
+
+
+def _hosts(ray) -> list:
+    return [a for a in ray._private.state.actors().values() if a["ActorClassName"] == "_Host" and a["State"] == "ALIVE"]
+
+
+def test_ctrl_c_on_the_cluster_stores_the_run_as_cancelled_and_stops_its_workers(tmp_path, clean_env):
+    ray, cluster = two_types()
+    db = tmp_path / "b.sqlite"
+    before = {a["ActorID"] for a in _hosts(ray)}
+    proc = subprocess.Popen([str(MIXPREC), "bench", "--executor", "ray", "--ray-address", cluster.address, "--hardware", "alpha",
+                             "--pipeline", "minilm", "--size", "test", "--configs", "fp32,naive-bf16", "--repeat", "2000",
+                             "--warmup", "0", "--db", str(db)], cwd=tmp_path, env={**os.environ, "COLUMNS": "200"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not _timing(db):
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "no timed run within the wait"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=WAIT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, output
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+    with Store(db) as store:
+        [run] = store.runs()
+        configs = store.load_run(run["id"])["configs"]
+    assert run["status"] == "cancelled"
+    assert f"interrupted: run {run['id']} (minilm) stored as cancelled, with what was measured" in output, output
+    assert configs and all(c["status"] == "partial" for c in configs), configs  # cut short: never "ok", nor "failed"
+    deadline = time.monotonic() + 60
+    while [a for a in _hosts(ray) if a["ActorID"] not in before] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert [a for a in _hosts(ray) if a["ActorID"] not in before] == []
