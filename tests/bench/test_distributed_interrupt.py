@@ -1,11 +1,9 @@
-"""``mixprec bench --executor ray`` stopped by a real Ctrl-C: the command says which runs it stored as
-cancelled, with status 130 and no traceback, and no worker of its runs is left on the cluster."""
+"""``mixprec bench --executor ray`` stopped by a real Ctrl-C: the command says which run it stored as
+cancelled, with status 130 and no traceback, and no worker of its run is left on the cluster."""
 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from ray_cluster import ON_THE_CLUSTER, ray_or_skip, two_types
+from terminal import interrupt
 
 ray_or_skip()
-pytestmark = [ON_THE_CLUSTER, pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")]
+pytestmark = [ON_THE_CLUSTER, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process table from /proc")]
 
 from mixprec.bench.store import Store  # noqa: E402
 
@@ -35,31 +34,20 @@ def _timing(db: Path) -> bool:
         return False
 
 
-def _hosts(ray) -> list:
-    return [a for a in ray._private.state.actors().values() if a["ActorClassName"] == "_Host" and a["State"] == "ALIVE"]
+def _hosts(ray) -> set[str]:
+    """The live actors of mixprec's workers on the cluster."""
+    return {a["ActorID"] for a in ray._private.state.actors().values() if a["ActorClassName"] == "_Host" and a["State"] == "ALIVE"}
 
 
 def test_ctrl_c_on_the_cluster_stores_the_run_as_cancelled_and_stops_its_workers(tmp_path, clean_env):
     ray, cluster = two_types()
     db = tmp_path / "b.sqlite"
-    before = {a["ActorID"] for a in _hosts(ray)}
-    proc = subprocess.Popen([str(MIXPREC), "bench", "--executor", "ray", "--ray-address", cluster.address, "--hardware", "alpha",
-                             "--pipeline", "minilm", "--size", "test", "--configs", "fp32,naive-bf16", "--repeat", "2000",
-                             "--warmup", "0", "--db", str(db)], cwd=tmp_path, env={**os.environ, "COLUMNS": "200"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + WAIT_S
-        while not _timing(db):
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "no timed run within the wait"
-            time.sleep(0.2)
-        os.killpg(proc.pid, signal.SIGINT)
-        output, _ = proc.communicate(timeout=WAIT_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, output
-    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+    before = _hosts(ray)
+    status, output = interrupt([str(MIXPREC), "bench", "--executor", "ray", "--ray-address", cluster.address, "--hardware",
+                                "alpha", "--pipeline", "minilm", "--size", "test", "--configs", "fp32", "--repeat", "2000",
+                                "--warmup", "0", "--db", str(db)], "a timed run", lambda proc: _timing(db), WAIT_S,
+                               cwd=tmp_path, env={**os.environ, "COLUMNS": "200"})
+    assert status == 130, output
     with Store(db) as store:
         [run] = store.runs()
         configs = store.load_run(run["id"])["configs"]
@@ -67,6 +55,6 @@ def test_ctrl_c_on_the_cluster_stores_the_run_as_cancelled_and_stops_its_workers
     assert f"interrupted: run {run['id']} (minilm) stored as cancelled, with what was measured" in output, output
     assert configs and all(c["status"] == "partial" for c in configs), configs  # cut short: never "ok", nor "failed"
     deadline = time.monotonic() + 60
-    while [a for a in _hosts(ray) if a["ActorID"] not in before] and time.monotonic() < deadline:
+    while _hosts(ray) - before and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert [a for a in _hosts(ray) if a["ActorID"] not in before] == []
+    assert _hosts(ray) - before == set()

@@ -11,15 +11,13 @@ as ``incomplete`` with what was measured.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from mixprec.bench.store import Store
+from terminal import interrupt, session
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process table from /proc")
 
@@ -27,24 +25,6 @@ FACTORY = Path(__file__).resolve().parents[1] / "interrupt_factory.py"
 MIXPREC = Path(sys.executable).parent / "mixprec"
 #: Seconds a moment may take to come on a busy machine (starting Python and importing torch twice).
 MOMENT_S = 180
-
-
-def _session(sid: int) -> dict[int, str]:
-    """The live processes of session ``sid``: pid -> command line (zombies, already ended, left out)."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            if int(fields[3]) != sid or fields[0] == "Z":
-                continue
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                found[int(entry)] = fh.read().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, IndexError, ValueError):
-            continue  # ended meanwhile
-    return found
 
 
 def _maps_hold(pid: int, name: str) -> bool:
@@ -55,43 +35,20 @@ def _maps_hold(pid: int, name: str) -> bool:
         return False
 
 
-def _wait_for(what, ready, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + MOMENT_S
-    while not ready():
-        if proc.poll() is not None:
-            pytest.fail(f"the command ended before {what}: exit status {proc.returncode}\n{proc.stdout.read()[-3000:]}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} did not come within {MOMENT_S} s")
-        time.sleep(0.02)
-
-
 def _interrupt(args: list[str], moment: str, tmp_path: Path) -> tuple[str, Path]:
     """Run ``mixprec <args>``, send SIGINT to its process group at ``moment``; returns its output and store."""
     marks, db = tmp_path / "marks", tmp_path / "runs.sqlite"
     marks.mkdir()
     env = {**os.environ, "INTERRUPT_MARKS": str(marks), "INTERRUPT_AT": moment, "COLUMNS": "200"}
-    proc = subprocess.Popen([str(MIXPREC), *args, "--pipeline", f"{FACTORY}:build", "--size", "test", "--db", str(db)],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        if moment == "import":  # the command itself is importing torch (its library is loaded, its modules not yet)
-            _wait_for("torch's import", lambda: _maps_hold(proc.pid, "libtorch_python"), proc)
-        elif moment == "start":  # a worker process exists: it is starting Python and importing torch
-            _wait_for("a worker", lambda: any("spawn_main" in c for c in _session(proc.pid).values()), proc)
-        else:
-            _wait_for(f"the moment {moment!r}", lambda: any(p.name.startswith(f"{moment}.") for p in marks.iterdir()), proc)
-        os.killpg(proc.pid, signal.SIGINT)
-        output, _ = proc.communicate(timeout=120)
-        # every process the command started ended with it (the resource tracker ends once its pipe closes)
-        deadline = time.monotonic() + 30
-        while _session(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _session(proc.pid) == {}, output
-    finally:
-        for pid in _session(proc.pid):  # never leave one behind, whatever failed
-            os.kill(pid, signal.SIGKILL)
-    assert proc.returncode == 130, output
-    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+    if moment == "import":  # the command itself is importing torch (its library is loaded, its modules not yet)
+        what, ready = "torch's import", lambda proc: _maps_hold(proc.pid, "libtorch_python")
+    elif moment == "start":  # a worker process exists: it is starting Python and importing torch
+        what, ready = "a worker", lambda proc: any("spawn_main" in c for c in session(proc.pid).values())
+    else:
+        what, ready = f"the moment {moment!r}", lambda proc: any(p.name.startswith(f"{moment}.") for p in marks.iterdir())
+    status, output = interrupt([str(MIXPREC), *args, "--pipeline", f"{FACTORY}:build", "--size", "test", "--db", str(db)],
+                               what, ready, MOMENT_S, cwd=tmp_path, env=env)
+    assert status == 130, output
     return output, db
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mixprec._signals import held_interrupt
 from mixprec.device import backends
 from mixprec.casting.caches import PlainTensors
 from mixprec.casting.compile import Compiled, any_on_cpu, check_compiler
@@ -140,74 +141,76 @@ class Applied:
             if missing:
                 raise RevertError(f"{path} lacks {len(missing)} of the {len(self._originals)} original tensors; the policy "
                                   "is still applied and nothing was changed: reload the model from its checkpoint")
-        if self._changes is not None:
-            self._changes.sync(self._original_dtypes)  # parameters changed in place: their values, not stale ones
-        for handle in reversed(self._handles):  # wrappers of one method come off in the order they went on
-            handle.remove()
-        self._handles.clear()
-        for module in self._pinned:
-            module.__dict__.pop("_apply", None)
-        self._pinned.clear()
-        for root in self.components.values():
-            for module in root.modules():
-                module.__dict__.pop(_MARK, None)
-        if self._numerics is not None:
-            backends.restore(self._numerics)
-            self._numerics = None
-        if self._plain is not None:
-            self._plain.restore()
-            self._plain = None
-        self._active = False
-        if self.keep_original == "none":
-            raise RevertError(
-                "hooks and patches removed, but the original weights were not kept (keep_original='none'); "
-                "reload the model, or apply with keep_original='cpu' or 'disk'"
-            )
-        if self._offload is not None:
-            self._offload.revert()
-            self._offload = None
-        replaced = []
-        dropped = []
-        for key, (tensor, saved) in self._originals.items():
-            # (values, device) kept in memory, or the device of values kept on disk
-            original, device = saved if isinstance(saved, tuple) else (loaded[str(key)], saved)
-            original = self._followed.get(key, original).to(device)
-            set_data(tensor, original)  # an inference tensor stays one, and no other becomes one
-            if key in self._grads:
-                if tensor.grad is not None:
-                    dropped.append(self._locations.get(key, [(None, "?")])[0])
-                tensor.grad = self._grads[key]  # as it was before apply (None for most models)
-            for module, slot in self._locations.get(key, ()):
-                table = module._parameters if slot.startswith("p:") else module._buffers
-                current = table.get(slot[2:])
-                if current is not None and current is not tensor:
-                    if slot.startswith("p:"):
-                        if replaced_by_app(current, tensor):
-                            replaced.append(f"{type(module).__name__}.{slot[2:]}")  # the app's own object now
+        # Undone whole: a Ctrl-C meanwhile is raised once every weight, hook and setting is back.
+        with held_interrupt():
+            if self._changes is not None:
+                self._changes.sync(self._original_dtypes)  # parameters changed in place: their values, not stale ones
+            for handle in reversed(self._handles):  # wrappers of one method come off in the order they went on
+                handle.remove()
+            self._handles.clear()
+            for module in self._pinned:
+                module.__dict__.pop("_apply", None)
+            self._pinned.clear()
+            for root in self.components.values():
+                for module in root.modules():
+                    module.__dict__.pop(_MARK, None)
+            if self._numerics is not None:
+                backends.restore(self._numerics)
+                self._numerics = None
+            if self._plain is not None:
+                self._plain.restore()
+                self._plain = None
+            self._active = False
+            if self.keep_original == "none":
+                raise RevertError(
+                    "hooks and patches removed, but the original weights were not kept (keep_original='none'); "
+                    "reload the model, or apply with keep_original='cpu' or 'disk'"
+                )
+            if self._offload is not None:
+                self._offload.revert()
+                self._offload = None
+            replaced = []
+            dropped = []
+            for key, (tensor, saved) in self._originals.items():
+                # (values, device) kept in memory, or the device of values kept on disk
+                original, device = saved if isinstance(saved, tuple) else (loaded[str(key)], saved)
+                original = self._followed.get(key, original).to(device)
+                set_data(tensor, original)  # an inference tensor stays one, and no other becomes one
+                if key in self._grads:
+                    if tensor.grad is not None:
+                        dropped.append(self._locations.get(key, [(None, "?")])[0])
+                    tensor.grad = self._grads[key]  # as it was before apply (None for most models)
+                for module, slot in self._locations.get(key, ()):
+                    table = module._parameters if slot.startswith("p:") else module._buffers
+                    current = table.get(slot[2:])
+                    if current is not None and current is not tensor:
+                        if slot.startswith("p:"):
+                            if replaced_by_app(current, tensor):
+                                replaced.append(f"{type(module).__name__}.{slot[2:]}")  # the app's own object now
+                            else:
+                                set_data(current, original)
                         else:
-                            set_data(current, original)
-                    else:
-                        table[slot[2:]] = tensor
-        if self._fp8 is not None:
-            self._fp8.release()
-        flatten_rnns(self.components)
-        self._originals.clear()
-        self._locations.clear()
-        self._followed.clear()
-        self._grads.clear()
-        self._changes = None
-        if dropped:
-            qualnames = {id(p.module): p.qualname for p in self.plans}
-            names = [f"{qualnames.get(id(module), type(module).__name__)}.{slot[2:]}".lstrip(".") for module, slot in dropped]
-            warnings.warn(f"revert dropped the gradients computed under the policy for {len(names)} parameter(s) "
-                          f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}): they are gradients of the 16-bit "
-                          "weights; each .grad is back as it was before apply", stacklevel=2)
-        if replaced and not self._reapplying:  # a re-apply casts the app's new object afresh
-            warnings.warn(f"{len(replaced)} parameter(s) were replaced after the policy was applied ({', '.join(replaced[:4])}"
-                          f"{', ...' if len(replaced) > 4 else ''}): left as the app set them", stacklevel=2)
-        if self._disk is not None:
-            self._disk.cleanup()
-            self._disk = None
+                            table[slot[2:]] = tensor
+            if self._fp8 is not None:
+                self._fp8.release()
+            flatten_rnns(self.components)
+            self._originals.clear()
+            self._locations.clear()
+            self._followed.clear()
+            self._grads.clear()
+            self._changes = None
+            if dropped:
+                qualnames = {id(p.module): p.qualname for p in self.plans}
+                names = [f"{qualnames.get(id(module), type(module).__name__)}.{slot[2:]}".lstrip(".") for module, slot in dropped]
+                warnings.warn(f"revert dropped the gradients computed under the policy for {len(names)} parameter(s) "
+                              f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}): they are gradients of the 16-bit "
+                              "weights; each .grad is back as it was before apply", stacklevel=2)
+            if replaced and not self._reapplying:  # a re-apply casts the app's new object afresh
+                warnings.warn(f"{len(replaced)} parameter(s) were replaced after the policy was applied ({', '.join(replaced[:4])}"
+                              f"{', ...' if len(replaced) > 4 else ''}): left as the app set them", stacklevel=2)
+            if self._disk is not None:
+                self._disk.cleanup()
+                self._disk = None
 
     def original_tensors(self) -> dict[int, torch.Tensor]:
         """The kept originals, by ``id`` of the live tensor (empty with ``keep_original="none"``)."""
@@ -450,40 +453,43 @@ def _materialize(applied: Applied) -> None:
                       str(Path(applied._disk.name) / "originals.safetensors"))
         # A .grad of the full-precision weight does not fit its 16-bit self: set aside, put back at revert.
         applied._grads = {key: t.grad for key, (t, _) in new_data.items() if t.is_leaf}
-    applied._original_dtypes = {key: t.dtype for key, (t, _) in new_data.items()}
-    for tid, (t, data) in new_data.items():
-        set_data(t, data)
-        if keep_original != "none":
-            t.grad = None
-    applied._fp8 = fp8.register(new_data)
-    offload.commit(keep_original)
-    applied._offload, applied.original_bytes = offload, applied.original_bytes + offload.original_bytes
-    flatten_rnns(comps)
-    applied._active = True
-
     try:
-        if policy.numerics is not None and applied._numerics is None:  # a re-apply may keep them in force
-            applied._numerics = backends.apply_settings(policy.numerics, owner=f"the numerics of policy {policy.name!r}",
-                                                        keep_app_changes=True)
-        if _wrapped(policy, plans, comps, bool(new_data), applied._reapplied):
-            beneath = BeneathHooks(comps)  # beneath accelerate's hooks, which move offloaded weights in
-            last, first = beneath.handles()
-            applied._handles.append(last)
-            with beneath:
-                install_wrappers(comps, by_module, policy, applied._entry_dtypes, applied._handles, applied._pinned)
-            applied._handles.append(first)
-        else:  # nothing changes a dtype, or the policy asks for none: no wrapper
-            install_pins(comps, by_module, applied._pinned)
-        if keep_original != "none":
-            applied._changes = WeightChanges({key: t for key, (t, _) in new_data.items()}, applied._locations, applied._follow)
-            applied._handles.extend(applied._changes.install(comps))
-        if policy.compile is not None:
+        # A Ctrl-C from here on is raised once the model is whole: applied, then reverted below.
+        with held_interrupt():
+            applied._original_dtypes = {key: t.dtype for key, (t, _) in new_data.items()}
+            for tid, (t, data) in new_data.items():
+                set_data(t, data)
+                if keep_original != "none":
+                    t.grad = None
+            applied._fp8 = fp8.register(new_data)
+            offload.commit(keep_original)
+            applied._offload, applied.original_bytes = offload, applied.original_bytes + offload.original_bytes
+            flatten_rnns(comps)
+            applied._active = True
+
+            if policy.numerics is not None and applied._numerics is None:  # a re-apply may keep them in force
+                applied._numerics = backends.apply_settings(policy.numerics, owner=f"the numerics of policy {policy.name!r}",
+                                                            keep_app_changes=True)
+            if _wrapped(policy, plans, comps, bool(new_data), applied._reapplied):
+                beneath = BeneathHooks(comps)  # beneath accelerate's hooks, which move offloaded weights in
+                last, first = beneath.handles()
+                applied._handles.append(last)
+                with beneath:
+                    install_wrappers(comps, by_module, policy, applied._entry_dtypes, applied._handles, applied._pinned)
+                applied._handles.append(first)
+            else:  # nothing changes a dtype, or the policy asks for none: no wrapper
+                install_pins(comps, by_module, applied._pinned)
+            if keep_original != "none":
+                applied._changes = WeightChanges({key: t for key, (t, _) in new_data.items()}, applied._locations, applied._follow)
+                applied._handles.extend(applied._changes.install(comps))
+            if policy.compile is not None:
+                for root in comps.values():
+                    applied._handles.append(Compiled(root, policy.compile))
             for root in comps.values():
-                applied._handles.append(Compiled(root, policy.compile))
+                for module in root.modules():
+                    module.__dict__[_MARK] = True
     except BaseException:
-        applied.revert()
+        if applied._active:
+            applied.revert()
         raise
-    for root in comps.values():
-        for module in root.modules():
-            module.__dict__[_MARK] = True
 

@@ -51,6 +51,7 @@ from typing import Any, Iterator, Protocol
 
 import torch
 
+from mixprec._signals import held_interrupt
 from mixprec.device.settings import NumericSettings
 
 __all__ = [
@@ -210,7 +211,7 @@ def restore(snap: Snapshot, torch_module: TorchModule | None = None) -> None:
     the module docstring for an owner that ends while a later one still holds settings.
     Any other snapshot is written back as it is.
     """
-    with _owners_lock:
+    with _owners_lock, held_interrupt():  # every flag back, or none: a Ctrl-C meanwhile is raised after
         owners = _owners(torch_module)
         index = next((i for i, owner in enumerate(owners) if owner.handle is snap), None)
         if index is None:
@@ -336,6 +337,21 @@ def _values(snap: Snapshot) -> dict[str, Any]:
 
 def _acquire(settings: NumericSettings, chosen: frozenset[str], label: str, torch_module: Any | None,
              keep_app_changes: bool = False) -> Snapshot:
+    """Take ownership of ``chosen`` settings as :func:`_acquire_now` does, written whole: a Ctrl-C while
+    they are written is raised once they are, and undoes them (none is left half-applied)."""
+    snap = None
+    try:
+        with held_interrupt():
+            snap = _acquire_now(settings, chosen, label, torch_module, keep_app_changes)
+    except KeyboardInterrupt:
+        if snap is not None:
+            restore(snap, torch_module)
+        raise
+    return snap
+
+
+def _acquire_now(settings: NumericSettings, chosen: frozenset[str], label: str, torch_module: Any | None,
+                 keep_app_changes: bool = False) -> Snapshot:
     with _owners_lock:
         before = _write(settings, torch_module)
         wrote = {name: getattr(settings, name) for name in chosen} if keep_app_changes else {}

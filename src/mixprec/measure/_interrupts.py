@@ -18,7 +18,9 @@ import contextlib
 import signal
 import threading
 from multiprocessing import resource_tracker
-from typing import Any, Iterator
+from typing import Iterator
+
+from mixprec._signals import held_interrupt
 
 __all__ = ["starting_children", "ignore_in_child"]
 
@@ -30,8 +32,8 @@ def starting_children() -> Iterator[None]:
     """While processes start here, SIGINT is blocked in this thread, so they start with it blocked.
 
     In the main thread an interrupt that comes meanwhile is held back and raised (its handler
-    called) when the block ends: a child being started is never left half started, unknown
-    to the caller that would stop it.
+    called) when the block ends (:func:`mixprec._signals.held_interrupt`): a child being
+    started is never left half started, unknown to the caller that would stop it.
     """
     if not _SIGINT:  # no signal masks (Windows): a console's Ctrl-C reaches each process in its own way
         yield
@@ -39,23 +41,12 @@ def starting_children() -> Iterator[None]:
     # multiprocessing's resource tracker, started with a spawned process's first start, unblocks SIGINT in
     # the starting thread once it has started: started now, before the block, it leaves the block in place.
     resource_tracker.ensure_running()
-    held: list[Any] = []
-    handler = None
-    if threading.current_thread() is threading.main_thread():
-        handler = signal.getsignal(signal.SIGINT)
-        if callable(handler):
-            signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
-        else:
-            handler = None
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGINT)
-    try:
-        yield
-    finally:
-        if handler is not None:
-            signal.signal(signal.SIGINT, handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a SIGINT pending on this thread arrives now
-        if held and callable(handler):
-            handler(signal.SIGINT, held[0])
+    with held_interrupt():
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGINT)
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a SIGINT pending on this thread arrives now
 
 
 def ignore_in_child() -> None:

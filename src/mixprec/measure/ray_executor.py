@@ -150,6 +150,8 @@ class RayWorker:
         try:
             kind, payload = ray.get(ref)
         except ray.exceptions.RayError as exc:
+            if self._executor.cancelled.is_set():  # its actor was stopped for the cancel, not lost
+                raise WorkerCancelled(f"{self.name}: cancelled; its actor on {self.node} was stopped") from None
             self._locate()
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise WorkerError(f"{self.name}: {what} lost with {self.node}: {type(exc).__name__}: {first}") from None
