@@ -19,7 +19,12 @@ from typing import Any, Callable
 
 import pytest
 
-__all__ = ["start", "session", "wait_for", "interrupt"]
+__all__ = ["start", "session", "wait_for", "interrupt", "UNCOUNTED"]
+
+#: The interrupted command runs without the 16-bit FLOP counter: its process-long dispatch mode can abort
+#: Python's teardown after a Ctrl-C ("terminate called without an active exception"), which no user's
+#: process has; the 16-bit work here is a few kFLOP.
+UNCOUNTED = pytest.mark.flops16_off("a Ctrl-C'd command's teardown under the counter's process-long dispatch mode can abort")
 
 
 def start(args: list[str], **popen: Any) -> subprocess.Popen:

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from ray_cluster import ON_THE_CLUSTER, ray_or_skip, two_types
-from terminal import interrupt
+from terminal import UNCOUNTED, interrupt
 
 ray_or_skip()
-pytestmark = [ON_THE_CLUSTER, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process table from /proc")]
+pytestmark = [ON_THE_CLUSTER, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process table from /proc"),
+              UNCOUNTED]
 
 from mixprec.bench.store import Store  # noqa: E402
 

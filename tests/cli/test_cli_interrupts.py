@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from mixprec.bench.store import Store
-from terminal import interrupt, session
+from terminal import UNCOUNTED, interrupt, session
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process table from /proc")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process table from /proc"), UNCOUNTED]
 
 FACTORY = Path(__file__).resolve().parents[1] / "interrupt_factory.py"
 MIXPREC = Path(sys.executable).parent / "mixprec"

@@ -14,9 +14,9 @@ pytest.importorskip("gradio")
 gradio_client = pytest.importorskip("gradio_client")
 
 from mixprec.bench.store import Store  # noqa: E402
-from terminal import interrupt  # noqa: E402
+from terminal import UNCOUNTED, interrupt  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process table from /proc")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process table from /proc"), UNCOUNTED]
 
 MIXPREC = Path(sys.executable).parent / "mixprec"
 #: A bound on how long the server, and then the run, may take to reach a point on a busy machine.
