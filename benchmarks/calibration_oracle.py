@@ -21,7 +21,6 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import platform
@@ -29,7 +28,6 @@ import statistics
 import sys
 import time
 import warnings
-from typing import Any
 
 import torch
 
@@ -46,6 +44,8 @@ from mixprec.measure.stats import paired_ratio
 from mixprec.policy import Policy, Rule
 from mixprec.policy.presets import native16
 from mixprec.policy.select import UnmatchedRuleWarning
+
+from _report import db_text, pipeline_parser
 
 
 def _machine() -> str:
@@ -140,7 +140,7 @@ def _pipeline(name: str, size: str, device: str, rounds: int, presets: list[str]
              "| policy | speed vs fp32 (paired, 95% interval) | output SQNR vs fp32 |", "|---|---|---|"]
     for label in sorted(speed, key=lambda l: -speed[l].value):
         q = quality[label]
-        lines.append(f"| {label} | {speed[label].text()} | {_db(q)} |")
+        lines.append(f"| {label} | {speed[label].text()} | {db_text(q)} |")
     lines.append("")
     for preset, (result, took) in calibrated.items():
         floor = FLOORS_DB[preset]
@@ -152,7 +152,7 @@ def _pipeline(name: str, size: str, device: str, rounds: int, presets: list[str]
         against = paired_ratio(times[best], times[label])
         lines.append(f"- **{preset}** (floor {floor:g} dB): calibrated in {took:.1f} s to `{result.chosen}` "
                      f"({'decided' if result.decided else 'undecided'}; {result.headline()}); "
-                     f"end to end {_db(quality[label])}, {speed[label].text()} fp32. "
+                     f"end to end {db_text(quality[label])}, {speed[label].text()} fp32. "
                      + f"Oracle's fastest qualifying: `{best}`"
                      + (f" at {speed[best].text()} fp32" if best != "fp32" else "")
                      + f"; the calibrated preset runs at **{against.text()}** its speed.")
@@ -160,19 +160,10 @@ def _pipeline(name: str, size: str, device: str, rounds: int, presets: list[str]
     return lines
 
 
-def _db(value: float) -> str:
-    return "exact" if value == float("inf") else f"{value:.1f} dB"
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pipelines", default="tts,diffusion")
-    parser.add_argument("--size", default="default")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser = pipeline_parser(__doc__.splitlines()[0])
     parser.add_argument("--presets", default="fast,balanced")
     parser.add_argument("--min-share", type=float, default=0.01)
-    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     machine = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else _machine()
     lines = [f"# The calibration's oracle: every per-component combination, run whole ({machine})", "",

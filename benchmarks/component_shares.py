@@ -15,7 +15,6 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import statistics
@@ -32,6 +31,8 @@ from mixprec.casting.hooks import add_method_hook
 from mixprec.device.clock import clock_for
 from mixprec.policy import Policy, Rule
 from mixprec.policy.tree import called_children, entry_methods
+
+from _report import db_text, pipeline_parser
 
 
 def _entry_times(pipe: Any, run: Any) -> dict[str, list[float]]:
@@ -120,24 +121,15 @@ def _pipeline_rows(name: str, size: str, device: str, rounds: int, dtype: str) -
     for cname, values in shares.items():
         ratios, sqnr = results[f"{cname} in {dtype}"]
         rows.append(f"| {cname} | {len(values)} | {sum(values):.3f} | {sum(values) / timed_total:.0%} | "
-                    f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}–{max(ratios):.2f}) | {_db(sqnr)} |")
+                    f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}–{max(ratios):.2f}) | {db_text(sqnr)} |")
     ratios, sqnr = results[f"every component in {dtype}"]
-    rows += [f"| every component | | | | {statistics.median(ratios):.2f}x ({min(ratios):.2f}–{max(ratios):.2f}) | {_db(sqnr)} |", ""]
+    rows += [f"| every component | | | | {statistics.median(ratios):.2f}x ({min(ratios):.2f}–{max(ratios):.2f}) | {db_text(sqnr)} |", ""]
     return rows
 
 
-def _db(value: float) -> str:
-    return "exact" if value == float("inf") else f"{value:.1f} dB"
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pipelines", default="tts,diffusion")
-    parser.add_argument("--size", default="default")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser = pipeline_parser(__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
-    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if args.device.startswith("cpu"):
         torch.set_num_threads(1)
