@@ -43,12 +43,16 @@ def _run(store: Store, samples, metrics) -> int:
     return run_id
 
 
+def _measured_and_not(store: Store, case: str) -> tuple[int, int, dict, dict]:
+    """A run whose ``fast`` was measured and one whose ``fast`` holds ``case``: their ids, then the runs."""
+    good, bad = _run(store, _TIMES[:5], _FAST), _run(store, *CASES[case])
+    return good, bad, store.load_run(good), store.load_run(bad)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_an_ok_configuration_without_a_measurement_counts_as_not_measured_everywhere(case, tmp_path):
     with Store(tmp_path / "s.sqlite") as store:
-        good = _run(store, _TIMES[:5], _FAST)
-        bad = _run(store, *CASES[case])
-        run, baseline = store.load_run(bad), store.load_run(good)
+        _, _, baseline, run = _measured_and_not(store, case)
     fast = next(c for c in run["configs"] if c["name"] == "fast")
     assert runstate.unmeasured(fast) is not None
     assert runstate.failure(fast).startswith("not measured: ")
@@ -73,9 +77,7 @@ def test_a_run_without_what_was_asked_is_read_as_before():
 def test_compare_runs_report_and_ui_read_the_rows_too(case, tmp_path):
     """compare, runs list, the HTML report, the JSON export and the web UI say ``not measured`` as the gate does."""
     with Store(tmp_path / "s.sqlite") as store:
-        good = _run(store, _TIMES[:5], _FAST)
-        bad = _run(store, *CASES[case])
-        run, baseline = store.load_run(bad), store.load_run(good)
+        good, bad, baseline, run = _measured_and_not(store, case)
         listed = {row["id"]: row for row in runstate.with_states(store.runs(), store.load_run)}
     (fast,) = [r for r in compare(baseline, run) if r["config"] == "fast"]
     assert fast["status_a"] == "ok" and fast["status_b"] == runstate.NOT_MEASURED and fast["not_measured_b"]
@@ -164,8 +166,7 @@ def test_the_compare_and_runs_commands_say_it(tmp_path, clean_env):
 
     db = tmp_path / "s.sqlite"
     with Store(db) as store:
-        good = _run(store, _TIMES[:5], _FAST)
-        bad = _run(store, *CASES["fewer timed runs than asked"])
+        good, bad, _, _ = _measured_and_not(store, "fewer timed runs than asked")
         writing = _being_written(store)
     cli = CliRunner()
     said = " ".join(cli.invoke(app, ["compare", str(good), str(bad), "--db", str(db)]).stdout.split())

@@ -337,26 +337,19 @@ def _values(snap: Snapshot) -> dict[str, Any]:
 
 def _acquire(settings: NumericSettings, chosen: frozenset[str], label: str, torch_module: Any | None,
              keep_app_changes: bool = False) -> Snapshot:
-    """Take ownership of ``chosen`` settings as :func:`_acquire_now` does, written whole: a Ctrl-C while
-    they are written is raised once they are, and undoes them (none is left half-applied)."""
-    snap = None
+    """Write ``settings`` and record their owner, whole: a Ctrl-C meanwhile is raised once both are done,
+    and undoes them (no setting is left half-applied, none without its owner)."""
+    before = None
     try:
-        with held_interrupt():
-            snap = _acquire_now(settings, chosen, label, torch_module, keep_app_changes)
+        with held_interrupt(), _owners_lock:
+            before = _write(settings, torch_module)
+            wrote = {name: getattr(settings, name) for name in chosen} if keep_app_changes else {}
+            _owners(torch_module).append(_Owner(before, label, chosen, _values(before), wrote=wrote))
     except KeyboardInterrupt:
-        if snap is not None:
-            restore(snap, torch_module)
+        if before is not None:
+            restore(before, torch_module)
         raise
-    return snap
-
-
-def _acquire_now(settings: NumericSettings, chosen: frozenset[str], label: str, torch_module: Any | None,
-                 keep_app_changes: bool = False) -> Snapshot:
-    with _owners_lock:
-        before = _write(settings, torch_module)
-        wrote = {name: getattr(settings, name) for name in chosen} if keep_app_changes else {}
-        _owners(torch_module).append(_Owner(before, label, chosen, _values(before), wrote=wrote))
-        return before
+    return before
 
 
 def _app_changes(owner: _Owner, torch_module: Any | None) -> dict[str, Any]:
