@@ -11,7 +11,7 @@ from hypothesis import settings
 import machines
 from mixprec.device import backends, hardware
 
-pytest_plugins = ["_flops16", "_system_packages"]  # --flops16 / --flops16-budget: the bf16/fp16 FLOPs of each test; the tests a missing system package skipped
+pytest_plugins = ["_flops16", "_system_packages", "_library_logs"]  # --flops16 / --flops16-budget: the bf16/fp16 FLOPs of each test; the tests a missing system package skipped; a library deprecation logged for mixprec fails its test
 
 # Property tests draw the same examples on every run: a verdict must not depend on which
 # random inputs a run happened to draw (cases found once are kept as explicit examples).

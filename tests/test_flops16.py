@@ -149,3 +149,72 @@ def test_under_xdist_the_workers_parts_make_the_same_report_and_the_total_alone_
     assert "5 passed" in out.stdout and "above the budget" in out.stdout
     assert report["total"]["budgeted"] == 48 + 16384
     assert report["tests"][LARGE]["subprocesses"] == {"bf16": 8192, "fp16": 0}
+
+
+#: The instruction-set caps under which ATen and oneDNN run the kernels a CPU with AVX2 only runs
+#: (read once, when each library starts: so only in a new process).
+AVX2_CAPS = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+#: Run in a new process: every 16-bit module kind the suite computes (an RNN's composite kernel
+#: included), once without the counter and once under it; prints what each gave.
+_SAME_KERNELS = r"""
+import json, sys
+import torch
+sys.path.insert(0, sys.argv[1])
+from _flops16_site.flops16_count import Flops16Mode
+
+torch.manual_seed(0)
+modules = {
+    "lstm": (torch.nn.LSTM(24, 32, num_layers=2, batch_first=True), (2, 7, 24)),
+    "gru": (torch.nn.GRU(24, 32, batch_first=True, bidirectional=True), (2, 7, 24)),
+    "conv1d": (torch.nn.Conv1d(8, 16, 3, padding=1), (2, 8, 20)),
+    "conv2d": (torch.nn.Conv2d(4, 8, 3, padding=1), (1, 4, 12, 12)),
+    "linear": (torch.nn.Linear(24, 40), (3, 5, 24)),
+    "encoder": (torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0).eval(), (2, 6, 32)),
+    "mha": (torch.nn.MultiheadAttention(32, 4, batch_first=True).eval(), (2, 6, 32)),
+}
+result = {"capability": torch.backends.cpu.get_cpu_capability()}
+for dtype in (torch.bfloat16, torch.float16):
+    for name, (module, shape) in modules.items():
+        module = module.to(dtype)
+        x = torch.randn(shape).to(dtype)
+        call = (lambda: module(x, x, x)) if name == "mha" else (lambda: module(x))
+        outcome = {}
+        for counted in (False, True):
+            try:
+                with torch.inference_mode():
+                    if counted:
+                        with Flops16Mode() as mode:
+                            out = call()
+                    else:
+                        out = call()
+                out = out[0] if isinstance(out, tuple) else out
+                outcome[counted] = out.float().tolist()
+            except RuntimeError as exc:
+                outcome[counted] = "error: " + str(exc).splitlines()[0]
+        key = f"{name}-{str(dtype).split('.')[-1]}"
+        result[key] = {"same": outcome[False] == outcome[True], "without": str(outcome[False])[:120],
+                       "with": str(outcome[True])[:120], "counted": mode.counts if counted and not isinstance(outcome[True], str) else None}
+print(json.dumps(result))
+"""
+
+
+def test_the_counter_runs_the_kernels_that_run_without_it_under_the_avx2_caps():
+    """What a test computes is the same with and without the counter, where a CPU has AVX2 only.
+
+    A composite operator (``aten.lstm``) was once run under the counter through torch's Python
+    decomposition, which calls oneDNN's RNN layer: oneDNN has no bf16 RNN primitive on AVX2, so
+    a bf16 LSTM that runs without the counter raised under it. Every module kind is run both
+    ways in one process capped to AVX2's kernels; outputs (or errors) must be identical, and
+    what was counted must be non-zero.
+    """
+    env = {**os.environ, **AVX2_CAPS}
+    env.pop("PYTHONPATH", None)  # no counter of the plugin's in this process: the script places its own
+    out = subprocess.run([sys.executable, "-c", _SAME_KERNELS, str(TESTS)], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result.pop("capability") == "AVX2"
+    different = {key: (r["without"], r["with"]) for key, r in result.items() if not r["same"]}
+    assert different == {}
+    uncounted = [key for key, r in result.items() if not r["without"].startswith("error") and not r["counted"]]
+    assert uncounted == []

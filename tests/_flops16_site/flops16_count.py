@@ -136,6 +136,9 @@ def _computing_dtype(args: Any, kwargs: Any) -> str | None:
     return name
 
 
+#: The dispatch key of the C++ kernels that decompose composite operators.
+_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
+
 #: Operator -> (its formula or None, whether it is a composite to decompose): looked up once per operator.
 _PLANS: dict[Any, tuple[Callable[..., int] | None, bool]] = {}
 
@@ -147,7 +150,7 @@ def _plan(func: Any) -> tuple[Callable[..., int] | None, bool]:
     if plan is None:
         formula = FORMULAS.get(getattr(func, "_overloadpacket", func))
         composite = (formula is None and isinstance(func, torch._ops.OpOverload) and func.namespace == "aten"
-                     and torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), torch._C.DispatchKey.CompositeImplicitAutograd))
+                     and torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE))
         plan = _PLANS[func] = (formula, composite)
     return plan
 
@@ -201,12 +204,13 @@ class Flops16Mode(TorchDispatchMode):
         name = _computing_dtype(args, kwargs)
         if composite and name is not None:
             # Where autograd does not run (inference mode), composite operators (linear, matmul,
-            # scaled_dot_product_attention, conv2d) reach the mode whole: run their decomposition
-            # under the mode, as FlopCounterMode does, so the products inside are seen.
+            # scaled_dot_product_attention, conv2d, lstm) reach the mode whole: run their C++
+            # composite kernel under the mode, so the products inside are seen. That kernel is the
+            # one the dispatcher runs without the mode; ``func.decompose`` would prefer a Python
+            # decomposition registered for tracing where there is one, and those choose other
+            # kernels (``aten.lstm``'s calls oneDNN's RNN, which has no bf16 primitive on AVX2).
             with self:
-                out = func.decompose(*args, **kwargs)
-            if out is not NotImplemented:
-                return out
+                return func._op_dk(_COMPOSITE, *args, **kwargs)
         out = func(*args, **kwargs)
         if formula is not None and name is not None:
             self._add(name, formula, func, args, kwargs, out)

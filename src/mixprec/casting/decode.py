@@ -31,6 +31,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from mixprec._kv_cache import CACHE_NAMES, cache_keyword, cache_of
+
 __all__ = ["StaticDecode", "HEADROOM"]
 
 #: Positions a new static cache holds beyond its prompt before it first doubles.
@@ -71,7 +73,7 @@ class StaticDecode:
             self._generation.cache_implementation = None
 
     def call(self, compiled: Callable[..., Any], eager: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        cache = kwargs.get("past_key_values")
+        _, cache = cache_of(kwargs)
         if self.cache_class is None:
             return compiled(*args, **kwargs)
         if cache is None and kwargs.get("use_cache") is True:
@@ -79,7 +81,8 @@ class StaticDecode:
             if length is not None:
                 start = length + HEADROOM
                 cache = self.cache_class(config=self.root.config, max_cache_len=min(start, self.limit) if self.limit else start)
-                return eager(*args, **{**kwargs, "past_key_values": cache})
+                passed = {name: value for name, value in kwargs.items() if name not in CACHE_NAMES}
+                return eager(*args, **passed, **{cache_keyword(self.root): cache})
         if isinstance(cache, self.cache_class):
             length = self._length(args, kwargs)
             if length is not None:

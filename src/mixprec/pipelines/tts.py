@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mixprec._kv_cache import cache_keyword, output_cache
 from mixprec.pipelines._base import (
     AudioOutput,
     Pipeline,
@@ -281,7 +282,7 @@ class TTSPipeline(Pipeline):
             chosen.append(token)
             if step == steps - 1:
                 break
-            out = t3(input_ids=token[:, None], past_key_values=out.past_key_values, use_cache=True)
+            out = t3(input_ids=token[:, None], use_cache=True, **{cache_keyword(t3): output_cache(out)})
         agreement = None if forced is None else matches / (batch * steps)
         return torch.stack(chosen, dim=1), agreement
 

@@ -13,7 +13,7 @@ from torch import nn
 __all__ = ["entry_methods", "is_torch_layer", "is_container", "called_children", "first_weight_owner", "token_decoder"]
 
 #: Parameters of a ``forward`` that carries a key/value cache from one decode step to the next.
-_CACHE_PARAMETERS = ("past_key_values", "past_key_value", "use_cache", "kv_cache", "layer_past", "cache_position")
+_CACHE_PARAMETERS = ("cache", "past_key_values", "past_key_value", "use_cache", "kv_cache", "layer_past", "cache_position")
 
 
 _FRAMEWORK_MODULES = ("torch.", "transformers.modeling_utils", "transformers.generation", "transformers.integrations",
@@ -67,7 +67,7 @@ def first_weight_owner(module: nn.Module) -> nn.Module | None:
 
 def token_decoder(module: nn.Module) -> nn.Module | None:
     """The first module in ``module``'s tree whose ``forward`` takes a key/value cache
-    (``past_key_values``, ``use_cache``, ...): a model that decodes token by token, whose
+    (``cache``, ``past_key_values``, ``use_cache``, ...): a model that decodes token by token, whose
     steps on a GPU are launch-bound (many small kernels per token). ``None`` where none does."""
     for sub in module.modules():
         try:
