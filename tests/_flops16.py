@@ -1,21 +1,27 @@
-"""pytest plugin: what each test computes in bf16 and fp16, counted, and a budget for it.
+"""pytest plugin: what each test costs, counted in units no machine's speed changes, and a budget for it.
 
 A CPU without native 16-bit arithmetic (AVX2 only) runs bf16 and fp16 matrix products at
-about 1.3 GFLOP/s, 1/60 of its fp32 rate; there, those FLOPs are what the suite costs.
+about 1.3 GFLOP/s, 1/60 of its fp32 rate; there, those FLOPs are what the suite costs first.
 This plugin counts them per test (``_flops16_site/flops16_count.py``: torch's flop
-formulas, applied only where an operator's inputs are bf16 or fp16), a count that is the
-same on every machine, unlike a time.
+formulas, applied where an operator's inputs are bf16, fp16 or fp32, with the kernels that
+run without the counter), and beside them what costs time on any CPU: the fp32 FLOPs, the
+pipelines built (``mixprec.pipelines.get``'s audit event) and the Python processes started.
+Each is the same on every machine, unlike a time.
 
 Enable it with either (the environment variables do what the options do)::
 
     --flops16=PATH           MIXPREC_TEST_FLOPS16=PATH          write the JSON report to PATH
     --flops16-budget=PATH    MIXPREC_TEST_FLOPS16_BUDGET=PATH   fail what exceeds the budget in PATH
 
-The report holds every test's ``bf16`` and ``fp16`` FLOPs (``subprocesses``: the part
-computed in the Python subprocesses it started), the ``total``, and the FLOPs per operator.
-The budget file (``tests/flops16_budget.json``, see ``_flops16_site/flops16_budget.py``)
-holds a per-test ceiling (a test above it errors at teardown) and a total (a session above
-it fails); tests carrying one of its ``unbudgeted_markers`` are reported but not budgeted.
+    --flops16-select=PATH                                       run only the tests that computed in
+                                                                16-bit in the report at PATH
+
+The report holds every test's ``bf16``, ``fp16`` and ``fp32`` FLOPs, its ``builds`` and
+``processes`` (``subprocesses``: the part of them in the Python subprocesses it started),
+the ``total``, and the FLOPs per operator. The budget file (``tests/flops16_budget.json``,
+see ``_flops16_site/flops16_budget.py``) holds a per-test ceiling of 16-bit FLOPs (a test
+above it errors at teardown) and totals (a session above one fails); tests carrying one of
+its ``unbudgeted_markers`` are reported but not budgeted.
 A test marked ``flops16_off(reason)`` runs without the counter (nothing of it is counted).
 
 What is counted: the test's own thread from the start of its set-up to the end of its
@@ -43,7 +49,7 @@ from typing import Any
 
 import pytest
 
-from _flops16_site.flops16_budget import NAMES, Budget, gflop, load_budget, over_budget, over_ceiling, summarize
+from _flops16_site.flops16_budget import NAMES, Budget, flops, gflop, load_budget, over_budget, over_ceiling, summarize
 from _flops16_site.flops16_count import Flops16Mode
 
 #: The folder a subprocess finds ``sitecustomize`` in.
@@ -65,6 +71,37 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--flops16-budget", metavar="PATH", default=None,
                     help=f"count each test's bf16/fp16 FLOPs and fail a test or the session above the budget in PATH "
                          f"(or set {ENV_BUDGET})")
+    group.addoption("--flops16-select", metavar="PATH", default=None,
+                    help="run only the tests that computed in bf16/fp16 in the report at PATH (written by --flops16): "
+                         "make test-avx2 runs them again under AVX2's kernels")
+
+
+def sixteen_bit_tests(path: str | Path) -> set[str]:
+    """The node ids of the tests that computed in bf16 or fp16 in the report at ``path``.
+
+    Raises:
+        pytest.UsageError: the file is not such a report (named, with what it must hold).
+    """
+    try:
+        tests = json.loads(Path(path).read_text(encoding="utf-8"))["tests"]
+        return {nodeid for nodeid, counts in tests.items() if flops(counts) > 0}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise pytest.UsageError(f"--flops16-select: {path} is not a report of --flops16 (JSON whose 'tests' maps each "
+                                f"node id to its counts) ({type(exc).__name__}: {exc})") from None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--flops16-select``: keep the tests that computed in 16-bit in that report, deselect the rest."""
+    path = config.getoption("flops16_select")
+    if not path:
+        return
+    chosen = sixteen_bit_tests(Path(config.invocation_params.dir, path))
+    kept = [item for item in items if item.nodeid in chosen]
+    dropped = [item for item in items if item.nodeid not in chosen]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = kept
 
 
 def _setting(config: pytest.Config, option: str, env: str) -> str | None:
@@ -106,11 +143,26 @@ class _Tally:
 
 
 def _read_subprocess_counts(paths: list[Path]) -> dict[str, int]:
+    """What the subprocesses that wrote ``paths`` counted (one file each: one process started)."""
     out = dict.fromkeys(NAMES, 0)
     for path in paths:
-        for name, value in zip(NAMES, path.read_text().split()[:2]):
+        for name, value in zip(FILE_COUNTS, path.read_text().split()):
             out[name] += int(value)
+        out["processes"] += 1
     return out
+
+
+#: The audit event raised for every pipeline built (``mixprec.pipelines.get``).
+BUILD_EVENT = "mixprec.pipelines.build"
+#: The counts a subprocess's file holds, in order (``_flops16_site/sitecustomize.py`` writes them).
+FILE_COUNTS = ("bf16", "fp16", "fp32", "builds")
+#: The tally the process's audit hook adds builds to (an audit hook cannot be removed: one per process).
+_BUILDS_TO: list[_Tally] = []
+
+
+def _count_builds(event: str, args: tuple) -> None:
+    if event == BUILD_EVENT and _BUILDS_TO:
+        _BUILDS_TO[-1].add("builds", 1)
 
 
 class _Counter:
@@ -131,6 +183,9 @@ class _Counter:
         threading.setprofile(self._count_new_thread)
         self.report: dict[str, Any] | None = None
         self.failure: str | None = None
+        if not _BUILDS_TO:
+            sys.addaudithook(_count_builds)
+        _BUILDS_TO.append(self.tally)
 
     def _count_new_thread(self, frame, event, arg):
         """Every thread started from now on: its work counts to the test running when it computes."""
@@ -223,6 +278,7 @@ class _Counter:
             _summary(terminalreporter, self.report, self.settings, self.failure)
 
     def pytest_unconfigure(self) -> None:
+        _BUILDS_TO.remove(self.tally)
         threading.setprofile(self._saved_profile)
         for name, value in self._saved_env.items():
             if value is None:
@@ -284,9 +340,11 @@ def _summary(terminalreporter, report: dict[str, Any], settings: dict[str, Any],
     total = report["total"]
     where = f"; report: {settings['report']}" if settings["report"] else ""
     budget = f"; budget: {settings['budget']}" if settings["budget"] else ""
-    terminalreporter.write_sep("-", "16-bit FLOPs (tests/_flops16.py)")
+    terminalreporter.write_sep("-", "what the tests cost (tests/_flops16.py)")
     terminalreporter.write_line(f"bf16 {gflop(total['bf16'])}, fp16 {gflop(total['fp16'])}, budgeted "
                                 f"{gflop(total['budgeted'])}, in {len(report['tests'])} tests{budget}{where}")
+    terminalreporter.write_line(f"fp32 {gflop(total['fp32'])}, {total['builds']:,} pipelines built, "
+                                f"{total['processes']:,} Python processes started")
     if report["uncounted"]:
         terminalreporter.write_line(f"not counted (no formula for these arguments): {report['uncounted']}")
     if failure is not None:

@@ -19,11 +19,12 @@ TESTS = Path(__file__).parent
 BF16, FP16 = torch.bfloat16, torch.float16
 
 
-def _counted(body) -> dict[str, int]:
+def _counted(body, dtypes: tuple[str, ...] = ("bf16", "fp16")) -> dict[str, int]:
+    """The FLOPs ``body`` computed in ``dtypes``."""
     with Flops16Mode() as mode:
         body()
     assert mode.uncounted == {}
-    return mode.counts
+    return {name: mode.counts[name] for name in dtypes}
 
 
 def test_a_bf16_matmul_counts_two_m_n_k():
@@ -32,8 +33,16 @@ def test_a_bf16_matmul_counts_two_m_n_k():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_a_matmul_in_another_dtype_counts_nothing(dtype):
+def test_a_matmul_in_another_dtype_counts_nothing_in_16_bit(dtype):
     assert _counted(lambda: torch.ones(3, 5, dtype=dtype) @ torch.ones(5, 7, dtype=dtype)) == {"bf16": 0, "fp16": 0}
+
+
+def test_fp32_products_count_as_fp32_and_float64_counts_nowhere():
+    every = ("bf16", "fp16", "fp32")
+    assert _counted(lambda: torch.ones(3, 5) @ torch.ones(5, 7), every) == {"bf16": 0, "fp16": 0, "fp32": 2 * 3 * 5 * 7}
+    with torch.inference_mode():  # linear reaches the mode whole: its products are counted all the same
+        assert _counted(lambda: F.linear(torch.ones(2, 8), torch.ones(4, 8)), every) == {"bf16": 0, "fp16": 0, "fp32": 2 * 2 * 8 * 4}
+    assert _counted(lambda: torch.ones(3, 5, dtype=torch.float64) @ torch.ones(5, 7, dtype=torch.float64), every) == dict.fromkeys(every, 0)
 
 
 def test_inference_mode_linear_batched_matmul_convolution_and_attention_count_by_their_formulas():
@@ -61,16 +70,22 @@ def test_meta_tensors_compute_and_count_nothing():
         "bf16": 0, "fp16": 0}
 
 
-#: A tiny suite for the plugin: 48 FLOPs; none in fp32; 2 * 8192 split between a thread and a
-#: subprocess; 2048 in a test whose marker the budget leaves out; 2048 in a test run without the counter.
+#: A tiny suite for the plugin: 48 FLOPs and a pipeline build; fp32 alone; 2 * 8192 split between
+#: a thread and a subprocess (which builds one pipeline); 2048 in a test whose marker the budget
+#: leaves out; 2048 in a test run without the counter.
 GENERATED = '''
-import multiprocessing, threading, pytest, torch
+import multiprocessing, sys, threading, pytest, torch
 
 def bf16_matmul(m, k, n):
     torch.ones(m, k, dtype=torch.bfloat16) @ torch.ones(k, n, dtype=torch.bfloat16)
 
+def built_and_computed(m, k, n):
+    sys.audit("mixprec.pipelines.build", "tts", "test")  # what mixprec.pipelines.get raises
+    bf16_matmul(m, k, n)
+
 def test_small():
     bf16_matmul(2, 3, 4)
+    sys.audit("mixprec.pipelines.build", "tts", "test")
 
 def test_fp32():
     torch.ones(64, 64) @ torch.ones(64, 64)
@@ -79,7 +94,7 @@ def test_large_in_a_thread_and_a_subprocess():
     thread = threading.Thread(target=bf16_matmul, args=(8, 16, 32))
     thread.start()
     thread.join()
-    child = multiprocessing.get_context("spawn").Process(target=bf16_matmul, args=(16, 16, 16))
+    child = multiprocessing.get_context("spawn").Process(target=built_and_computed, args=(16, 16, 16))
     child.start()
     child.join()
     assert child.exitcode == 0
@@ -102,13 +117,13 @@ SMALL, LARGE = "test_generated.py::test_small", "test_generated.py::test_large_i
 
 
 def _run_generated(folder: Path, per_test: int, total: int, extra: tuple[str, ...] = (), *,
-                   via_env: bool = False) -> tuple[subprocess.CompletedProcess, dict]:
+                   via_env: bool = False, totals: dict[str, int] | None = None) -> tuple[subprocess.CompletedProcess, dict]:
     """Run the generated suite with the report and the budget named by options (or, ``via_env``,
     by the environment variables); its exit status and report."""
     folder.mkdir()
     (folder / "test_generated.py").write_text(GENERATED)
     (folder / "conftest.py").write_text(CONFTEST)
-    (folder / "budget.json").write_text(json.dumps({"per_test_flops": per_test, "total_flops": total,
+    (folder / "budget.json").write_text(json.dumps({"per_test_flops": per_test, "total_flops": total, "totals": totals or {},
                                                     "unbudgeted_markers": {"measures_the_machine": "its count follows the machine"}}))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p))
     for name in ("MIXPREC_TEST_FLOPS16", "MIXPREC_TEST_FLOPS16_BUDGET", "PYTEST_ADDOPTS"):
@@ -125,16 +140,22 @@ def _run_generated(folder: Path, per_test: int, total: int, extra: tuple[str, ..
 def test_the_plugin_counts_each_test_and_fails_one_above_the_ceiling_and_a_session_above_the_total(tmp_path):
     out, report = _run_generated(tmp_path / "serial", per_test=1000, total=100)
     assert out.returncode == 1, out.stdout + out.stderr
-    assert report["tests"][SMALL] == {"bf16": 48, "fp16": 0, "seconds": report["tests"][SMALL]["seconds"]}
+    nothing = {"bf16": 0, "fp16": 0, "fp32": 0, "builds": 0, "processes": 0}
+    assert report["tests"][SMALL] == {**nothing, "bf16": 48, "builds": 1, "seconds": report["tests"][SMALL]["seconds"]}
     assert report["tests"]["test_generated.py::test_fp32"]["bf16"] == 0
+    assert report["tests"]["test_generated.py::test_fp32"]["fp32"] == 2 * 64 ** 3
     large = report["tests"][LARGE]
-    assert (large["bf16"], large["fp16"], large["subprocesses"]) == (16384, 0, {"bf16": 8192, "fp16": 0})
+    # the spawned child, and the resource tracker spawn starts beside it: two Python processes
+    assert (large["bf16"], large["fp16"], large["builds"], large["processes"]) == (16384, 0, 1, 2)
+    assert large["subprocesses"] == {**nothing, "bf16": 8192, "builds": 1, "processes": 2}
     assert report["tests"]["test_generated.py::test_unbudgeted"]["bf16"] == 2048
     assert report["tests"]["test_generated.py::test_unbudgeted"]["unbudgeted"].startswith("marked measures_the_machine")
     off = report["tests"]["test_generated.py::test_off"]
     assert (off["bf16"], off["not_counted"]) == (0, "the counter must not see this test")
-    assert report["total"] == {"bf16": 48 + 16384 + 2048, "fp16": 0, "all": 48 + 16384 + 2048, "budgeted": 48 + 16384}
-    assert report["by_op"] == {"aten.mm": 48 + 16384 - 8192 + 2048}  # this process's own (the subprocess's is in the tests)
+    total = report["total"]
+    assert (total["bf16"], total["fp16"], total["all"], total["budgeted"]) == (48 + 16384 + 2048, 0, 48 + 16384 + 2048, 48 + 16384)
+    assert total["budgeted_others"] == {"fp32": 2 * 64 ** 3, "builds": 2, "processes": 2}
+    assert report["by_op"] == {"aten.mm": 48 + 16384 - 8192 + 2048 + 2 * 64 ** 3}  # this process's own (the subprocess's is in the tests)
     # the large test passed, then errored at teardown; the unbudgeted one (above the ceiling too) did not
     assert "5 passed, 1 error" in out.stdout
     assert "ERROR at teardown of test_large_in_a_thread_and_a_subprocess" in out.stdout
@@ -148,7 +169,33 @@ def test_under_xdist_the_workers_parts_make_the_same_report_and_the_total_alone_
     assert out.returncode == 1, out.stdout + out.stderr
     assert "5 passed" in out.stdout and "above the budget" in out.stdout
     assert report["total"]["budgeted"] == 48 + 16384
-    assert report["tests"][LARGE]["subprocesses"] == {"bf16": 8192, "fp16": 0}
+    assert report["tests"][LARGE]["subprocesses"] == {"bf16": 8192, "fp16": 0, "fp32": 0, "builds": 1, "processes": 2}
+
+
+def test_builds_processes_and_fp32_flops_over_their_totals_fail_the_session_naming_the_largest(tmp_path):
+    out, report = _run_generated(tmp_path / "totals", per_test=10**9, total=10**9,
+                                 totals={"builds": 1, "processes": 2, "fp32": 2 * 64 ** 3})
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "5 passed" in out.stdout
+    assert f"the suite's builds: 2 pipeline builds, above the budget of 1 pipeline builds (totals.builds in " in out.stdout
+    assert "processes" not in out.stdout.split("FAILED:", 1)[1].split("the suite's builds", 1)[0]  # 2 of 2: within its total
+    assert "fp32 FLOPs" not in out.stdout
+
+
+def test_select_runs_only_the_tests_a_report_says_computed_in_16_bit(tmp_path):
+    first, report = _run_generated(tmp_path / "first", per_test=10**9, total=10**9)
+    assert first.returncode == 0, first.stdout + first.stderr
+    again = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--flops16-select=report.json",
+                            "-rA"], cwd=tmp_path / "first", env=dict(os.environ, PYTHONPATH=str(TESTS)),
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    ran = sorted(line.split()[1].split("::")[1] for line in again.stdout.splitlines() if line.startswith("PASSED "))
+    assert ran == ["test_large_in_a_thread_and_a_subprocess", "test_small", "test_unbudgeted"]
+    assert "3 passed, 2 deselected" in again.stdout
+    (tmp_path / "first" / "broken.json").write_text("{}")
+    broken = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--flops16-select=broken.json"],
+                            cwd=tmp_path / "first", env=dict(os.environ, PYTHONPATH=str(TESTS)), capture_output=True, text=True, timeout=300)
+    assert broken.returncode == 4 and "--flops16-select:" in broken.stderr and "broken.json is not a report of --flops16" in broken.stderr
 
 
 #: The instruction-set caps under which ATen and oneDNN run the kernels a CPU with AVX2 only runs

@@ -1,11 +1,12 @@
-"""The FLOPs of matrix products, convolutions and attention computed in bf16 or fp16.
+"""The FLOPs of matrix products, convolutions and attention computed in bf16, fp16 and fp32.
 
-A CPU without native 16-bit arithmetic (AVX2 only) emulates these at about 1/60 of its
-fp32 rate, so they are what a test costs there. :class:`Flops16Mode` is a
-``TorchDispatchMode`` that runs every operator unchanged and, for the operators that
-``torch.utils.flop_counter`` has a formula for (plus the CPU kernels it misses, below),
-adds that formula's count under the dtype of the operator's first floating-point input,
-when it is bf16 or fp16. Fake and meta tensors compute nothing and count nothing.
+A CPU without native 16-bit arithmetic (AVX2 only) emulates bf16 and fp16 at about 1/60 of
+its fp32 rate, so they are what a test costs there first; fp32 FLOPs are the rest of its
+arithmetic. :class:`Flops16Mode` is a ``TorchDispatchMode`` that runs every operator with
+the kernels it runs without the mode and, for the operators that ``torch.utils.flop_counter``
+has a formula for (plus the CPU kernels it misses, below), adds that formula's count under
+the dtype of the operator's first floating-point input, when it is bf16, fp16 or fp32. Fake
+and meta tensors compute nothing and count nothing.
 
 This module imports only torch: ``sitecustomize`` loads it in subprocesses as well.
 """
@@ -25,7 +26,7 @@ __all__ = ["DTYPES", "FORMULAS", "Flops16Mode"]
 aten = torch.ops.aten
 
 #: The dtypes counted, by the name the report uses.
-DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
 def _n(t: Any) -> int:
@@ -125,8 +126,8 @@ def _first_float(args: Any, kwargs: Any) -> torch.Tensor | None:
 
 
 def _computing_dtype(args: Any, kwargs: Any) -> str | None:
-    """``"bf16"``/``"fp16"`` where the first floating-point tensor input is a dense tensor of that
-    dtype holding real values (not meta, fake, sparse, nested or oneDNN)."""
+    """``"bf16"``/``"fp16"``/``"fp32"`` where the first floating-point tensor input is a dense tensor
+    of that dtype holding real values (not meta, fake, sparse, nested or oneDNN)."""
     first = _first_float(args, kwargs)
     if first is None:
         return None
@@ -163,14 +164,14 @@ def _fake_type() -> type:
 
 
 class Flops16Mode(TorchDispatchMode):
-    """Count the 16-bit FLOPs of everything run while the mode is on.
+    """Count the bf16, fp16 and fp32 FLOPs of everything run while the mode is on.
 
     Args:
         on_count: called with the dtype name and the FLOPs of every operator counted (after
             :attr:`counts` has them), in the thread that ran it.
 
     Attributes:
-        counts: dtype name (``"bf16"``, ``"fp16"``) -> FLOPs so far.
+        counts: dtype name (``"bf16"``, ``"fp16"``, ``"fp32"``) -> FLOPs so far.
         by_op: operator (``aten.mm``, ...) -> its FLOPs so far, both dtypes.
         uncounted: operators whose formula failed on their arguments (name -> calls).
 
