@@ -54,6 +54,24 @@ def test_probe_tells_fast_from_emulated_on_this_cpu(hw):
         assert hw.dtypes["fp16"].klass != "emulated", hw.dtypes
 
 
+EVERY_FLAG = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_tile", "fma", "f16c")
+
+
+@pytest.mark.parametrize(("aten", "onednn", "usable"), [
+    ("AVX512", "", EVERY_FLAG),
+    ("AVX2", "AVX2", ("avx2", "fma", "f16c")),  # make test-avx2: the kernels of a CPU with AVX2 only
+    ("AVX512", "avx512_core_bf16", ("avx2", "avx512f", "avx512_bf16", "fma", "f16c")),
+    ("AVX2", "", ("avx2", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_tile", "fma", "f16c")),  # 16-bit products are oneDNN's
+    ("AVX512", "AVX512_CORE_AMX", ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "fma", "f16c")),
+    ("AVX512", "no such level", EVERY_FLAG),  # oneDNN ignores a value it does not know
+])
+def test_the_flags_stated_are_those_the_kernels_may_use_under_atens_and_onednns_caps(monkeypatch, aten, onednn, usable):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: aten)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", onednn)
+    assert hardware.usable_flags(EVERY_FLAG) == usable
+
+
 def test_classify_thresholds():
     assert hardware.classify(2.8, True) == "fast"
     assert hardware.classify(1.0, True) == "no_speedup"

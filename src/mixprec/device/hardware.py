@@ -44,7 +44,7 @@ from mixprec.device.trust import ceiling, holds, settled
 
 __all__ = ["DtypeSpeed", "Hardware", "probe", "resolve_device", "cache_dir", "available_memory", "DTYPES", "classify", "contradiction", "forget", "cache_path",
            "UNDECIDED", "UNSTABLE", "ceiling", "ratio_text", "stated", "recorded", "PROBE_FILE_VAR",
-           "FAST_RATIO", "EMULATED_RATIO", "ROUNDS"]
+           "FAST_RATIO", "EMULATED_RATIO", "ROUNDS", "usable_flags"]
 
 #: The precisions the probe measures, by short name.
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -192,7 +192,40 @@ class Hardware:
 _INTERESTING_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_tile", "fma", "f16c")
 
 
+#: ATen's CPU capability levels below AVX512 (``torch.backends.cpu.get_cpu_capability()``, capped
+#: by ``ATEN_CPU_CAPABILITY``), with the vector flags its own kernels then leave unused.
+_ATEN_BELOW_AVX512 = {"DEFAULT": ("avx2", "fma", "f16c", "avx512f"), "AVX2": ("avx512f",)}
+#: oneDNN's instruction-set levels (``ONEDNN_MAX_CPU_ISA``, formerly ``DNNL_MAX_CPU_ISA``), lowest
+#: first, with the flags each adds: 16-bit matrix products run in oneDNN, so a cap there leaves
+#: them the flags up to its level (measured: bf16 products 85x slower under ``AVX2`` on an
+#: AVX512-BF16 CPU, unchanged under ``ATEN_CPU_CAPABILITY=avx2``).
+_ONEDNN_LEVELS = (("SSE41", ()), ("AVX", ()), ("AVX2", ("avx2", "fma", "f16c")), ("AVX2_VNNI", ()), ("AVX2_VNNI_2", ()),
+                  ("AVX512_CORE", ("avx512f",)), ("AVX512_CORE_VNNI", ()), ("AVX512_CORE_BF16", ("avx512_bf16",)),
+                  ("AVX10_1_512", ("avx512_fp16",)), ("AVX512_CORE_FP16", ("avx512_fp16",)),
+                  ("AVX10_1_512_AMX", ("amx_bf16", "amx_tile")), ("AVX512_CORE_AMX", ("amx_bf16", "amx_tile")),
+                  ("AVX10_1_512_AMX_FP16", ("amx_fp16",)), ("AVX512_CORE_AMX_FP16", ("amx_fp16",)))
+
+
+def usable_flags(flags: tuple[str, ...]) -> tuple[str, ...]:
+    """The CPU ``flags`` this process's kernels may use.
+
+    A process started with ``ONEDNN_MAX_CPU_ISA=AVX2`` computes an AVX512-BF16 or AMX CPU's
+    bf16 and fp16 products as a CPU with AVX2 only does (emulated), so the flags beyond that
+    level are not the process's to state; ``ATEN_CPU_CAPABILITY`` caps ATen's own vector
+    kernels (``avx512f``) the same way. Each cap is read where its library reads it.
+    """
+    dropped: set[str] = set(_ATEN_BELOW_AVX512.get(torch.backends.cpu.get_cpu_capability().upper(), ()))
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    names = [name for name, _ in _ONEDNN_LEVELS]
+    if cap in names:
+        level = names.index(cap) + 1
+        beyond = {flag for _, added in _ONEDNN_LEVELS[level:] for flag in added}
+        dropped |= beyond - {flag for _, added in _ONEDNN_LEVELS[:level] for flag in added} - {"avx2", "fma", "f16c"}
+    return tuple(flag for flag in flags if flag not in dropped)
+
+
 def _cpu_info() -> tuple[str, tuple[str, ...]]:
+    """The CPU's name and the precision-relevant flags this process may use (:func:`usable_flags`)."""
     name, flags = platform.processor() or platform.machine(), ()
     try:
         text = Path("/proc/cpuinfo").read_text()
@@ -206,7 +239,7 @@ def _cpu_info() -> tuple[str, tuple[str, ...]]:
         elif key in ("flags", "Features") and not flags:
             present = set(value.split())
             flags = tuple(f for f in _INTERESTING_FLAGS if f in present)
-    return name, flags
+    return name, usable_flags(flags)
 
 
 def _system_memory() -> int | None:
