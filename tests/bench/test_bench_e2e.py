@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -12,8 +13,14 @@ from mixprec import hardware
 from mixprec.bench.configs import ConfigSpec, UnknownConfigError, default_configs, parse_configs
 from mixprec.bench.runner import BenchOptions, run_bench
 from mixprec.bench.store import Store
-from mixprec.measure.executor import LocalProcessExecutor
+from mixprec.measure.executor import WORKER_ENV, LocalProcessExecutor
 from mixprec.cli import app
+
+#: For the tests of the runner itself (statuses, crashes, time limits): a pipeline whose workers
+#: load in no time beyond torch's import (``build``), and one whose every run takes far longer than
+#: a millisecond (``slow``). The real pipelines are measured end to end by the other tests here.
+_RUNNER = Path(__file__).parents[1] / "small_factory.py"
+SMALL, SLOW = f"{_RUNNER}:build", f"{_RUNNER}:slow"
 
 
 def test_cli_bench_end_to_end(tmp_path, bf16_cpu):
@@ -63,8 +70,8 @@ def test_crashing_and_slow_configurations_are_recorded_and_the_run_goes_on(tmp_p
     hw = hardware.probe()
     specs, _ = parse_configs("fp32,memory,fast", hw)
     with Store(tmp_path / "b.sqlite") as store:
-        run_id = run_bench(BenchOptions(pipeline="minilm", configs=specs, repeat=2, warmup=0, size="test"), hw, store,
-                           executor=_Breaking())
+        run_id = run_bench(BenchOptions(pipeline=SMALL, configs=specs, repeat=2, warmup=0, size="test"), hw, store,
+                           executor=_Breaking(env=WORKER_ENV))
         run = store.load_run(run_id)
         by_name = {c["name"]: c for c in run["configs"]}
         assert by_name["memory"]["status"] == "failed" and "no-such-pipeline" in by_name["memory"]["error"]
@@ -74,7 +81,8 @@ def test_crashing_and_slow_configurations_are_recorded_and_the_run_goes_on(tmp_p
         (limit,) = [n for n in run["notes"] if n.startswith("batch 1: time limit")]
         assert "x the fp32 reference's" in limit and "the reference itself is not timed out" in limit
 
-        slow = run_bench(BenchOptions(pipeline="minilm", configs=specs[:2], repeat=2, warmup=0, size="test", timeout=1e-4),
+        # A limit no run keeps (the slow pipeline's runs take far more than the millisecond allowed).
+        slow = run_bench(BenchOptions(pipeline=SLOW, configs=specs[:2], repeat=2, warmup=0, size="test", timeout=1e-4),
                          hw, store)
         statuses = {c["name"]: c["status"] for c in store.load_run(slow)["configs"]}
         assert statuses == {"fp32": "timeout", "memory": "timeout"}
@@ -125,7 +133,7 @@ def test_unknown_pipeline_and_bad_flags_exit_2(tmp_path):
 def test_a_run_is_complete_only_when_it_ran_to_its_end(tmp_path):
     hw = hardware.probe()
     specs, _ = parse_configs("fp32,memory", hw)
-    options = BenchOptions(pipeline="minilm", configs=specs, repeat=3, warmup=0, size="test")
+    options = BenchOptions(pipeline=SMALL, configs=specs, repeat=3, warmup=0, size="test")
     with Store(tmp_path / "b.sqlite") as store:
         # Cancelled after the first timed round: the configurations measured 1 of 3 runs.
         seen = []

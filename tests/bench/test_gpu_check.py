@@ -27,7 +27,10 @@ def test_dry_run_on_the_cpu_writes_every_section(tmp_path, monkeypatch):
     monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path / "cache"))
     before = torch.get_float32_matmul_precision()
     check = _gpu_check()
+    # Each step at its smallest (the quick dry run, gpu_check.py's docstring): calibrations of 5 s,
+    # 2 timed rounds, and inductor's C++ for the token decoder alone (every component's: a minute of CPU).
     assert check.main(["--device", "cpu", "--pipelines", "tts", "--configs", "fp32,fast", "--budget", "10",
+                       "--calibrate-limit", "5", "--rounds", "2", "--compile-only", "t3",
                        "--out-dir", str(tmp_path)]) == 0
     text = (tmp_path / "gpu-cpu-dry-run.md").read_text()
     assert "torch reads back: get_float32_matmul_precision = `high`" in text  # the app's env var took effect
@@ -41,6 +44,8 @@ def test_dry_run_on_the_cpu_writes_every_section(tmp_path, monkeypatch):
     assert ": exit 0," in bench or (": exit 1," in bench and "not measured: run 1 (tts)" in bench), bench
     assert text.replace(bench, "").count(": exit 0,") == 4, text
     assert "| fast+compile |" in text and "recompile-limit warnings" in text
+    assert "compiled components (--compile-only): t3; the others run eager" in text
+    assert "--calibration-limit 5" in text and "2 interleaved rounds" in text  # the limits reached the steps
     assert torch.get_float32_matmul_precision() == before
 
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -9,6 +10,10 @@ import mixprec
 from mixprec.cli import app
 
 runner = CliRunner()
+
+#: A pipeline whose tune worker loads in no time beyond torch's import (tests/small_factory.py): for
+#: what the tune command writes, says and reuses, not for a model's numbers.
+SMALL = f"{Path(__file__).parents[1] / 'small_factory.py'}:build"
 
 
 @pytest.fixture
@@ -127,7 +132,7 @@ def test_run_bad_input_exits_2(in_tmp, args, needle):
 
 def test_tune_command_writes_a_loadable_policy_and_reuses_the_store(tmp_path):
     db, out = tmp_path / "bench.sqlite", tmp_path / "tuned.toml"
-    args = ["tune", "--pipeline", "minilm", "--size", "test", "--bound", "cosine>=0.999", "--budget", "20",
+    args = ["tune", "--pipeline", SMALL, "--size", "test", "--bound", "cosine>=0.999", "--budget", "20",
             "--repeat", "1", "--db", str(db)]
     first = runner.invoke(app, [*args, "--out", str(out)])
     assert first.exit_code == 0, first.output
@@ -142,7 +147,7 @@ def test_tune_command_writes_a_loadable_policy_and_reuses_the_store(tmp_path):
     assert policy.name == "tuned" and policy.rules
     again = runner.invoke(app, args)
     assert again.exit_code == 0 and "0 measured evaluations" in again.output
-    unmet = runner.invoke(app, ["tune", "--pipeline", "minilm", "--size", "test", "--bound", "cosine>1.5", "--budget", "20",
+    unmet = runner.invoke(app, ["tune", "--pipeline", SMALL, "--size", "test", "--bound", "cosine>1.5", "--budget", "20",
                                 "--repeat", "1", "--db", str(db)])
     assert unmet.exit_code == 1 and "misses it by 0.5" in unmet.output
 

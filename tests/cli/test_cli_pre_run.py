@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +25,9 @@ from mixprec.tuning.tuner import tune
 from ray_cluster import ON_THE_CLUSTER
 
 runner = CliRunner()
+
+#: A pipeline whose tune worker loads in no time beyond torch's import (tests/small_factory.py).
+SMALL = f"{Path(__file__).parents[1] / 'small_factory.py'}:build"
 
 _NOTE = "p.toml: policy rule #0 'encoder.nothing_here' matches no module; closest: "
 #: A Python warning as its default handler prints it: "path.py:12: UnmatchedRuleWarning: ...".
@@ -81,18 +85,18 @@ def test_bench_on_ray_gets_the_same_note(policy_file, tmp_path):
 
 
 def test_tune_measures_a_user_policy_and_says_its_unmatched_rules_once(policy_file, tmp_path):
-    args = ["tune", "--pipeline", "minilm", "--size", "test", "--bound", "cosine>=0.99", "--budget", "16", "--seeds", "1",
+    args = ["tune", "--pipeline", SMALL, "--size", "test", "--bound", "cosine>=0.99", "--budget", "16", "--seeds", "1",
             "--repeat", "1", "--validation-seeds", "0", "--policy", "p.toml", "--db", str(tmp_path / "t.sqlite")]
     result = runner.invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
-    _said_once(result.output)
+    _said_once(result.output, prefix=f"{SMALL}: ")
     data = json.loads(result.stdout)
     assert sum(n.startswith(_NOTE) for n in data["notes"]) == 1
     assert "policy p.toml" in [c["step"] for c in data["path"]]  # measured as a candidate
     forget_said()  # a second command (its measurements reused from the store), its table printed
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    _said_once(result.output)
+    _said_once(result.output, prefix=f"{SMALL}: ")
     assert result.output.count(_NOTE) == 1, result.output  # not said again among the result's notes
 
 

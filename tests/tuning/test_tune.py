@@ -34,6 +34,18 @@ def evaluator():
     return InProcessEvaluator(model, _inputs, model, seeds=(0, 1), repeat=1, name="synthetic-64")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """The searches here run their tiny models in this process: on one thread, as in ``make test``
+    (its pytest-xdist workers share the cores out, tests/conftest.py). With torch's default of one
+    thread per core, OpenMP's spinning helper threads cost many times the arithmetic on a busy
+    machine when the module runs alone (``pytest tests/tuning/test_tune.py``)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(autouse=True)
 def _quiet():
     with warnings.catch_warnings():

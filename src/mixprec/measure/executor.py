@@ -24,7 +24,16 @@ from typing import Any, Callable, Iterator, Mapping, Protocol
 
 from mixprec.measure._interrupts import ignore_in_child, starting_children
 
-__all__ = ["Executor", "Serve", "Worker", "LocalProcessExecutor", "WorkerError", "WorkerCancelled", "WorkerTimeout"]
+__all__ = ["Executor", "Serve", "Worker", "LocalProcessExecutor", "WorkerError", "WorkerCancelled", "WorkerTimeout",
+           "WORKER_ENV"]
+
+#: The environment a measuring worker (the benchmark's, the tuner's) starts with, unless the
+#: caller's environment sets these itself. OpenMP threads that wait by sleeping instead of
+#: spinning: on a CPU that other processes keep busy, a thread spinning at a barrier holds a core
+#: its partner needs: fp32 runs of the tts pipeline at default size took 2 to 47 s (load 3 to 5,
+#: 2 cores); waiting passively, 3.8 to 4.3 s. The test-size diffusion pipeline's fp32 run took
+#: 1.5 to 3.5 CPU seconds spinning, 0.03 to 0.06 waiting passively (load 5, 2 cores).
+WORKER_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 #: What a worker process runs: answer requests on ``conn`` for ``job`` until done.
 Serve = Callable[[Any, dict[str, Any]], None]

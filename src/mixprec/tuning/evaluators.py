@@ -8,17 +8,12 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Callable, Protocol, Sequence
 
+from mixprec.measure.executor import WORKER_ENV  # the tune worker's environment (kept importable from here)
 from mixprec.policy import Policy
 from mixprec.tuning.candidates import Evaluation
 from mixprec.tuning.session import Report, Session, fp8_read_units, serve_tune, weight_units
 
 __all__ = ["Evaluator", "InProcessEvaluator", "WorkerEvaluator", "WORKER_ENV"]
-
-#: The environment a tune worker starts with, unless the caller's environment sets these itself.
-#: OpenMP threads that wait by sleeping instead of spinning: on a CPU that other processes keep
-#: busy, a thread spinning at a barrier holds a core its partner needs: fp32 runs of the tts
-#: pipeline at default size took 2 to 47 s (load 3 to 5, 2 cores); waiting passively, 3.8 to 4.3 s.
-WORKER_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 class Evaluator(Protocol):
