@@ -38,6 +38,21 @@ NO_IS_EXPORTING = (f"torch {torch.__version__} lacks torch.compiler.is_exporting
                    "attention masks call when traced: its models do not compile on this torch, with or without mixprec")
 
 
+#: The reference pipelines at ``size="test"``, shallower: one of each repeated block (the
+#: diffusion VAE with two levels instead of four, so one upsampler still runs; one text and one
+#: Llama layer; two vocoder stages, an odd stride among them), and smaller latents and fewer
+#: speech tokens. Tracing a component costs in proportion to its layers, and each traced call
+#: runs 16-bit arithmetic that a CPU without native bf16 emulates; every module type, attention
+#: kind and code path of the test size is still there. ``steps`` stays 2 and ``num_tokens`` 4:
+#: a second denoising step and three decoded tokens are what shows a per-step recompile.
+#: (``minilm`` is the trained model: one size.)
+SHALLOW = {
+    "minilm": {},
+    "tts": {"t3_layers": 1, "s3_estimator_layers": 1, "voc_upsample": (8, 5), "num_tokens": 4},
+    "diffusion": {"text_layers": 1, "vae_channels": (8, 16), "latent_size": 4},
+}
+
+
 def _from_transformers(fn) -> bool:
     return type(getattr(fn, "__self__", fn)).__module__.startswith("transformers.")
 
@@ -95,7 +110,7 @@ def compile_report(fn, args, kwargs, calls: int = 10, baseline: set[str] = froze
 @pytest.mark.parametrize("name", ["minilm", "tts", "diffusion"])
 def test_presets_compile_without_mixprec_graph_breaks_or_recompiles(name, bf16_cpu):
     hw = hardware.probe()
-    pipe = pipelines.get(name, size="test", seed=0)
+    pipe = pipelines.get(name, size="test", seed=0, **SHALLOW[name])
     inputs = pipe.example_inputs(1, 0)
     # In fp32, without mixprec, these components trace without a break (the voice
     # encoder's LSTM aside, MODEL_INHERENT); so every other break would be mixprec's.
@@ -110,7 +125,9 @@ def test_presets_compile_without_mixprec_graph_breaks_or_recompiles(name, bf16_c
             if not TRANSFORMERS_TRACEABLE and _from_transformers(fn):
                 continue  # the model's own failure on this torch (NO_IS_EXPORTING)
             compiled.add(component)
-            report = compile_report(fn, args, kwargs)
+            # Three calls: the second shows any state the first left different, the third any
+            # that keeps changing (each call's own recompile, up to the limit).
+            report = compile_report(fn, args, kwargs, calls=3)
             where = f"{name}/{preset}/{component}"
             assert report["mixprec_breaks"] == [], where
             assert report["recompiles"] == 0, where
@@ -293,6 +310,45 @@ def test_tune_tries_compiling_as_its_last_local_move_and_keeps_it_only_if_faster
     assert model._compiled_call_impl is None  # every evaluation reverted its policy, compiled or not
 
 
+#: A factory file for ``bench --pipeline f.py:build``: minilm's architecture (a transformers
+#: ``BertModel``, mean-pooled over its attention mask), one layer of width 32 with random
+#: weights. Each bench run starts a worker that builds it and one that compiles it with
+#: inductor; minilm's six trained layers cost each worker seconds to load and the compile
+#: twice the generated code, for the same path.
+_TINY_ENCODER = """
+import torch
+import transformers
+from mixprec.pipelines import EmbeddingOutput, Pipeline
+
+
+class TinyEncoder(Pipeline):
+    name = "tiny-encoder"
+    output_kind = "embedding"
+
+    def __init__(self):
+        config = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                         intermediate_size=64, max_position_embeddings=16)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            encoder = transformers.BertModel(config).eval()
+        super().__init__({"encoder": encoder})
+
+    def _example_inputs(self, batch, seed):
+        ids = torch.randint(1, 64, (batch, 8), generator=torch.Generator().manual_seed(seed))
+        return ids, torch.ones_like(ids)
+
+    def _run(self, inputs):
+        ids, mask = inputs
+        hidden = self.components["encoder"](input_ids=ids, attention_mask=mask).last_hidden_state.float()
+        weights = mask.unsqueeze(-1).float()
+        return EmbeddingOutput(output=torch.nn.functional.normalize((hidden * weights).sum(1) / weights.sum(1), dim=-1))
+
+
+def build(size="default", seed=0):
+    return TinyEncoder()
+"""
+
+
 def test_bench_measures_compiled_configurations_with_their_compile_time(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
@@ -301,9 +357,11 @@ def test_bench_measures_compiled_configurations_with_their_compile_time(tmp_path
     from mixprec.cli import app
 
     db = tmp_path / "b.sqlite"
+    factory = tmp_path / "encoder.py"
+    factory.write_text(_TINY_ENCODER)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # the workers start with an empty one
-    args = ["bench", "--pipeline", "minilm", "--size", "test", "--configs", "fp32,memory+compile", "--repeat", "1",
-            "--warmup", "0", "--db", str(db)]
+    args = ["bench", "--pipeline", f"{factory}:build", "--size", "test", "--configs", "fp32,memory+compile",
+            "--repeat", "1", "--warmup", "0", "--db", str(db)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     by_name = {c["name"]: c for c in Store(db).load_run(1)["configs"]}
@@ -329,7 +387,7 @@ def test_bench_measures_compiled_configurations_with_their_compile_time(tmp_path
     assert {r["config"]: r for r in render_table_rows(run)}["memory+compile"]["compile_cached"] == "100.0%"
     monkeypatch.setenv("CXX", "no-such-compiler")
     monkeypatch.setenv("PATH", "/nonexistent")
-    refused = CliRunner().invoke(app, ["bench", "--pipeline", "minilm", "--size", "test", "--configs", "fp32",
+    refused = CliRunner().invoke(app, ["bench", "--pipeline", f"{factory}:build", "--size", "test", "--configs", "fp32",
                                        "--compile", "--db", str(db)])
     assert refused.exit_code == 2 and "needs a C++ compiler" in refused.output
 

@@ -21,7 +21,7 @@ from mixprec import CompileSettings, hardware, pipelines
 from mixprec.casting import decode as decode_module
 from mixprec.diagnose.fallbacks import FallbackStore
 
-from test_compile import MODEL_INHERENT
+from test_compile import MODEL_INHERENT, SHALLOW
 
 transformers = pytest.importorskip("transformers")
 
@@ -74,7 +74,7 @@ def test_every_preset_compiles_once_with_the_guard(name, bf16_cpu, tmp_path):
     traces, nothing recompiles (a decoder's steps included), no recompile-limit warning, no graph
     break but the model's own. (Unguarded, each component's call: ``test_compile.py``.)"""
     hw = hardware.probe()
-    pipe = pipelines.get(name, size="test", seed=0)
+    pipe = pipelines.get(name, size="test", seed=0, **SHALLOW[name])
     inputs = pipe.example_inputs(1, 0)
     for preset in ("fast", "balanced", "memory"):
         applied = mixprec.apply(pipe, _compiled(mixprec.preset(preset, hardware=hw, hints=tuple(pipe.sensitive))))
