@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -52,6 +53,35 @@ def _one_intra_op_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+#: The Chatterbox TTS example's factory (examples/chatterbox_tts.py).
+CHATTERBOX_SPEC = f"{Path(__file__).resolve().parents[2] / 'examples' / 'chatterbox_tts.py'}:pipeline"
+
+
+@pytest.fixture(scope="session")
+def chatterbox_pipeline():
+    """The Chatterbox example's test-size pipeline (the real chatterbox-tts classes, seed 0), built once a session.
+
+    Building it is the costly part (S3Gen alone has 264M weights to initialise): test_chatterbox_example.py
+    runs it as built, test_chatterbox_policies.py a copy with shorter runs over the same modules. Every
+    policy combination asserts that its revert left every weight bit-exact, so a module that runs after
+    another sees the weights as built.
+    """
+    pytest.importorskip("chatterbox.models.t3", reason="chatterbox-tts is not installed")
+    import torch
+
+    from mixprec import pipelines
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a loaded 2-core machine: OpenMP threads would contend
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.delenv("CHATTERBOX_CKPT_DIR", raising=False)
+            mp.delenv("CHATTERBOX_VOICE", raising=False)
+            return pipelines.get(CHATTERBOX_SPEC, size="test", seed=0)
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -21,18 +21,13 @@ SPEC = f"{EXAMPLE}:pipeline"
 
 
 @pytest.fixture(scope="module")
-def chatterbox():
-    """The test-size pipeline and one fp32 run of batch 1, seed 0 (built once: S3Gen alone has 264M weights)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a loaded 2-core machine: OpenMP threads would contend
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("CHATTERBOX_CKPT_DIR", raising=False)
-        mp.delenv("CHATTERBOX_VOICE", raising=False)
-        pipe = pipelines.get(SPEC, size="test", seed=0)
-        inputs = pipe.example_inputs(batch=1, seed=0)
-        reference = pipe.run(inputs)
-        yield pipe, inputs, reference
-    torch.set_num_threads(threads)
+def chatterbox(chatterbox_pipeline):
+    """The test-size pipeline (built once a session: S3Gen alone has 264M weights, see conftest.py) and one
+    fp32 run of batch 1, seed 0 (on one intra-op thread, conftest.py's module fixture)."""
+    pipe = chatterbox_pipeline
+    inputs = pipe.example_inputs(batch=1, seed=0)
+    reference = pipe.run(inputs)
+    return pipe, inputs, reference
 
 
 def test_factory_builds_the_real_classes(chatterbox):

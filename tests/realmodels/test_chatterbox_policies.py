@@ -14,8 +14,8 @@ keeps three (see ``LIGHT``).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,9 +24,6 @@ pytest.importorskip("chatterbox.models.t3", reason="chatterbox-tts is not instal
 
 from realmodels_harness import Case, check_combination, combos, compare_waveform  # noqa: E402
 
-from mixprec import pipelines  # noqa: E402
-
-SPEC = f"{Path(__file__).resolve().parents[2] / 'examples' / 'chatterbox_tts.py'}:pipeline"
 # By default: the memory preset on this machine's probe, the explicit fp16-storage /
 # fp32-compute policy, and bf16 everywhere (where the two dtype mismatches first seen on
 # Chatterbox were: a dataclass-carried speaker embedding, and harmonics made in fp32
@@ -41,10 +38,11 @@ MAX_NEW_TOKENS, FLOW_STEPS, REFERENCE_S = 6, 1, 0.5
 
 
 @pytest.fixture(scope="module")
-def chatterbox(monkeypatch_module) -> Case:
-    monkeypatch_module.delenv("CHATTERBOX_CKPT_DIR", raising=False)
-    monkeypatch_module.delenv("CHATTERBOX_VOICE", raising=False)
-    pipe = pipelines.get(SPEC, size="test", seed=0, max_new_tokens=MAX_NEW_TOKENS)
+def chatterbox(chatterbox_pipeline) -> Case:
+    # The session's test-size pipeline (conftest.py), its run lengths shortened on a copy: the
+    # modules are the same objects, the example's tests keep their own lengths.
+    pipe = copy.copy(chatterbox_pipeline)
+    pipe.max_new_tokens = MAX_NEW_TOKENS
     pipe.size = dataclasses.replace(pipe.size, n_cfm_timesteps=FLOW_STEPS, reference_s=REFERENCE_S)
     inputs = pipe.example_inputs(batch=1, seed=0)
     with torch.inference_mode():
@@ -61,12 +59,6 @@ def chatterbox(monkeypatch_module) -> Case:
         return metrics
 
     return Case(pipe, dict(pipe.components), run, compare).record_reference()
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as mp:
-        yield mp
 
 
 def _params():
