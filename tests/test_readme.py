@@ -138,7 +138,7 @@ class TestReadmeCommands:
 
     @pytest.mark.real_probe  # run as a user runs it, without MIXPREC_* variables: a probe measures this machine
     @pytest.mark.parametrize("name, line, command", COMMANDS, ids=[f"{n}:{line}" for n, line, _ in COMMANDS])
-    def test_each_command_runs_as_written_or_is_skipped_for_a_reason(self, tmp_path, name, line, command):
+    def test_each_command_runs_as_written_or_is_skipped_for_a_reason(self, tmp_path, tmp_path_factory, name, line, command):
         kind, detail = _classify(command)
         assert kind != "unknown", (f"{name}:{line}: {command!r} is neither run nor skipped here: add it to RUN "
                                    "(quick, no weights/network/GPU) or SKIP with the reason")
@@ -148,8 +148,10 @@ class TestReadmeCommands:
             (tmp_path / folder).symlink_to(ROOT / folder)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MIXPREC_", "ACE_STEP_"))}
         venv = Path(sys.prefix)  # the environment the suite runs in is the README's .venv
+        # the user's cache stays untouched: the commands share one of the session's (the probe measured once)
         env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv), HF_HUB_OFFLINE="1",
-                   XDG_DATA_HOME=str(tmp_path / "data"), COLUMNS="120")
+                   XDG_DATA_HOME=str(tmp_path / "data"), XDG_CACHE_HOME=str(tmp_path_factory.getbasetemp() / "readme-cache"),
+                   COLUMNS="120")
         done = subprocess.run(["bash", "-c", f"{ACTIVATE} 2>/dev/null || true; {_runnable(command)}"], cwd=tmp_path,
                               env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == detail, (f"{name}:{line}: {command!r} exited {done.returncode}, expected {detail}\n"
