@@ -8,7 +8,9 @@ itself catches one at any later moment, and ends with one line and status 130.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import runpy
 import signal
 import sys
 
@@ -27,8 +29,25 @@ def _stopped(signum: int, frame: object) -> None:
     os._exit(INTERRUPTED)
 
 
+def _version() -> str | None:
+    """The package's version read from ``mixprec/_version.py`` without importing the package (and
+    torch with it: two seconds of CPU), or ``None`` where that file cannot be found."""
+    spec = importlib.util.find_spec("mixprec")
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = os.path.join(folder, "_version.py")
+        if os.path.isfile(path):
+            return str(runpy.run_path(path)["__version__"])
+    return None
+
+
 def main() -> None:
-    """Run the ``mixprec`` command (:func:`mixprec.cli.main`)."""
+    """Run the ``mixprec`` command (:func:`mixprec.cli.main`); ``mixprec --version`` alone is
+    answered here, as the command answers it, without starting the package."""
+    if sys.argv[1:] == ["--version"]:
+        version = _version()
+        if version is not None:
+            print(f"mixprec {version}")
+            return
     try:
         try:
             from mixprec.cli import main as command

@@ -28,6 +28,19 @@ def test_version():
     assert result.output.strip() == f"mixprec {mixprec.__version__}"
 
 
+def test_the_console_script_says_the_same_version_without_importing_torch():
+    """``mixprec --version`` alone is answered by the entry module (src/_mixprec_command.py) before
+    the package and torch load; any other command line starts the package as before."""
+    import subprocess
+    import sys
+
+    script = ("import sys; sys.argv = ['mixprec', '--version']; import _mixprec_command; _mixprec_command.main(); "
+              "print('torch' in sys.modules, 'mixprec' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"mixprec {mixprec.__version__}", "False False"]
+
+
 def test_env_json_is_machine_readable(in_tmp):
     result = runner.invoke(app, ["env", "--json", "--device", "cpu"], env={"MIXPREC_FLOAT32_MATMUL_PRECISION": "medium"})
     assert result.exit_code == 0, result.output
