@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from mixprec.measure.executor import WORKER_ENV
+
 _STATE: dict[str, Any] = {}
 
 #: The mark of every test that uses the cluster: pytest-xdist (``--dist loadgroup``) runs them
@@ -37,10 +39,23 @@ def two_types() -> tuple[Any, Any]:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         # a removed node is declared dead within about 10 s (Ray's default: 30 s); not less,
         # so a node of a loaded machine that answers late is not declared dead by mistake
-        system = {"health_check_period_ms": 1000, "health_check_failure_threshold": 10}
-        cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 2, "resources": {"mixprec-hw:alpha": 1}, "include_dashboard": False, "_system_config": system})
-        cluster.add_node(num_cpus=2, resources={"mixprec-hw:beta": 1})
+        system = {"health_check_period_ms": 1000, "health_check_failure_threshold": 10,
+                  # no idle Python workers started ahead (each imports Ray, and nothing here would use
+                  # one: every mixprec worker is an actor started with its own environment)
+                  "enable_worker_prestart": False, "prestart_worker_first_driver": False}
+        # Neither the autoscaler's monitor (a fixed cluster) nor a log monitor per node (the driver
+        # does not show the workers' logs): each is one more Python process importing Ray.
+        quiet = {"include_log_monitor": False}
+        # The nodes start without the variables of a measuring worker's environment (as a node
+        # started by hand may): a worker has them only if the executor gives them to it.
+        kept = {name: os.environ.pop(name) for name in WORKER_ENV if name in os.environ}
+        try:
+            cluster = Cluster(initialize_head=True, head_node_args={
+                "num_cpus": 2, "resources": {"mixprec-hw:alpha": 1}, "include_dashboard": False, "no_monitor": True,
+                **quiet, "_system_config": system})
+            cluster.add_node(num_cpus=2, resources={"mixprec-hw:beta": 1}, **quiet)
+        finally:
+            os.environ.update(kept)
         ray.init(address=cluster.address, log_to_driver=False)
         _STATE["cluster"] = cluster
 
@@ -53,7 +68,7 @@ def two_types() -> tuple[Any, Any]:
 
 
 def serve_state(conn: Any, job: dict[str, Any]) -> None:
-    """Report this process and its torch state; ``dirty`` changes a global torch setting first."""
+    """Report this process, its torch state and its measuring environment; ``dirty`` changes a global torch setting first."""
     import torch
 
     if job.get("threads"):
@@ -61,7 +76,8 @@ def serve_state(conn: Any, job: dict[str, Any]) -> None:
     before = torch.get_float32_matmul_precision()
     if job.get("dirty"):
         torch.set_float32_matmul_precision("medium")
-    conn.send(("ready", {"pid": os.getpid(), "matmul_at_start": before, "threads": torch.get_num_threads()}))
+    conn.send(("ready", {"pid": os.getpid(), "matmul_at_start": before, "threads": torch.get_num_threads(),
+                         "env": {name: os.environ.get(name) for name in WORKER_ENV}}))
     while True:
         command, payload = conn.recv()
         if command == "sleep":

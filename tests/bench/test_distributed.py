@@ -23,13 +23,19 @@ from mixprec.bench.store import Store  # noqa: E402
 from mixprec.cli import app  # noqa: E402
 from mixprec.measure.cluster import node_groups, select_groups  # noqa: E402
 
+#: A pipeline whose workers import nothing beyond torch and run in well under a millisecond
+#: (tests/small_factory.py; tests/ is on the cluster workers' path): these tests are about where
+#: the runs go and what is stored, not about what a model computes.
+SMALL = "small_factory:build"
+
 
 def test_bench_on_every_hardware_type_stores_one_run_each_and_the_matrix(tmp_path):
     ray, _ = two_types()
     db, html = tmp_path / "b.sqlite", tmp_path / "r.html"
     runner = CliRunner()
-    result = runner.invoke(app, ["bench", "--executor", "ray", "--hardware", "all", "--pipeline", "minilm", "--size", "test",
-                                 "--configs", "fp32,memory", "--repeat", "2", "--warmup", "0", "--db", str(db), "--html", str(html)])
+    result = runner.invoke(app, ["bench", "--executor", "ray", "--hardware", "all", "--pipeline", SMALL, "--size", "test",
+                                 "--configs", "fp32,memory", "--repeat", "2", "--warmup", "0", "--db", str(db), "--html", str(html)],
+                           env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     store = Store(db)
     # The two runs start at the same time: which gets id 1 is the store's first come.
@@ -49,14 +55,14 @@ def test_bench_on_every_hardware_type_stores_one_run_each_and_the_matrix(tmp_pat
     # two timed rounds give no interval: no speed-up is shown and no winner named
     assert all(matrix.winners[m] is None for m in matrix.machines)
     assert all(matrix.cells[("memory", m)].speed_text == "undecided (n=2)" for m in matrix.machines)
-    assert "hardware matrix: minilm (test), batch 1" in result.output
+    assert f"hardware matrix: {SMALL} (test), batch 1" in result.output
     # Each machine's line says why no configuration is named the fastest there.
     assert all(any(line.startswith(f"{m}: undecided which is fastest on this machine: memory reads undecided (n=2)")
                    for line in matrix.summary()) for m in matrix.machines)
     assert "undecided which is fastest" in result.output
     # the last lines: what to use on each hardware type, from its own run
     said = result.output[result.output.index("what to use on alpha ("):]
-    assert "what to use on beta (" in said and said.count("minilm, batch 1: ") == 2
+    assert "what to use on beta (" in said and said.count(f"{SMALL}, batch 1: ") == 2
     page = html.read_text()
     assert "<h2>Hardware matrix</h2>" in page and "alpha" in page and "beta" in page
     from mixprec.ui.bench_tab import show_run
@@ -66,7 +72,7 @@ def test_bench_on_every_hardware_type_stores_one_run_each_and_the_matrix(tmp_pat
     shown = runner.invoke(app, ["compare", "1", "2", "--db", str(db)])
     assert shown.exit_code == 0 and "hardware matrix" in shown.output and "memory" in shown.output
     # a label no node has: exit 2 before any work, naming what was asked and what is there
-    bad = runner.invoke(app, ["bench", "--executor", "ray", "--hardware", "alpha,tpu", "--pipeline", "minilm", "--size", "test",
+    bad = runner.invoke(app, ["bench", "--executor", "ray", "--hardware", "alpha,tpu", "--pipeline", SMALL, "--size", "test",
                               "--db", str(db)])
     assert bad.exit_code == 2 and "'tpu'" in bad.output and "alpha" in bad.output and "beta" in bad.output
     assert len(Store(db).runs()) == 2

@@ -24,6 +24,10 @@ from mixprec.tuning.tuner import tune
 from ray_cluster import ON_THE_CLUSTER
 from tune_models import inputs as _inputs, model as synthetic_model
 
+#: A pipeline whose workers import nothing beyond torch and run in well under a millisecond (tests/small_factory.py):
+#: the pool's test is about which worker times what against which fp32, not about a real model's numerics.
+SMALL = f"{Path(__file__).parents[1] / 'small_factory.py'}:build"
+
 
 class _Ahead(InProcessEvaluator):
     """A real in-process evaluator that also takes work ahead, as a pool of two workers would.
@@ -115,7 +119,7 @@ def test_a_pool_of_workers_times_each_candidate_against_its_own_fp32():
     import statistics
 
     recording = _Recording()
-    with PoolEvaluator("minilm", recording, workers=2, size="test", seeds=(0,), repeat=2, threads=1) as pool:
+    with PoolEvaluator(SMALL, recording, workers=2, size="test", seeds=(0,), repeat=2, threads=1) as pool:
         assert pool.workers == 2 and pool.idle() == 2
         # the scale: fp32 as the first worker timed it, at least 3 runs
         (first, command, _, samples), = [a for a in recording.answers if a[1] == "tune_time"]
@@ -134,7 +138,7 @@ def test_a_pool_of_workers_times_each_candidate_against_its_own_fp32():
             name, payload, raw = evals[json.dumps(policy, sort_keys=True)]
             assert payload["paired"] is True and raw["fp32_latency_s"] > 0
             assert candidate.latency_s == pytest.approx(raw["latency_s"] / raw["fp32_latency_s"] * pool.reference_s)
-        assert {name for name, _, _ in evals.values()} <= {"tune-0-minilm", "tune-1-minilm"}
+        assert {name for name, _, _ in evals.values()} <= {f"tune-0-{pool.pipeline}", f"tune-1-{pool.pipeline}"}
         assert pool.units() and pool.groups() and pool.risk(Config("bf16").policy())
 
 

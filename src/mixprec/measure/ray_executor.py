@@ -19,9 +19,9 @@ import threading
 import time
 from typing import Any
 
-from mixprec.measure.executor import Serve, WorkerCancelled, WorkerError, WorkerTimeout, _main
+from mixprec.measure.executor import WORKER_ENV, Serve, WorkerCancelled, WorkerError, WorkerTimeout, _main
 
-__all__ = ["RayExecutor", "RayUnavailable", "RayWorker", "HARDWARE_PREFIX", "hardware_resource", "require_ray"]
+__all__ = ["RayExecutor", "RayUnavailable", "RayWorker", "HARDWARE_PREFIX", "hardware_resource", "require_ray", "worker_env"]
 
 #: Custom resources named ``mixprec-hw:LABEL`` mark a node's hardware type.
 HARDWARE_PREFIX = "mixprec-hw:"
@@ -49,6 +49,17 @@ def require_ray() -> Any:
 def hardware_resource(label: str) -> str:
     """The custom resource a node of hardware type ``label`` advertises (``ray start --resources``)."""
     return f"{HARDWARE_PREFIX}{label}"
+
+
+def worker_env() -> dict[str, str]:
+    """The environment an actor's process starts with: :data:`~mixprec.measure.executor.WORKER_ENV`,
+    where this process's environment does not set a variable itself (as for a local worker).
+
+    A Ray worker inherits its node's environment, not the caller's; these variables must be there
+    when the process starts (OpenMP reads ``OMP_WAIT_POLICY`` once, as torch loads), so they go in
+    the actor's ``runtime_env``: Ray starts the actor's process with them set.
+    """
+    return {name: os.environ.get(name, value) for name, value in WORKER_ENV.items()}
 
 
 class _QueueConn:
@@ -212,7 +223,7 @@ class RayExecutor:
         # more workers than CPUs, and the benchmark, which loads every configuration before
         # timing them one at a time, would wait forever for the rest.
         options: dict[str, Any] = {"max_restarts": 0, "max_task_retries": 0, "num_gpus": self.num_gpus,
-                                   "num_cpus": self.num_cpus or 0}
+                                   "num_cpus": self.num_cpus or 0, "runtime_env": {"env_vars": worker_env()}}
         if resources:
             options["resources"] = resources
         if self.node_id is not None:
