@@ -47,6 +47,13 @@ class TestNamesNotUsed:
         (item,) = r.unused  # nothing else of the source is listed (HF_TOKEN, PATH are the app's own)
         assert (item.name, item.where) == (name, where) and reason in item.reason
 
+    @pytest.mark.parametrize("name", ["OMP_WAIT_POLICY", "KMP_AFFINITY_POLICY", "TORCHINDUCTOR_CONV_TF32", "HF_HUB_PRESET"])
+    def test_another_librarys_variable_that_ends_like_a_setting_is_not_listed(self, name, tmp_path, clean_env):
+        """OpenMP's OMP_WAIT_POLICY ends like mixprec's POLICY setting: it is OpenMP's, not an app prefix."""
+        value = "true" if name.endswith("TF32") else "PASSIVE"
+        r = resolve(None, search_dir=tmp_path, environ={name: value, "PATH": "/bin"})
+        assert tuple(r.unused) == () and r.numeric == mixprec.NumericSettings()
+
     @pytest.mark.parametrize("layer", ["dotenv", "env"])
     def test_a_spelling_the_apps_own_shadows_is_listed(self, layer, tmp_path, clean_env):
         names = {f"ACE_STEP_{_MATMUL}": "high", f"MIXPREC_{_MATMUL}": "medium"}

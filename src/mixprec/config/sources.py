@@ -434,6 +434,8 @@ def _why_not_read(name: str, readable: dict[str, Option], used: dict[str, str], 
                 "near miss")
     if near is not None:  # a typo (MIXPRC_CONV_TF32) before another app's prefix (MYAPP_CONV_TF32)
         return f"not a setting; did you mean {near[0]}?", "near miss"
+    if option is not None and prefix.split("_", 1)[0] in _LIBRARY_PREFIXES:
+        return None  # another library's own variable (OMP_WAIT_POLICY), not an app's spelling of a setting
     if option is not None and re.fullmatch(r"[A-Z][A-Z0-9_]*", prefix) and prefix not in (app, ENV_PREFIX):
         return (f"prefix {prefix}_ is not this app's (read: {prefixes}); pass --app {prefix} "
                 f"(mixprec.init(app={prefix!r}))" + ("" if name == shape else f" and write the name as {shape}")), "near miss"
@@ -446,6 +448,15 @@ def _why_not_read(name: str, readable: dict[str, Option], used: dict[str, str], 
 #: longer ones; ``PRESET`` and ``POLICY`` alone are too common to be mixprec's.
 _BARE_NAME_MIN = 9
 
+
+#: The first word of the variables of the runtimes and libraries a PyTorch app runs with: a name of
+#: theirs that ends like a setting's (``OMP_WAIT_POLICY``, ``..._POLICY``) is theirs, not another
+#: app's prefix before a mixprec setting.
+_LIBRARY_PREFIXES = frozenset({
+    "OMP", "KMP", "GOMP", "MKL", "OPENBLAS", "ONEDNN", "DNNL", "ATEN", "CUDA", "CUBLAS", "CUDNN", "NCCL", "NVIDIA",
+    "TORCH", "PYTORCH", "TORCHINDUCTOR", "TORCHDYNAMO", "TRITON", "HF", "HUGGINGFACE", "TRANSFORMERS", "DIFFUSERS",
+    "GRADIO", "RAY", "PYTHON", "PIP", "XDG", "LC", "CONDA", "VIRTUAL", "PYTEST", "MPL",
+})
 
 #: Environment variables mixprec reads elsewhere (not settings).
 _RESERVED_ENV = frozenset({"MIXPREC_CACHE_DIR", "MIXPREC_LOG_LEVEL", "MIXPREC_DB", "MIXPREC_UPDATE_SCREENSHOTS", "MIXPREC_PROBE_FILE"})
