@@ -137,8 +137,17 @@ def _run_generated(folder: Path, per_test: int, total: int, extra: tuple[str, ..
     return out, json.loads((folder / "report.json").read_text())
 
 
-def test_the_plugin_counts_each_test_and_fails_one_above_the_ceiling_and_a_session_above_the_total(tmp_path):
-    out, report = _run_generated(tmp_path / "serial", per_test=1000, total=100)
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory):
+    """One run of the generated suite in one process, over the ceiling, the total and the builds'
+    total (the processes' and fp32's totals met exactly): its folder, exit status and report."""
+    folder = tmp_path_factory.mktemp("flops16") / "serial"
+    out, report = _run_generated(folder, per_test=1000, total=100, totals={"builds": 1, "processes": 2, "fp32": 2 * 64 ** 3})
+    return folder, out, report
+
+
+def test_the_plugin_counts_each_test_and_fails_one_above_the_ceiling_and_a_session_above_the_total(serial):
+    _, out, report = serial
     assert out.returncode == 1, out.stdout + out.stderr
     nothing = {"bf16": 0, "fp16": 0, "fp32": 0, "builds": 0, "processes": 0}
     assert report["tests"][SMALL] == {**nothing, "bf16": 48, "builds": 1, "seconds": report["tests"][SMALL]["seconds"]}
@@ -172,29 +181,27 @@ def test_under_xdist_the_workers_parts_make_the_same_report_and_the_total_alone_
     assert report["tests"][LARGE]["subprocesses"] == {"bf16": 8192, "fp16": 0, "fp32": 0, "builds": 1, "processes": 2}
 
 
-def test_builds_processes_and_fp32_flops_over_their_totals_fail_the_session_naming_the_largest(tmp_path):
-    out, report = _run_generated(tmp_path / "totals", per_test=10**9, total=10**9,
-                                 totals={"builds": 1, "processes": 2, "fp32": 2 * 64 ** 3})
-    assert out.returncode == 1, out.stdout + out.stderr
-    assert "5 passed" in out.stdout
-    assert f"the suite's builds: 2 pipeline builds, above the budget of 1 pipeline builds (totals.builds in " in out.stdout
-    assert "processes" not in out.stdout.split("FAILED:", 1)[1].split("the suite's builds", 1)[0]  # 2 of 2: within its total
-    assert "fp32 FLOPs" not in out.stdout
+def test_builds_processes_and_fp32_flops_over_their_totals_fail_the_session_naming_the_largest(serial):
+    _, out, _ = serial
+    failure = out.stdout.split("FAILED:", 1)[1]
+    assert "the suite's builds: 2 pipeline builds, above the budget of 1 pipeline builds (totals.builds in " in failure
+    assert "processes started, above" not in failure and "fp32 FLOPs" not in failure  # each at its total, not above
+    assert "test_generated.py::test_small: 1 pipeline builds" in failure  # the largest named
 
 
-def test_select_runs_only_the_tests_a_report_says_computed_in_16_bit(tmp_path):
-    first, report = _run_generated(tmp_path / "first", per_test=10**9, total=10**9)
-    assert first.returncode == 0, first.stdout + first.stderr
+def test_select_runs_only_the_tests_a_report_says_computed_in_16_bit(serial):
+    folder, _, _ = serial
+    # what pytest collects is what it runs: the selection is made at collection
     again = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--flops16-select=report.json",
-                            "-rA"], cwd=tmp_path / "first", env=dict(os.environ, PYTHONPATH=str(TESTS)),
+                            "--collect-only"], cwd=folder, env=dict(os.environ, PYTHONPATH=str(TESTS)),
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
-    ran = sorted(line.split()[1].split("::")[1] for line in again.stdout.splitlines() if line.startswith("PASSED "))
-    assert ran == ["test_large_in_a_thread_and_a_subprocess", "test_small", "test_unbudgeted"]
-    assert "3 passed, 2 deselected" in again.stdout
-    (tmp_path / "first" / "broken.json").write_text("{}")
+    chosen = sorted(line.split("::")[1] for line in again.stdout.splitlines() if line.startswith("test_generated.py::"))
+    assert chosen == ["test_large_in_a_thread_and_a_subprocess", "test_small", "test_unbudgeted"]
+    assert "3/5 tests collected (2 deselected)" in again.stdout
+    (folder / "broken.json").write_text("{}")
     broken = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--flops16-select=broken.json"],
-                            cwd=tmp_path / "first", env=dict(os.environ, PYTHONPATH=str(TESTS)), capture_output=True, text=True, timeout=300)
+                            cwd=folder, env=dict(os.environ, PYTHONPATH=str(TESTS)), capture_output=True, text=True, timeout=300)
     assert broken.returncode == 4 and "--flops16-select:" in broken.stderr and "broken.json is not a report of --flops16" in broken.stderr
 
 
