@@ -11,6 +11,11 @@ per-layer profile ranks every layer alike; the block-level profile shows it.
 
 ``model("both")``: block 7 as in ``layer``, blocks 30 and 51 as in ``block``.
 
+``small(kind)``: the same, 16 blocks with the sensitive ones at :data:`SMALL_SENSITIVE`: for
+the tests of the search's logic. Per block the errors are those of the 64-block model (the
+search takes the same steps, the sensitive blocks fail the bound by the same margins); the
+cost of applying a policy and of a run grows with the blocks.
+
 ``gated()``: 8 blocks, one of which only does anything for inputs of large magnitude
 (``shifted_inputs(seed)`` for seeds >= 2): its sensitivity never shows on seeds 0 and 1.
 """
@@ -24,6 +29,8 @@ from torch import nn
 N_BLOCKS = 64
 SENSITIVE = (7, 30, 51)
 WIDTH = 32
+SMALL_BLOCKS = 16
+SMALL_SENSITIVE = (2, 7, 12)
 
 
 class CenteredLinear(nn.Linear):
@@ -91,6 +98,11 @@ def model(kind: str, n_blocks: int = N_BLOCKS, sensitive: tuple[int, ...] = SENS
         else:
             raise ValueError(f"unknown kind {kind!r}; valid: layer, block, both")
     return nn.Sequential(*blocks).eval()
+
+
+def small(kind: str) -> nn.Sequential:
+    """:func:`model` with :data:`SMALL_BLOCKS` blocks, sensitive at :data:`SMALL_SENSITIVE`."""
+    return model(kind, SMALL_BLOCKS, SMALL_SENSITIVE)
 
 
 def gated() -> nn.Sequential:

@@ -6,6 +6,7 @@ import math
 import statistics
 import random
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from mixprec.measure.stats import paired_ratio
 from mixprec.tuning.retiming import pick_final
 from mixprec.tuning.tuner import tune
 
-from tune_models import SENSITIVE, LayerBlock as Block, inputs as _inputs, model as synthetic_model
+from tune_models import SMALL_SENSITIVE as SENSITIVE, LayerBlock as Block, inputs as _inputs, small as synthetic_model
 
 
 def _model() -> nn.Sequential:
@@ -31,7 +32,7 @@ def _model() -> nn.Sequential:
 @pytest.fixture(scope="module")
 def evaluator():
     model = _model()
-    return InProcessEvaluator(model, _inputs, model, seeds=(0, 1), repeat=1, name="synthetic-64")
+    return InProcessEvaluator(model, _inputs, model, seeds=(0, 1), repeat=1, name="synthetic-16")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -181,7 +182,7 @@ def test_store_cache_reused(evaluator, tmp_path):
 
 
 def test_budget_too_small_names_the_number(evaluator):
-    with pytest.raises(ValueError, match=r"budget=3 .* at least 10 evaluations"):
+    with pytest.raises(ValueError, match=r"budget=3 is too small for one pass over 32 modules: it needs at least 8 evaluations"):
         tune("synthetic", "sqnr>=30", evaluator=evaluator, budget=3, dtypes=("bf16",))
 
 
@@ -197,9 +198,14 @@ def test_unmeetable_bound_reports_closest(evaluator):
 # -- worker -------------------------------------------------------------------------------------
 
 
+#: A factory whose worker imports nothing beyond torch and mixprec (tests/small_factory.py): the smoke test is
+#: about the worker's requests and answers; the minilm pipeline in a worker is tests/tuning/test_tuner.py's.
+SMALL = f"{Path(__file__).parents[1] / 'small_factory.py'}:build"
+
+
 def test_worker_evaluator_smoke():
-    with WorkerEvaluator("minilm", "test", seeds=(0,), repeat=1, timeout=300) as ev:
-        result = tune("minilm", "cosine>=0.99", evaluator=ev, dtypes=("bf16",), budget=12, local_search=False)
+    with WorkerEvaluator(SMALL, "test", seeds=(0,), repeat=1, timeout=300) as ev:
+        result = tune("small", "cosine>=0.99", evaluator=ev, dtypes=("bf16",), budget=12, local_search=False)
     assert result.evaluations <= 12 and result.path[0].evaluation.quality["cosine"] == pytest.approx(1.0)
     assert result.met
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,11 @@ from mixprec.tuning.evaluators import InProcessEvaluator
 from mixprec.tuning.progress import TuneMeter, TuneProgress
 from mixprec.tuning.tuner import stderr_progress, tune
 
-from tune_models import inputs as _inputs, model as synthetic_model
+from tune_models import inputs as _inputs, small as synthetic_model
+
+#: A factory whose worker imports nothing beyond torch and mixprec (tests/small_factory.py): what is said
+#: while a worker starts does not depend on the model it builds.
+SMALL = f"{Path(__file__).parents[1] / 'small_factory.py'}:build"
 
 #: Seconds every run of the model takes on the scripted clock.
 RUN_S = 2.0
@@ -117,10 +122,10 @@ class TestTuneProgress:
 
     def test_the_first_event_comes_before_the_worker_is_built_and_the_reference_counts_its_runs(self):
         events: list[TuneProgress] = []
-        tune("minilm", "sqnr>=30", size="test", seeds=(0, 1), repeat=1, presets=[], local_search=False,
+        tune(SMALL, "sqnr>=30", size="test", seeds=(0, 1), repeat=1, presets=[], local_search=False,
              final_rounds=0, validation_seeds=0, dtypes=("bf16",), progress=events.append)
         first = events[0]
-        assert first.work.phase == "starting a worker and building the minilm pipeline (test size)"
+        assert first.work.phase == f"starting a worker and building the {SMALL} pipeline (test size)"
         assert first.latest is None and first.evaluations == 0 and first.work.left_s is None
         reference = [e.work for e in events if e.work is not None and e.work.phase == "fp32 reference"]
         assert [w.done for w in reference] == [0, 1, 2] and {w.total for w in reference} == {2}
