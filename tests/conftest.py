@@ -141,6 +141,20 @@ def machine(request, monkeypatch, _probe_files):
     return machines.CLASSES[name][0]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_compile_cache(tmp_path_factory):
+    """torch.compile's caches (inductor's kernels, FX graphs) in a folder of this session's, shared
+    by its workers and the processes they start, never the machine's ``/tmp/torchinductor_$USER``:
+    what a test compiles does not depend on what other runs on the machine left there (a cache
+    left by earlier runs once made a compiled tts decode abort with ``free(): invalid pointer``
+    where a fresh cache compiled and ran it cleanly)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared / "torchinductor"))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _isolate_cache(tmp_path_factory, monkeypatch):
     # Probe results go to a per-session cache so tests never touch the user's cache; the
