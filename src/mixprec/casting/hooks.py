@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
+from mixprec._kv_cache import current_names
 from mixprec.casting.frames import own_code
 from mixprec.casting.upcast import UpcastAttentionMode
 
@@ -485,7 +486,7 @@ def add_method_hook(module: nn.Module, name: str, hook: Callable[..., Any], *, p
 
             def call(index: int, a: tuple, k: dict) -> Any:
                 if index == len(chain):
-                    return method(*a, **k)
+                    return method(*a, **current_names(method, k))
                 return chain[index][2](lambda *a2, **k2: call(index + 1, a2, k2), a, k)
 
             return call(0, args, kwargs)
