@@ -52,3 +52,19 @@ class TestWorkerEnvironment:
         assert seen[self.NAME] == (own or "added")
         assert seen["OMP_WAIT_POLICY"] == os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
         assert dict(os.environ) == before  # this process's environment is as it was
+
+    def test_a_default_executor_starts_every_worker_with_worker_env(self, monkeypatch):
+        """Measuring workers wait passively in OpenMP unless told otherwise: bench's, calibrate's and
+        the tuner's executors all take this default; ``env={}`` adds nothing."""
+        from mixprec.measure.executor import WORKER_ENV
+
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+        seen = {}
+        for label, executor in (("default", LocalProcessExecutor()), ("none", LocalProcessExecutor(env={}))):
+            started = executor.start(environ_and_progress, {"name": label})
+            try:
+                started.wait_ready(120)
+                seen[label] = started.request("env", list(WORKER_ENV), timeout=60)
+            finally:
+                started.close()
+        assert seen == {"default": dict(WORKER_ENV), "none": dict.fromkeys(WORKER_ENV)}

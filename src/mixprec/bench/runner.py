@@ -38,7 +38,7 @@ from mixprec.bench.against import fp8_against_16bit
 from mixprec.bench.rounds import RoundKeeper, load_note, paired, runnable_others, speed_metrics, unsettled
 from mixprec.bench.store import Store
 from mixprec.bench.worker import job_for, serve
-from mixprec.measure.executor import WORKER_ENV, Executor, LocalProcessExecutor
+from mixprec.measure.executor import Executor, LocalProcessExecutor
 from mixprec.measure.machine import machine_fingerprint, versions
 from mixprec.measure.stats import instability
 from mixprec.device.hardware import Hardware, contradiction, forget
@@ -158,7 +158,7 @@ def run_bench(
     ``cancelled``. On ``KeyboardInterrupt`` the same happens, the run stays
     ``incomplete`` and the interrupt propagates as :class:`BenchInterrupted`.
     """
-    executor = executor or LocalProcessExecutor(env=WORKER_ENV)
+    executor = executor or LocalProcessExecutor()
 
     def step(description: str, n: int) -> None:
         if progress is not None:
@@ -204,7 +204,7 @@ def calibrate(options: BenchOptions, hardware: Hardware, *, batch: int = 1, exec
     Raises:
         WorkerError, WorkerTimeout: the reference failed to load or run.
     """
-    executor = executor or LocalProcessExecutor(env=WORKER_ENV)
+    executor = executor or LocalProcessExecutor()
     worker = executor.start(serve, job_for(options.configs[0], pipeline=options.pipeline, size=options.size, seed=options.seed,
                                     batch=batch, hardware=hardware, device=options.device, overrides=options.overrides))
     try:

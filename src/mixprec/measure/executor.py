@@ -193,12 +193,14 @@ class LocalProcessExecutor:
 
     Args:
         env: environment variables each worker starts with, where this process's
-            environment does not set them (a variable set there wins).
+            environment does not set them (a variable set there wins); ``None``:
+            :data:`WORKER_ENV`, as every measuring worker (bench's, the tuner's, a Ray
+            actor's) starts; ``{}``: nothing added.
     """
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
         self._ctx = mp.get_context("spawn")
-        self.env = dict(env or {})
+        self.env = dict(WORKER_ENV if env is None else env)
 
     def start(self, serve: Serve, job: dict[str, Any]) -> _ProcessWorker:
         return _ProcessWorker(self._ctx, serve, job, self.env)

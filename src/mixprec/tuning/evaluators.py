@@ -169,7 +169,7 @@ class WorkerEvaluator(ReadyWorkers):
         self.cache_key = f"{pipeline_name}|size={size}|batch={batch}|seeds={list(self.seeds)}|repeat={self.repeat}"
         job = {"name": f"tune-{pipeline_name}", "pipeline": pipeline_name, "size": size,
                "batch": batch, "threads": threads, "device": device}
-        self._worker = LocalProcessExecutor(env=WORKER_ENV).start(serve_tune, job)
+        self._worker = LocalProcessExecutor().start(serve_tune, job)
         try:
             self.ready = self._worker.wait_ready(timeout)
             self._ask("tune_reference", {"seeds": list(self.seeds)})
